@@ -1,0 +1,125 @@
+//! The one process-wide llama.cpp backend, and the bridge from llama.cpp's log to Python's
+//! `logging`.
+//!
+//! llama.cpp may log from its worker threads while the thread that called it holds the GIL
+//! and waits; a callback that took the GIL there would deadlock. So the callback only queues
+//! complete lines, and `flush_logs` hands them to the `llamactx` logger from a thread that
+//! holds the GIL, after every native call (see `native::detached`).
+
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use llama_cpp_4::llama_backend::LlamaBackend;
+use llama_cpp_sys_4::ggml_log_level;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+
+use crate::errors::{Error, Result};
+
+/// Lines kept while nobody flushes them; older ones are dropped first.
+const MAX_QUEUED_LINES: usize = 10_000;
+
+static BACKEND: OnceLock<std::result::Result<LlamaBackend, String>> = OnceLock::new();
+
+/// The process-wide backend, initialised (with the log bridge) on first use.
+pub fn backend() -> Result<&'static LlamaBackend> {
+    let initialised = BACKEND.get_or_init(|| {
+        let backend = LlamaBackend::init().map_err(|err| err.to_string())?;
+        // SAFETY: `queue_log_line` is a `'static` function with the signature llama.cpp
+        // expects; it ignores `user_data`, so null is valid for the life of the process.
+        unsafe { llama_cpp_4::log_set(Some(queue_log_line), std::ptr::null_mut()) };
+        Ok(backend)
+    });
+    initialised.as_ref().map_err(|reason| Error::state("BackendInit", reason.clone()))
+}
+
+struct LogQueue {
+    /// The line being assembled: llama.cpp sends a line in several calls.
+    partial: String,
+    partial_level: u32,
+    lines: VecDeque<(u32, String)>,
+}
+
+static LOG_QUEUE: Mutex<LogQueue> =
+    Mutex::new(LogQueue { partial: String::new(), partial_level: 0, lines: VecDeque::new() });
+static LOGS_PENDING: AtomicBool = AtomicBool::new(false);
+
+unsafe extern "C" fn queue_log_line(level: ggml_log_level, text: *const c_char, _user_data: *mut c_void) {
+    if text.is_null() {
+        return;
+    }
+    // SAFETY: llama.cpp passes a NUL-terminated string that lives for this call.
+    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    // Nothing here may unwind into C: a poisoned queue only loses log lines.
+    let _ = std::panic::catch_unwind(|| {
+        if let Ok(mut queue) = LOG_QUEUE.lock() {
+            queue.push(level, &text);
+        }
+    });
+}
+
+impl LogQueue {
+    fn push(&mut self, level: u32, text: &str) {
+        if level != llama_cpp_sys_4::GGML_LOG_LEVEL_CONT {
+            self.partial_level = level;
+        }
+        self.partial.push_str(text);
+        while let Some(end) = self.partial.find('\n') {
+            let line: String = self.partial.drain(..=end).collect();
+            let line = line.trim_end().to_owned();
+            if !line.is_empty() {
+                if self.lines.len() == MAX_QUEUED_LINES {
+                    self.lines.pop_front();
+                }
+                self.lines.push_back((self.partial_level, line));
+                LOGS_PENDING.store(true, Ordering::Release);
+            }
+        }
+    }
+}
+
+fn python_level(level: u32) -> u8 {
+    match level {
+        llama_cpp_sys_4::GGML_LOG_LEVEL_DEBUG => 10,
+        llama_cpp_sys_4::GGML_LOG_LEVEL_WARN => 30,
+        llama_cpp_sys_4::GGML_LOG_LEVEL_ERROR => 40,
+        _ => 20,
+    }
+}
+
+static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// Emits every queued llama.cpp log line on the `llamactx` logger. Cheap when none is queued.
+pub fn flush_logs(py: Python<'_>) {
+    if !LOGS_PENDING.swap(false, Ordering::AcqRel) {
+        return;
+    }
+    let lines: Vec<(u32, String)> = match LOG_QUEUE.lock() {
+        Ok(mut queue) => queue.lines.drain(..).collect(),
+        Err(_) => return,
+    };
+    let logger = LOGGER.get_or_try_init(py, || {
+        py.import("logging")?.call_method1("getLogger", ("llamactx",)).map(Bound::unbind)
+    });
+    let Ok(logger) = logger else { return };
+    for (level, line) in lines {
+        // A failing handler is the logging module's business; it must not fail our call.
+        let _ = logger.bind(py).call_method1("log", (python_level(level), line));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn assembles_continued_lines_with_the_first_level() {
+        let mut queue = LogQueue { partial: String::new(), partial_level: 0, lines: VecDeque::new() };
+        queue.push(llama_cpp_sys_4::GGML_LOG_LEVEL_WARN, "half ");
+        queue.push(llama_cpp_sys_4::GGML_LOG_LEVEL_CONT, "line\nnext");
+        assert_eq!(queue.lines, [(llama_cpp_sys_4::GGML_LOG_LEVEL_WARN, "half line".to_owned())]);
+        assert_eq!(queue.partial, "next");
+    }
+}

@@ -1,0 +1,182 @@
+//! `LlamaBatch`: tokens, positions and sequence ids for one `decode`, checked as they are added
+//! and again against the context that decodes them.
+
+use std::sync::Mutex;
+
+use llama_cpp_4::llama_batch::{BatchAddError, LlamaBatch};
+use llama_cpp_4::token::LlamaToken;
+use pyo3::prelude::*;
+
+use crate::errors::{Error, Result};
+use crate::native::detached;
+use crate::tokens::{check_vocab, extract_token_ids};
+
+/// Most cells (`n_tokens * n_seq_max`) one batch may allocate: a guard against a typo that
+/// would ask for many GiB and abort in `malloc`.
+const MAX_BATCH_CELLS: usize = 1 << 28;
+
+/// The crate's batch plus what it does not record but decoding must check.
+pub struct BatchState {
+    pub batch: LlamaBatch,
+    capacity: usize,
+    n_seq_max: usize,
+    /// Token ids added so far, to check against the decoding context's vocabulary.
+    pub tokens: Vec<i32>,
+    /// Largest sequence id added so far (-1 when empty).
+    pub max_seq_id: i32,
+    /// Batch indices of the tokens that asked for logits.
+    pub logit_rows: Vec<i32>,
+}
+
+// SAFETY: `LlamaBatch` is `!Send` only because it holds the raw arrays `llama_batch_init`
+// allocated; they belong to this batch alone and carry no thread affinity. `BatchState` is
+// only reachable through the `Mutex` of `PyLlamaBatch`.
+unsafe impl Send for BatchState {}
+
+impl BatchState {
+    fn add(&mut self, token: i32, pos: i32, seq_ids: &[i32], logits: bool) -> Result<()> {
+        if seq_ids.is_empty() || seq_ids.len() > self.n_seq_max {
+            return Err(Error::value(format!(
+                "seq_ids must hold 1 to {} ids (the batch's n_seq_max), got {}",
+                self.n_seq_max,
+                seq_ids.len()
+            )));
+        }
+        if let Some(bad) = seq_ids.iter().find(|&&id| id < 0) {
+            return Err(Error::value(format!("sequence id {bad} is negative")));
+        }
+        if token < 0 {
+            return Err(Error::value(format!("token id {token} is negative")));
+        }
+        if pos < 0 {
+            return Err(Error::value(format!("position {pos} is negative")));
+        }
+        let row = i32::try_from(self.tokens.len()).map_err(|_| Error::value("batch is too large"))?;
+        self.batch.add(LlamaToken::new(token), pos, seq_ids, logits)?;
+        self.tokens.push(token);
+        self.max_seq_id = self.max_seq_id.max(seq_ids.iter().copied().max().unwrap_or(-1));
+        if logits {
+            self.logit_rows.push(row);
+        }
+        Ok(())
+    }
+
+    /// Checks the batch against a context before `llama_decode`/`llama_encode` see it.
+    pub fn check_for(&self, n_vocab: i32, n_seq_max: u32, max_tokens: u32, limit_name: &str) -> Result<()> {
+        if self.tokens.len() > max_tokens as usize {
+            return Err(Error::value(format!(
+                "batch holds {} tokens, more than the context's {limit_name} ({max_tokens}); split it",
+                self.tokens.len()
+            )));
+        }
+        if i64::from(self.max_seq_id) >= i64::from(n_seq_max) {
+            return Err(Error::value(format!(
+                "sequence id {} is out of range: the context holds {n_seq_max} sequences",
+                self.max_seq_id
+            )));
+        }
+        check_vocab(&self.tokens, n_vocab)
+    }
+}
+
+/// A batch of tokens for `LlamaContext.decode`/`encode`: `LlamaBatch(n_tokens, n_seq_max=1)`
+/// holds up to `n_tokens` tokens, each in up to `n_seq_max` sequences.
+#[pyclass(frozen, module = "llamactx", name = "LlamaBatch")]
+pub struct PyLlamaBatch {
+    pub state: Mutex<BatchState>,
+}
+
+impl PyLlamaBatch {
+    pub fn lock(&self) -> Result<std::sync::MutexGuard<'_, BatchState>> {
+        self.state.lock().map_err(|_| Error::Poisoned("LlamaBatch"))
+    }
+
+    /// Runs `work` on the batch with the GIL released: a decode holds the batch's lock while
+    /// its abort callback may need the GIL, so waiting for the lock with the GIL would deadlock.
+    fn with_state<T: Send>(&self, py: Python<'_>, work: impl FnOnce(&mut BatchState) -> Result<T> + Send) -> PyResult<T> {
+        detached(py, || work(&mut *self.lock()?))
+    }
+}
+
+#[pymethods]
+impl PyLlamaBatch {
+    #[new]
+    #[pyo3(signature = (n_tokens, n_seq_max=1))]
+    fn new(n_tokens: usize, n_seq_max: usize) -> PyResult<Self> {
+        if n_tokens == 0 || n_seq_max == 0 {
+            return Err(Error::value("n_tokens and n_seq_max must be at least 1").into());
+        }
+        if n_tokens.saturating_mul(n_seq_max) > MAX_BATCH_CELLS || i32::try_from(n_seq_max).is_err() {
+            return Err(Error::value(format!(
+                "a batch of {n_tokens} tokens x {n_seq_max} sequences is too large (limit {MAX_BATCH_CELLS} cells)"
+            ))
+            .into());
+        }
+        let seq_max = i32::try_from(n_seq_max).map_err(|_| Error::value("n_seq_max is too large"))?;
+        Ok(Self {
+            state: Mutex::new(BatchState {
+                batch: LlamaBatch::new(n_tokens, seq_max),
+                capacity: n_tokens,
+                n_seq_max,
+                tokens: Vec::with_capacity(n_tokens),
+                max_seq_id: -1,
+                logit_rows: Vec::new(),
+            }),
+        })
+    }
+
+    /// Appends one token at position `pos` of each sequence in `seq_ids`; `logits` asks for
+    /// its output row. Raises `BatchAddError` when the batch is full.
+    fn add(&self, py: Python<'_>, token: i64, pos: i64, seq_ids: Vec<i64>, logits: bool) -> PyResult<()> {
+        let narrow = |what: &str, value: i64| {
+            i32::try_from(value).map_err(|_| Error::value(format!("{what} {value} is out of range")))
+        };
+        let seq_ids = seq_ids.into_iter().map(|id| narrow("sequence id", id)).collect::<Result<Vec<_>>>()?;
+        let (token, pos) = (narrow("token id", token)?, narrow("position", pos)?);
+        self.with_state(py, |state| state.add(token, pos, &seq_ids, logits))
+    }
+
+    /// Appends `tokens` to sequence `seq_id` at positions 0, 1, ...; the last token always
+    /// gets logits, the others when `logits_all`.
+    fn add_sequence(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>, seq_id: i32, logits_all: bool) -> PyResult<()> {
+        let ids = extract_token_ids(tokens)?;
+        self.with_state(py, |state| {
+            if state.tokens.len() + ids.len() > state.capacity {
+                return Err(BatchAddError::InsufficientSpace(state.capacity).into());
+            }
+            let last = ids.len().saturating_sub(1);
+            for (i, &id) in ids.iter().enumerate() {
+                let pos = i32::try_from(i).map_err(|_| Error::value("sequence is too long"))?;
+                state.add(id, pos, &[seq_id], logits_all || i == last)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Empties the batch (its allocation is kept).
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_state(py, |state| {
+            state.batch.clear();
+            state.tokens.clear();
+            state.logit_rows.clear();
+            state.max_seq_id = -1;
+            Ok(())
+        })
+    }
+
+    /// Number of tokens in the batch.
+    fn n_tokens(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_state(py, |state| Ok(state.tokens.len()))
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.n_tokens(py)
+    }
+
+    fn __repr__(&self) -> String {
+        match self.state.try_lock() {
+            Ok(state) => format!("<LlamaBatch {}/{} tokens>", state.tokens.len(), state.capacity),
+            Err(_) => "<LlamaBatch (busy)>".to_owned(),
+        }
+    }
+}

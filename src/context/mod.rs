@@ -1,0 +1,211 @@
+//! `LlamaContext`: the crate's `LlamaContext<'model>` kept beside the `Arc` of its model, behind
+//! a lock, with the bookkeeping that makes every call safe from Python.
+//!
+//! The methods live by theme in the submodules; this file holds the type, its creation and its
+//! lifetime (close, context manager).
+
+mod compute;
+mod outputs;
+mod params;
+
+use std::sync::{Arc, Mutex, TryLockError};
+
+use llama_cpp_4::context::LlamaContext;
+use llama_cpp_4::model::LlamaModel;
+use pyo3::prelude::*;
+use self_cell::self_cell;
+
+use crate::backend::backend;
+use crate::errors::{Error, Result};
+use crate::model::PyLlamaModel;
+use crate::native::detached;
+pub use params::ContextOptions;
+
+self_cell!(
+    /// The native context, borrowing the model it owns an `Arc` of.
+    struct ContextCell {
+        owner: Arc<LlamaModel>,
+        #[not_covariant]
+        dependent: LlamaContext,
+    }
+);
+
+/// Everything behind the context's lock.
+pub struct Native {
+    cell: ContextCell,
+    /// Batch indices of the rows that hold logits now. The crate keeps the same list
+    /// privately and panics on a row outside it; ours is also emptied when a state restore
+    /// leaves llama.cpp without outputs, which the crate does not track.
+    logit_rows: Vec<i32>,
+    n_vocab: i32,
+    n_seq_max: u32,
+    n_batch: u32,
+    n_ubatch: u32,
+    embeddings: bool,
+}
+
+// SAFETY: `LlamaContext` is `!Send` only because it holds raw pointers to the llama.cpp
+// context and model. llama.cpp keeps no thread-local state in a context: it may be used from
+// any thread, one at a time. `Native` is only reachable through the `Mutex` in
+// `PyLlamaContext`, which gives exactly that: one thread at a time. The model it points to
+// is `Send + Sync` and owned by the same cell through an `Arc`.
+unsafe impl Send for Native {}
+
+impl Native {
+    pub fn with<T>(&self, read: impl for<'a> FnOnce(&LlamaContext<'a>) -> T) -> T {
+        self.cell.with_dependent(|_, context| read(context))
+    }
+
+    pub fn with_mut<T>(&mut self, write: impl for<'a> FnOnce(&mut LlamaContext<'a>) -> T) -> T {
+        self.cell.with_dependent_mut(|_, context| write(context))
+    }
+}
+
+/// A llama.cpp context: KV cache, compute buffers and outputs of one model.
+///
+/// Every method takes the context's lock with the GIL released, so threads sharing a context
+/// are serialised and other Python threads keep running meanwhile.
+#[pyclass(frozen, module = "llamactx", name = "LlamaContext")]
+pub struct PyLlamaContext {
+    native: Mutex<Option<Native>>,
+    model: Py<PyLlamaModel>,
+}
+
+impl PyLlamaContext {
+    pub fn create(model: &Bound<'_, PyLlamaModel>, options: ContextOptions) -> PyResult<Self> {
+        let py = model.py();
+        let native_model = model.get().native()?;
+        let native = detached(py, move || {
+            let params = options.to_params()?;
+            let backend = backend()?;
+            let n_vocab = native_model.n_vocab();
+            let cell = ContextCell::try_new(native_model, |model| model.new_context(backend, params))?;
+            let (n_seq_max, n_batch, n_ubatch) =
+                cell.with_dependent(|_, context| (context.n_seq_max(), context.n_batch(), context.n_ubatch()));
+            Ok(Native {
+                cell,
+                logit_rows: Vec::new(),
+                n_vocab,
+                n_seq_max,
+                n_batch,
+                n_ubatch,
+                embeddings: options.embeddings.unwrap_or(false),
+            })
+        })?;
+        Ok(Self { native: Mutex::new(Some(native)), model: model.clone().unbind() })
+    }
+
+    /// Runs `work` on the open native context, holding its lock, with the GIL released.
+    pub fn run<T, F>(&self, py: Python<'_>, work: F) -> PyResult<T>
+    where
+        F: FnOnce(&mut Native) -> Result<T> + Send,
+        T: Send,
+    {
+        detached(py, || {
+            let mut guard = self.native.lock().map_err(|_| Error::Poisoned("LlamaContext"))?;
+            let native = guard.as_mut().ok_or_else(|| Error::closed("LlamaContext"))?;
+            work(native)
+        })
+    }
+
+    /// Like `run`, for work that only reads the context.
+    fn read<T, F>(&self, py: Python<'_>, read: F) -> PyResult<T>
+    where
+        F: for<'a> FnOnce(&LlamaContext<'a>) -> T + Send,
+        T: Send,
+    {
+        self.run(py, |native| Ok(native.with(read)))
+    }
+}
+
+#[pymethods]
+impl PyLlamaContext {
+    /// The `LlamaModel` this context was made from.
+    #[getter]
+    fn model(&self, py: Python<'_>) -> Py<PyLlamaModel> {
+        self.model.clone_ref(py)
+    }
+
+    /// Size of the context (KV cells), as llama.cpp padded it.
+    fn n_ctx(&self, py: Python<'_>) -> PyResult<u32> {
+        self.read(py, |context| context.n_ctx())
+    }
+
+    /// Context size available to each sequence.
+    fn n_ctx_seq(&self, py: Python<'_>) -> PyResult<u32> {
+        self.read(py, |context| context.n_ctx_seq())
+    }
+
+    /// Most tokens one `decode` call accepts.
+    fn n_batch(&self, py: Python<'_>) -> PyResult<u32> {
+        self.read(py, |context| context.n_batch())
+    }
+
+    /// Physical micro-batch size.
+    fn n_ubatch(&self, py: Python<'_>) -> PyResult<u32> {
+        self.read(py, |context| context.n_ubatch())
+    }
+
+    /// Number of sequences the context holds.
+    fn n_seq_max(&self, py: Python<'_>) -> PyResult<u32> {
+        self.read(py, |context| context.n_seq_max())
+    }
+
+    /// Threads used for single-token decoding.
+    fn n_threads(&self, py: Python<'_>) -> PyResult<i32> {
+        self.read(py, |context| context.n_threads())
+    }
+
+    /// Threads used for batch (prompt) decoding.
+    fn n_threads_batch(&self, py: Python<'_>) -> PyResult<i32> {
+        self.read(py, |context| context.n_threads_batch())
+    }
+
+    /// Frees the native context now. Later calls raise `ValueError`.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let native = detached(py, || {
+            let mut guard = self.native.lock().map_err(|_| Error::Poisoned("LlamaContext"))?;
+            Ok(guard.take())
+        })?;
+        // Dropped with the GIL held: freeing is quick, and nothing native waits on Python.
+        drop(native);
+        Ok(())
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        // `try_lock`: waiting for the lock with the GIL held could deadlock against a decode
+        // whose abort callback needs the GIL. A busy context is open.
+        match self.native.try_lock() {
+            Ok(guard) => guard.is_none(),
+            Err(TryLockError::WouldBlock) => false,
+            Err(TryLockError::Poisoned(_)) => true,
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: &Bound<'_, PyAny>,
+        _exc: &Bound<'_, PyAny>,
+        _tb: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.close(py)
+    }
+
+    fn __repr__(&self) -> String {
+        match self.native.try_lock() {
+            Ok(guard) => match guard.as_ref() {
+                Some(native) => native.with(|context| format!("<LlamaContext n_ctx={}>", context.n_ctx())),
+                None => "<LlamaContext (closed)>".to_owned(),
+            },
+            Err(TryLockError::WouldBlock) => "<LlamaContext (busy)>".to_owned(),
+            Err(TryLockError::Poisoned(_)) => "<LlamaContext (poisoned)>".to_owned(),
+        }
+    }
+}

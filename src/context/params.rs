@@ -1,0 +1,189 @@
+//! The keyword arguments of `LlamaModel.new_context`, checked and turned into crate params.
+
+use std::num::NonZeroU32;
+
+use llama_cpp_4::context::params::{LlamaAttentionType, LlamaContextParams, LlamaFlashAttnType, LlamaPoolingType};
+use llama_cpp_4::quantize::GgmlType;
+
+use crate::errors::{Error, Result};
+
+/// llama.cpp's defaults where the caller passes `None`, needed to check combinations.
+const DEFAULT_N_BATCH: u32 = 2048;
+const DEFAULT_N_UBATCH: u32 = 512;
+const POOLING_MEAN: i32 = 1;
+
+/// The options of `new_context`; `None` keeps llama.cpp's default.
+#[derive(Debug, Default, Clone)]
+pub struct ContextOptions {
+    pub n_ctx: Option<u32>,
+    pub n_batch: Option<u32>,
+    pub n_ubatch: Option<u32>,
+    pub n_seq_max: Option<u32>,
+    pub n_threads: Option<i32>,
+    pub n_threads_batch: Option<i32>,
+    pub embeddings: Option<bool>,
+    pub pooling_type: Option<i32>,
+    pub flash_attn_type: Option<i32>,
+    pub attention_type: Option<i32>,
+    pub cache_type_k: Option<String>,
+    pub cache_type_v: Option<String>,
+    pub offload_kqv: Option<bool>,
+    pub kv_unified: Option<bool>,
+    pub swa_full: Option<bool>,
+    pub op_offload: Option<bool>,
+    pub no_perf: Option<bool>,
+    pub rope_freq_base: Option<f32>,
+    pub rope_freq_scale: Option<f32>,
+}
+
+fn in_range(name: &str, value: i32, low: i32, high: i32) -> Result<i32> {
+    if (low..=high).contains(&value) {
+        Ok(value)
+    } else {
+        Err(Error::value(format!("{name} must be in {low}..={high}, got {value}")))
+    }
+}
+
+fn positive(name: &str, value: u32) -> Result<u32> {
+    if value == 0 {
+        return Err(Error::value(format!("{name} must be at least 1")));
+    }
+    Ok(value)
+}
+
+fn threads(name: &str, value: i32) -> Result<i32> {
+    if value < 1 {
+        return Err(Error::value(format!("{name} must be at least 1, got {value}")));
+    }
+    Ok(value)
+}
+
+/// The ggml types llama.cpp accepts for its KV cache, by their lower-case ggml names.
+fn cache_type(name: &str) -> Result<GgmlType> {
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "f32" => GgmlType::F32,
+        "f16" => GgmlType::F16,
+        "bf16" => GgmlType::BF16,
+        "q8_0" => GgmlType::Q8_0,
+        "q4_0" => GgmlType::Q4_0,
+        "q4_1" => GgmlType::Q4_1,
+        "q5_0" => GgmlType::Q5_0,
+        "q5_1" => GgmlType::Q5_1,
+        "iq4_nl" => GgmlType::IQ4NL,
+        _ => {
+            return Err(Error::value(format!(
+                "unknown KV cache type {name:?}; use one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl"
+            )))
+        }
+    })
+}
+
+impl ContextOptions {
+    /// Mean pooling reserves a graph that splits each micro-batch evenly across sequences and
+    /// asserts inside llama.cpp when it cannot (upstream issue 27175).
+    fn check_mean_pooling(&self) -> Result<()> {
+        let n_seq_max = self.n_seq_max.unwrap_or(1);
+        if !self.embeddings.unwrap_or(false) || self.pooling_type != Some(POOLING_MEAN) || n_seq_max <= 1 {
+            return Ok(());
+        }
+        let n_batch = self.n_batch.unwrap_or(DEFAULT_N_BATCH);
+        let n_ubatch = self.n_ubatch.unwrap_or(DEFAULT_N_UBATCH).min(n_batch);
+        if n_ubatch % n_seq_max != 0 {
+            return Err(Error::value(format!(
+                "with embeddings and MEAN pooling, n_ubatch ({n_ubatch}) must be a multiple of n_seq_max ({n_seq_max})"
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn to_params(&self) -> Result<LlamaContextParams> {
+        self.check_mean_pooling()?;
+        let mut params = LlamaContextParams::default();
+        if let Some(n_ctx) = self.n_ctx {
+            params = params.with_n_ctx(NonZeroU32::new(n_ctx));
+        }
+        if let Some(n_batch) = self.n_batch {
+            params = params.with_n_batch(positive("n_batch", n_batch)?);
+        }
+        if let Some(n_ubatch) = self.n_ubatch {
+            params = params.with_n_ubatch(positive("n_ubatch", n_ubatch)?);
+        }
+        if let Some(n_seq_max) = self.n_seq_max {
+            params = params.with_n_seq_max(positive("n_seq_max", n_seq_max)?);
+        }
+        if let Some(n) = self.n_threads {
+            params = params.with_n_threads(threads("n_threads", n)?);
+        }
+        if let Some(n) = self.n_threads_batch {
+            params = params.with_n_threads_batch(threads("n_threads_batch", n)?);
+        }
+        if let Some(embeddings) = self.embeddings {
+            params = params.with_embeddings(embeddings);
+        }
+        if let Some(pooling) = self.pooling_type {
+            params = params.with_pooling_type(LlamaPoolingType::from(in_range("pooling_type", pooling, -1, 4)?));
+        }
+        if let Some(flash) = self.flash_attn_type {
+            params = params.with_flash_attn_type(LlamaFlashAttnType::from(in_range("flash_attn_type", flash, -1, 1)?));
+        }
+        if let Some(attention) = self.attention_type {
+            params = params.with_attention_type(LlamaAttentionType::from(in_range("attention_type", attention, -1, 1)?));
+        }
+        if let Some(name) = &self.cache_type_k {
+            params = params.with_cache_type_k(cache_type(name)?);
+        }
+        if let Some(name) = &self.cache_type_v {
+            params = params.with_cache_type_v(cache_type(name)?);
+        }
+        if let Some(offload) = self.offload_kqv {
+            params = params.with_offload_kqv(offload);
+        }
+        if let Some(unified) = self.kv_unified {
+            params = params.with_kv_unified(unified);
+        }
+        if let Some(swa_full) = self.swa_full {
+            params = params.with_swa_full(swa_full);
+        }
+        if let Some(op_offload) = self.op_offload {
+            params = params.with_op_offload(op_offload);
+        }
+        if let Some(no_perf) = self.no_perf {
+            params = params.with_no_perf(no_perf);
+        }
+        if let Some(base) = self.rope_freq_base {
+            params = params.with_rope_freq_base(base);
+        }
+        if let Some(scale) = self.rope_freq_scale {
+            params = params.with_rope_freq_scale(scale);
+        }
+        Ok(params)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_mean_pooling_that_cannot_split() {
+        let options = ContextOptions {
+            embeddings: Some(true),
+            pooling_type: Some(POOLING_MEAN),
+            n_seq_max: Some(3),
+            ..ContextOptions::default()
+        };
+        assert!(matches!(options.to_params(), Err(Error::Value(_))));
+        let fits = ContextOptions { n_ubatch: Some(513), n_batch: Some(513), ..options };
+        assert!(fits.to_params().is_ok());
+    }
+
+    #[test]
+    fn refuses_out_of_range_enums_and_zero_sizes() {
+        let bad_pool = ContextOptions { pooling_type: Some(9), ..ContextOptions::default() };
+        assert!(bad_pool.to_params().is_err());
+        let zero_batch = ContextOptions { n_batch: Some(0), ..ContextOptions::default() };
+        assert!(zero_batch.to_params().is_err());
+        assert!(cache_type("Q8_0").is_ok());
+        assert!(cache_type("q3_k").is_err());
+    }
+}

@@ -1,0 +1,443 @@
+//! Every Python exception of llamactx, and the one place where Rust errors become them.
+//!
+//! Each crate error enum gets its own class, derived from `LlamaCppError`. An instance carries
+//! the variant name in `.kind` and, where llama.cpp returned one, the integer code in `.code`.
+//! The classes are built with `type()` at import time because two of them need a second base
+//! (`KvCacheConversionError` is also an `OverflowError`), which `create_exception!` cannot do.
+
+use std::fmt::Display;
+
+use llama_cpp_4::context::kv_cache::KvCacheConversionError;
+use llama_cpp_4::context::session::{LoadSessionError, SaveSessionError};
+use llama_cpp_4::llama_batch::BatchAddError;
+use llama_cpp_4::{
+    ApplyChatTemplateError, ChatTemplateError, DecodeError, EmbeddingsError, EncodeError,
+    LlamaContextLoadError, LlamaLoraAdapterInitError, LlamaLoraAdapterRemoveError,
+    LlamaLoraAdapterSetError, LlamaModelLoadError, NewLlamaChatMessageError,
+    StringFromModelError, StringToTokenError, TokenToStringError,
+};
+use pyo3::exceptions::{
+    PyException, PyFileNotFoundError, PyIndexError, PyKeyboardInterrupt, PyOverflowError,
+    PyRuntimeError, PyTypeError, PyValueError,
+};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyTuple, PyType};
+
+/// The exception classes of llamactx, in the order they are created (bases first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExcClass {
+    LlamaCppError,
+    DecodeError,
+    DecodeAborted,
+    EncodeError,
+    EmbeddingsError,
+    KvCacheConversionError,
+    SaveSessionError,
+    LoadSessionError,
+    LlamaModelLoadError,
+    LlamaContextLoadError,
+    LlamaLoraAdapterInitError,
+    LlamaLoraAdapterSetError,
+    LlamaLoraAdapterRemoveError,
+    BatchAddError,
+    StringToTokenError,
+    TokenToStringError,
+    StringFromModelError,
+    ChatTemplateError,
+    ApplyChatTemplateError,
+    NewLlamaChatMessageError,
+    ShimError,
+    StateError,
+}
+
+struct ClassSpec {
+    class: ExcClass,
+    name: &'static str,
+    base: ExcClass,
+    extra_base: Option<fn(Python<'_>) -> Bound<'_, PyType>>,
+    doc: &'static str,
+}
+
+const fn spec(class: ExcClass, name: &'static str, doc: &'static str) -> ClassSpec {
+    ClassSpec { class, name, base: ExcClass::LlamaCppError, extra_base: None, doc }
+}
+
+const CLASSES: [ClassSpec; 22] = [
+    spec(
+        ExcClass::LlamaCppError,
+        "LlamaCppError",
+        "Base class of every llamactx error. `kind` is the crate's variant name, `code` the \
+         integer llama.cpp returned (or None).",
+    ),
+    spec(ExcClass::DecodeError, "DecodeError", "`llama_decode` failed (crate enum `DecodeError`)."),
+    ClassSpec {
+        class: ExcClass::DecodeAborted,
+        name: "DecodeAborted",
+        base: ExcClass::DecodeError,
+        extra_base: None,
+        doc: "A decode was stopped by the abort callback or by Ctrl-C; the batch was rolled back.",
+    },
+    spec(ExcClass::EncodeError, "EncodeError", "`llama_encode` failed (crate enum `EncodeError`)."),
+    spec(
+        ExcClass::EmbeddingsError,
+        "EmbeddingsError",
+        "Embeddings are not available (crate enum `EmbeddingsError`).",
+    ),
+    ClassSpec {
+        class: ExcClass::KvCacheConversionError,
+        name: "KvCacheConversionError",
+        base: ExcClass::LlamaCppError,
+        extra_base: Some(|py| py.get_type::<PyOverflowError>()),
+        doc: "A sequence id or position does not fit llama.cpp's 32-bit integers.",
+    },
+    spec(ExcClass::SaveSessionError, "SaveSessionError", "Writing a session file failed."),
+    spec(ExcClass::LoadSessionError, "LoadSessionError", "Reading a session file failed."),
+    spec(ExcClass::LlamaModelLoadError, "LlamaModelLoadError", "llama.cpp could not load the model."),
+    spec(
+        ExcClass::LlamaContextLoadError,
+        "LlamaContextLoadError",
+        "llama.cpp could not create the context.",
+    ),
+    spec(
+        ExcClass::LlamaLoraAdapterInitError,
+        "LlamaLoraAdapterInitError",
+        "llama.cpp could not load the LoRA adapter.",
+    ),
+    spec(
+        ExcClass::LlamaLoraAdapterSetError,
+        "LlamaLoraAdapterSetError",
+        "llama.cpp refused to set the LoRA adapter.",
+    ),
+    spec(
+        ExcClass::LlamaLoraAdapterRemoveError,
+        "LlamaLoraAdapterRemoveError",
+        "llama.cpp refused to remove the LoRA adapter.",
+    ),
+    spec(ExcClass::BatchAddError, "BatchAddError", "The batch has no room for another token."),
+    spec(ExcClass::StringToTokenError, "StringToTokenError", "Tokenization failed."),
+    spec(ExcClass::TokenToStringError, "TokenToStringError", "Turning a token into text failed."),
+    spec(
+        ExcClass::StringFromModelError,
+        "StringFromModelError",
+        "A string could not be read from the model.",
+    ),
+    spec(ExcClass::ChatTemplateError, "ChatTemplateError", "The model's chat template is missing or unreadable."),
+    spec(
+        ExcClass::ApplyChatTemplateError,
+        "ApplyChatTemplateError",
+        "Applying the chat template failed.",
+    ),
+    spec(
+        ExcClass::NewLlamaChatMessageError,
+        "NewLlamaChatMessageError",
+        "A chat message could not be built (NUL byte in role or content).",
+    ),
+    spec(ExcClass::ShimError, "ShimError", "A call through the crate's C++ shim failed (crate enum `ShimError`), e.g. sampling."),
+    spec(
+        ExcClass::StateError,
+        "StateError",
+        "A state function returned failure (`false` or `0`) without an error enum.",
+    ),
+];
+
+static TYPES: [PyOnceLock<Py<PyType>>; CLASSES.len()] = [const { PyOnceLock::new() }; CLASSES.len()];
+
+fn index_of(class: ExcClass) -> usize {
+    class as usize
+}
+
+/// The Python class of `class`. Panics only if called before `register` ran, which cannot
+/// happen: the module registers its exceptions before any other name.
+pub fn class_object(py: Python<'_>, class: ExcClass) -> &Bound<'_, PyType> {
+    PyOnceLock::get(&TYPES[index_of(class)], py)
+        .expect("llamactx exceptions are registered at import")
+        .bind(py)
+}
+
+/// Creates every exception class and adds it to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let builtins_type = py.get_type::<PyType>();
+    for spec in &CLASSES {
+        let first_base = if spec.class == ExcClass::LlamaCppError {
+            py.get_type::<PyException>()
+        } else {
+            class_object(py, spec.base).clone()
+        };
+        let bases = match spec.extra_base {
+            Some(extra) => PyTuple::new(py, [first_base, extra(py)])?,
+            None => PyTuple::new(py, [first_base])?,
+        };
+        let namespace = PyDict::new(py);
+        namespace.set_item("__module__", "llamactx")?;
+        namespace.set_item("__doc__", spec.doc)?;
+        if spec.class == ExcClass::LlamaCppError {
+            namespace.set_item("kind", py.None())?;
+            namespace.set_item("code", py.None())?;
+        }
+        let class = builtins_type.call1((spec.name, bases, namespace))?.cast_into::<PyType>()?;
+        m.add(spec.name, &class)?;
+        let _ = TYPES[index_of(spec.class)].set(py, class.unbind());
+    }
+    Ok(())
+}
+
+/// Everything that can go wrong in llamactx, before it becomes a Python exception.
+#[derive(Debug)]
+pub enum Error {
+    /// An error of the llama-cpp-4 crate (or a failure it signals with a return value).
+    Llama { class: ExcClass, kind: String, code: Option<i64>, message: String },
+    /// A decode stopped by the abort callback (`interrupted`: by Ctrl-C).
+    Aborted { interrupted: bool },
+    /// A bad argument: Python's `ValueError`.
+    Value(String),
+    /// An index out of range: Python's `IndexError`.
+    Index(String),
+    /// A wrong type: Python's `TypeError`.
+    Type(String),
+    /// A file that does not exist.
+    FileNotFound(String),
+    /// A lock poisoned by a panic in another thread.
+    Poisoned(&'static str),
+    /// An exception raised by Python code we called (a callback).
+    Python(PyErr),
+    /// A Rust panic caught at the boundary: a bug of llamactx.
+    Panic(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn value(message: impl Into<String>) -> Self {
+        Self::Value(message.into())
+    }
+
+    pub fn index(message: impl Into<String>) -> Self {
+        Self::Index(message.into())
+    }
+
+    pub fn closed(what: &str) -> Self {
+        Self::Value(format!("{what} is closed"))
+    }
+
+    pub fn state(kind: &'static str, message: impl Into<String>) -> Self {
+        Self::Llama { class: ExcClass::StateError, kind: kind.to_owned(), code: None, message: message.into() }
+    }
+
+    fn llama(class: ExcClass, kind: &'static str, code: Option<i64>, err: &impl Display) -> Self {
+        Self::Llama { class, kind: kind.to_owned(), code, message: err.to_string() }
+    }
+}
+
+impl From<PyErr> for Error {
+    fn from(err: PyErr) -> Self {
+        Self::Python(err)
+    }
+}
+
+impl From<Error> for PyErr {
+    fn from(err: Error) -> Self {
+        match err {
+            Error::Llama { class, kind, code, message } => {
+                Python::attach(|py| instance(py, class, &kind, code, &message))
+            }
+            Error::Aborted { interrupted: true } => PyKeyboardInterrupt::new_err("decode interrupted"),
+            Error::Aborted { interrupted: false } => Python::attach(|py| {
+                instance(py, ExcClass::DecodeAborted, "Aborted", Some(2), "decode aborted by the abort callback")
+            }),
+            Error::Value(message) => PyValueError::new_err(message),
+            Error::Index(message) => PyIndexError::new_err(message),
+            Error::Type(message) => PyTypeError::new_err(message),
+            Error::FileNotFound(message) => PyFileNotFoundError::new_err(message),
+            Error::Poisoned(what) => {
+                PyRuntimeError::new_err(format!("{what} is unusable: a thread panicked while holding it"))
+            }
+            Error::Python(err) => err,
+            Error::Panic(message) => PyRuntimeError::new_err(format!(
+                "internal error in llamactx (a bug, please report it): {message}"
+            )),
+        }
+    }
+}
+
+fn instance(py: Python<'_>, class: ExcClass, kind: &str, code: Option<i64>, message: &str) -> PyErr {
+    let built = class_object(py, class).call1((message,)).and_then(|exc| {
+        exc.setattr("kind", kind)?;
+        exc.setattr("code", code)?;
+        Ok(exc)
+    });
+    match built {
+        Ok(exc) => PyErr::from_value(exc),
+        Err(err) => err,
+    }
+}
+
+macro_rules! map_error {
+    ($enum:ty => $class:ident { $($pattern:pat => ($kind:literal, $code:expr)),+ $(,)? }) => {
+        impl From<$enum> for Error {
+            fn from(err: $enum) -> Self {
+                #[allow(clippy::cast_possible_wrap, clippy::cast_lossless)]
+                let (kind, code): (&'static str, Option<i64>) = match &err {
+                    $($pattern => ($kind, $code)),+
+                };
+                Self::llama(ExcClass::$class, kind, code, &err)
+            }
+        }
+    };
+}
+
+map_error!(DecodeError => DecodeError {
+    DecodeError::TensorCallback(_) => ("TensorCallback", None),
+    DecodeError::NoKvCacheSlot => ("NoKvCacheSlot", Some(1)),
+    DecodeError::NTokensZero => ("NTokensZero", Some(-1)),
+    DecodeError::VetoedByDecodeHook => ("VetoedByDecodeHook", Some(-4)),
+    DecodeError::Unknown(code) => ("Unknown", Some(*code as i64)),
+});
+
+map_error!(EncodeError => EncodeError {
+    EncodeError::NoKvCacheSlot => ("NoKvCacheSlot", Some(1)),
+    EncodeError::NTokensZero => ("NTokensZero", Some(-1)),
+    EncodeError::Unknown(code) => ("Unknown", Some(*code as i64)),
+});
+
+map_error!(EmbeddingsError => EmbeddingsError {
+    EmbeddingsError::NotEnabled => ("NotEnabled", None),
+    EmbeddingsError::LogitsNotEnabled => ("LogitsNotEnabled", None),
+    EmbeddingsError::NonePoolType => ("NonePoolType", None),
+});
+
+map_error!(KvCacheConversionError => KvCacheConversionError {
+    KvCacheConversionError::SeqIdTooLarge(_) => ("SeqIdTooLarge", None),
+    KvCacheConversionError::P0TooLarge(_) => ("P0TooLarge", None),
+    KvCacheConversionError::P1TooLarge(_) => ("P1TooLarge", None),
+});
+
+map_error!(SaveSessionError => SaveSessionError {
+    SaveSessionError::FailedToSave => ("FailedToSave", None),
+    SaveSessionError::NullError(_) => ("NullError", None),
+    SaveSessionError::PathToStrError(_) => ("PathToStrError", None),
+});
+
+map_error!(LoadSessionError => LoadSessionError {
+    LoadSessionError::FailedToLoad => ("FailedToLoad", None),
+    LoadSessionError::NullError(_) => ("NullError", None),
+    LoadSessionError::PathToStrError(_) => ("PathToStrError", None),
+    LoadSessionError::InsufficientMaxLength { n_out, .. } => ("InsufficientMaxLength", Some(*n_out as i64)),
+});
+
+map_error!(LlamaModelLoadError => LlamaModelLoadError {
+    LlamaModelLoadError::NullError(_) => ("NullError", None),
+    LlamaModelLoadError::NullResult => ("NullResult", None),
+    LlamaModelLoadError::PathToStrError(_) => ("PathToStrError", None),
+});
+
+map_error!(LlamaContextLoadError => LlamaContextLoadError {
+    LlamaContextLoadError::NullReturn => ("NullReturn", None),
+});
+
+map_error!(LlamaLoraAdapterInitError => LlamaLoraAdapterInitError {
+    LlamaLoraAdapterInitError::NullError(_) => ("NullError", None),
+    LlamaLoraAdapterInitError::NullResult => ("NullResult", None),
+    LlamaLoraAdapterInitError::PathToStrError(_) => ("PathToStrError", None),
+    LlamaLoraAdapterInitError::FileOpen { .. } => ("FileOpen", None),
+    LlamaLoraAdapterInitError::FileSeek { .. } => ("FileSeek", None),
+});
+
+map_error!(LlamaLoraAdapterSetError => LlamaLoraAdapterSetError {
+    LlamaLoraAdapterSetError::ErrorResult(code) => ("ErrorResult", Some(*code as i64)),
+});
+
+map_error!(LlamaLoraAdapterRemoveError => LlamaLoraAdapterRemoveError {
+    LlamaLoraAdapterRemoveError::ErrorResult(code) => ("ErrorResult", Some(*code as i64)),
+});
+
+map_error!(BatchAddError => BatchAddError {
+    BatchAddError::InsufficientSpace(space) => ("InsufficientSpace", Some(*space as i64)),
+});
+
+map_error!(StringToTokenError => StringToTokenError {
+    StringToTokenError::NulError(_) => ("NulError", None),
+    StringToTokenError::InteriorNul(at) => ("InteriorNul", Some(*at as i64)),
+    StringToTokenError::CIntConversionError(_) => ("CIntConversionError", None),
+    StringToTokenError::NativeTokenCount { returned, .. } => ("NativeTokenCount", Some(*returned as i64)),
+});
+
+// `TokenToStringError` is `#[non_exhaustive]`: the one enum that needs a catch-all arm.
+map_error!(TokenToStringError => TokenToStringError {
+    TokenToStringError::UnknownTokenType => ("UnknownTokenType", None),
+    TokenToStringError::InsufficientBufferSpace(needed) => ("InsufficientBufferSpace", Some(*needed as i64)),
+    TokenToStringError::BufferCapacityExceeded(capacity) => ("BufferCapacityExceeded", Some(*capacity as i64)),
+    TokenToStringError::NativePieceLength { returned, .. } => ("NativePieceLength", Some(*returned as i64)),
+    TokenToStringError::FromUtf8Error(_) => ("FromUtf8Error", None),
+    _ => ("Other", None),
+});
+
+map_error!(StringFromModelError => StringFromModelError {
+    StringFromModelError::ReturnedError(code) => ("ReturnedError", Some(*code as i64)),
+    StringFromModelError::Utf8Error(_) => ("Utf8Error", None),
+});
+
+map_error!(ChatTemplateError => ChatTemplateError {
+    ChatTemplateError::BuffSizeError(needed) => ("BuffSizeError", Some(*needed as i64)),
+    ChatTemplateError::MissingTemplate(code) => ("MissingTemplate", Some(*code as i64)),
+    ChatTemplateError::Utf8Error(_) => ("Utf8Error", None),
+});
+
+map_error!(ApplyChatTemplateError => ApplyChatTemplateError {
+    ApplyChatTemplateError::BuffSizeError => ("BuffSizeError", None),
+    ApplyChatTemplateError::NulError(_) => ("NulError", None),
+    ApplyChatTemplateError::FromUtf8Error(_) => ("FromUtf8Error", None),
+});
+
+map_error!(NewLlamaChatMessageError => NewLlamaChatMessageError {
+    NewLlamaChatMessageError::NulError(_) => ("NulError", None),
+});
+
+/// The crate's `ShimError` (from sampling) lives in a private module, so it cannot be named
+/// and matched here; its variant name is read from its `Debug` form instead.
+pub fn shim_error(err: impl std::fmt::Debug + Display) -> Error {
+    let debug = format!("{err:?}");
+    let kind = debug.split(['(', ' ', '{']).next().unwrap_or("Unknown");
+    Error::Llama { class: ExcClass::ShimError, kind: kind.to_owned(), code: None, message: err.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(err: Error) -> (ExcClass, String, Option<i64>) {
+        match err {
+            Error::Llama { class, kind, code, .. } => (class, kind, code),
+            other => panic!("not a crate error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn classes_are_listed_in_enum_order() {
+        for (i, spec) in CLASSES.iter().enumerate() {
+            assert_eq!(index_of(spec.class), i, "{}", spec.name);
+            assert!(index_of(spec.base) < i || spec.class == ExcClass::LlamaCppError);
+        }
+    }
+
+    #[test]
+    fn decode_codes_and_kinds() {
+        assert_eq!(parts(DecodeError::NoKvCacheSlot.into()), (ExcClass::DecodeError, "NoKvCacheSlot".to_owned(), Some(1)));
+        assert_eq!(parts(DecodeError::Unknown(2).into()), (ExcClass::DecodeError, "Unknown".to_owned(), Some(2)));
+        assert_eq!(parts(EncodeError::NTokensZero.into()), (ExcClass::EncodeError, "NTokensZero".to_owned(), Some(-1)));
+    }
+
+    #[test]
+    fn each_enum_has_its_class() {
+        assert_eq!(parts(EmbeddingsError::NotEnabled.into()).0, ExcClass::EmbeddingsError);
+        assert_eq!(parts(LlamaModelLoadError::NullResult.into()).0, ExcClass::LlamaModelLoadError);
+        assert_eq!(parts(LlamaContextLoadError::NullReturn.into()).0, ExcClass::LlamaContextLoadError);
+        assert_eq!(parts(BatchAddError::InsufficientSpace(4).into()), (ExcClass::BatchAddError, "InsufficientSpace".to_owned(), Some(4)));
+        assert_eq!(parts(SaveSessionError::FailedToSave.into()).0, ExcClass::SaveSessionError);
+        assert_eq!(parts(LoadSessionError::FailedToLoad.into()).0, ExcClass::LoadSessionError);
+        assert_eq!(parts(shim_error(std::fmt::Error)), (ExcClass::ShimError, "Error".to_owned(), None));
+        let too_large = i32::try_from(u64::MAX).unwrap_err();
+        assert_eq!(parts(KvCacheConversionError::P0TooLarge(too_large).into()).1, "P0TooLarge");
+    }
+}

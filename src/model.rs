@@ -1,0 +1,359 @@
+//! `LlamaModel`: a loaded GGUF model, its tokenizer, metadata and chat template.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use llama_cpp_4::model::params::{LlamaLoadMode, LlamaModelParams};
+use llama_cpp_4::model::{AddBos, LlamaChatMessage, LlamaModel, Special};
+use llama_cpp_4::token::LlamaToken;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyType};
+
+use crate::backend::backend;
+use crate::context::{ContextOptions, PyLlamaContext};
+use crate::errors::{Error, Result};
+use crate::metadata;
+use crate::native::detached;
+use crate::paths::existing_file;
+use crate::tokens::{check_vocab, extract_token_ids, to_ids, to_llama_tokens};
+
+/// A model loaded from a GGUF file. Shared by every context made from it, and kept alive by
+/// them: closing or deleting the Python object while contexts exist is safe.
+#[pyclass(frozen, module = "llamactx", name = "LlamaModel")]
+pub struct PyLlamaModel {
+    model: RwLock<Option<Arc<LlamaModel>>>,
+    path: PathBuf,
+}
+
+impl PyLlamaModel {
+    /// The native model, or `ValueError` once closed.
+    pub fn native(&self) -> Result<Arc<LlamaModel>> {
+        let guard = self.model.read().map_err(|_| Error::Poisoned("LlamaModel"))?;
+        guard.clone().ok_or_else(|| Error::closed("LlamaModel"))
+    }
+
+    fn with_model<T>(&self, read: impl FnOnce(&LlamaModel) -> Result<T>) -> PyResult<T> {
+        Ok(read(&*self.native()?)?)
+    }
+
+    /// Checks a single token id against the vocabulary.
+    fn token(model: &LlamaModel, id: i32) -> Result<LlamaToken> {
+        check_vocab(&[id], model.n_vocab())?;
+        Ok(LlamaToken::new(id))
+    }
+}
+
+fn special(render: bool) -> Special {
+    if render {
+        Special::Tokenize
+    } else {
+        Special::Plaintext
+    }
+}
+
+#[pymethods]
+impl PyLlamaModel {
+    /// Loads a GGUF model. Releases the GIL while loading.
+    ///
+    /// `n_gpu_layers` layers are offloaded to a GPU when llama.cpp was built with one.
+    /// `vocab_only` loads only the tokenizer. `use_mmap`/`use_mlock` choose how the weights
+    /// are read. llama-cpp-4 0.11 cannot pass a progress callback to llama.cpp, so there is
+    /// none. Raises `FileNotFoundError` for a missing file, `ValueError` for a path that is not
+    /// UTF-8 or holds a NUL byte, and `LlamaModelLoadError` when llama.cpp refuses the file.
+    #[classmethod]
+    #[pyo3(signature = (path, *, n_gpu_layers=0, main_gpu=None, vocab_only=false, use_mmap=true, use_mlock=false))]
+    fn load_from_file(
+        _cls: &Bound<'_, PyType>,
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        n_gpu_layers: u32,
+        main_gpu: Option<i32>,
+        vocab_only: bool,
+        use_mmap: bool,
+        use_mlock: bool,
+    ) -> PyResult<Self> {
+        let path = existing_file(path)?;
+        let load_mode = match (use_mmap, use_mlock) {
+            (true, false) => LlamaLoadMode::Mmap,
+            (true, true) => LlamaLoadMode::MmapMlock,
+            (false, false) => LlamaLoadMode::None,
+            (false, true) => LlamaLoadMode::Mlock,
+        };
+        let model = detached(py, || {
+            // Built here: the params hold raw pointers, so they cannot cross threads.
+            let mut params = LlamaModelParams::default()
+                .with_n_gpu_layers(n_gpu_layers)
+                .with_vocab_only(vocab_only)
+                .with_load_mode(load_mode);
+            if let Some(main_gpu) = main_gpu {
+                params = params.with_main_gpu(main_gpu);
+            }
+            Ok(LlamaModel::load_from_file(backend()?, &path, &params)?)
+        })?;
+        Ok(Self { model: RwLock::new(Some(Arc::new(model))), path })
+    }
+
+    /// Creates a context (KV cache, compute buffers) on this model. Releases the GIL.
+    ///
+    /// Keywords are the crate's `LlamaContextParams::with_*` builders without `with_`; `None`
+    /// keeps llama.cpp's default. `pooling_type`, `flash_attn_type` and `attention_type` take
+    /// the matching IntEnum or its int value; `cache_type_k`/`cache_type_v` take a ggml type
+    /// name such as `"f16"` or `"q8_0"`.
+    #[pyo3(signature = (
+        *, n_ctx=None, n_batch=None, n_ubatch=None, n_seq_max=None, n_threads=None,
+        n_threads_batch=None, embeddings=None, pooling_type=None, flash_attn_type=None,
+        attention_type=None, cache_type_k=None, cache_type_v=None, offload_kqv=None,
+        kv_unified=None, swa_full=None, op_offload=None, no_perf=None, rope_freq_base=None,
+        rope_freq_scale=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new_context(
+        slf: &Bound<'_, Self>,
+        n_ctx: Option<u32>,
+        n_batch: Option<u32>,
+        n_ubatch: Option<u32>,
+        n_seq_max: Option<u32>,
+        n_threads: Option<i32>,
+        n_threads_batch: Option<i32>,
+        embeddings: Option<bool>,
+        pooling_type: Option<i32>,
+        flash_attn_type: Option<i32>,
+        attention_type: Option<i32>,
+        cache_type_k: Option<String>,
+        cache_type_v: Option<String>,
+        offload_kqv: Option<bool>,
+        kv_unified: Option<bool>,
+        swa_full: Option<bool>,
+        op_offload: Option<bool>,
+        no_perf: Option<bool>,
+        rope_freq_base: Option<f32>,
+        rope_freq_scale: Option<f32>,
+    ) -> PyResult<PyLlamaContext> {
+        let options = ContextOptions {
+            n_ctx,
+            n_batch,
+            n_ubatch,
+            n_seq_max,
+            n_threads,
+            n_threads_batch,
+            embeddings,
+            pooling_type,
+            flash_attn_type,
+            attention_type,
+            cache_type_k,
+            cache_type_v,
+            offload_kqv,
+            kv_unified,
+            swa_full,
+            op_offload,
+            no_perf,
+            rope_freq_base,
+            rope_freq_scale,
+        };
+        PyLlamaContext::create(slf, options)
+    }
+
+    /// Tokenizes `text`. `add_bos` prepends the model's BOS token; `special` parses special
+    /// tokens such as `<|im_start|>` written in the text (the crate's default).
+    #[pyo3(signature = (text, add_bos=true, *, special=true))]
+    fn str_to_token(&self, text: &str, add_bos: bool, special: bool) -> PyResult<Vec<i32>> {
+        let add_bos = if add_bos { AddBos::Always } else { AddBos::Never };
+        self.with_model(|model| {
+            Ok(to_ids(&model.str_to_token_with_special(text, add_bos, self::special(special))?))
+        })
+    }
+
+    /// The text of one token. `special=True` renders special tokens (e.g. `<|im_end|>`),
+    /// `False` renders them as empty text. Raises `TokenToStringError` for a token whose
+    /// bytes are not valid UTF-8 on their own; use `token_to_bytes` for those.
+    #[pyo3(signature = (token, special=true))]
+    fn token_to_str(&self, token: i32, special: bool) -> PyResult<String> {
+        self.with_model(|model| Ok(model.token_to_str(Self::token(model, token)?, self::special(special))?))
+    }
+
+    /// The raw bytes of one token (a multi-byte character may be split across tokens).
+    #[pyo3(signature = (token, special=true))]
+    fn token_to_bytes<'py>(&self, py: Python<'py>, token: i32, special: bool) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = self.with_model(|model| Ok(model.token_to_bytes(Self::token(model, token)?, self::special(special))?))?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// Turns tokens back into text. `remove_special` drops BOS/EOS where the model adds them;
+    /// `unparse_special` renders special tokens as text.
+    #[pyo3(signature = (tokens, remove_special=false, unparse_special=false))]
+    fn detokenize(&self, tokens: &Bound<'_, PyAny>, remove_special: bool, unparse_special: bool) -> PyResult<String> {
+        let ids = extract_token_ids(tokens)?;
+        self.with_model(|model| {
+            check_vocab(&ids, model.n_vocab())?;
+            Ok(model.detokenize(&to_llama_tokens(&ids), remove_special, unparse_special)?)
+        })
+    }
+
+    /// Number of tokens in the vocabulary.
+    fn n_vocab(&self) -> PyResult<i32> {
+        self.with_model(|model| Ok(model.n_vocab()))
+    }
+
+    /// Width of the model's embeddings.
+    fn n_embd(&self) -> PyResult<i32> {
+        self.with_model(|model| Ok(model.n_embd()))
+    }
+
+    /// Number of layers.
+    fn n_layer(&self) -> PyResult<i32> {
+        self.with_model(|model| Ok(model.n_layer()))
+    }
+
+    /// Number of attention heads.
+    fn n_head(&self) -> PyResult<i32> {
+        self.with_model(|model| Ok(model.n_head()))
+    }
+
+    /// Context length the model was trained with.
+    fn n_ctx_train(&self) -> PyResult<u32> {
+        self.with_model(|model| Ok(model.n_ctx_train()))
+    }
+
+    /// Number of parameters.
+    fn n_params(&self) -> PyResult<u64> {
+        self.with_model(|model| Ok(model.n_params()))
+    }
+
+    /// Size of the weights in bytes.
+    fn model_size(&self) -> PyResult<u64> {
+        self.with_model(|model| Ok(model.model_size()))
+    }
+
+    /// Beginning-of-sequence token.
+    fn token_bos(&self) -> PyResult<i32> {
+        self.with_model(|model| Ok(model.token_bos().0))
+    }
+
+    /// End-of-sequence token.
+    fn token_eos(&self) -> PyResult<i32> {
+        self.with_model(|model| Ok(model.token_eos().0))
+    }
+
+    /// End-of-turn token (-1 when the model has none).
+    fn token_eot(&self) -> PyResult<i32> {
+        self.with_model(|model| Ok(model.token_eot().0))
+    }
+
+    /// Newline token.
+    fn token_nl(&self) -> PyResult<i32> {
+        self.with_model(|model| Ok(model.token_nl().0))
+    }
+
+    /// Whether `token` ends generation (EOS, EOT, ...).
+    fn is_eog_token(&self, token: i32) -> PyResult<bool> {
+        self.with_model(|model| Ok(model.is_eog_token(Self::token(model, token)?)))
+    }
+
+    /// Whether the tokenizer adds a BOS token.
+    fn add_bos_token(&self) -> PyResult<bool> {
+        self.with_model(|model| Ok(model.add_bos_token()))
+    }
+
+    /// Whether the model has an encoder (T5-style), i.e. supports `LlamaContext.encode`.
+    fn has_encoder(&self) -> PyResult<bool> {
+        self.with_model(|model| Ok(model.has_encoder()))
+    }
+
+    /// Whether the model has a decoder.
+    fn has_decoder(&self) -> PyResult<bool> {
+        self.with_model(|model| Ok(model.has_decoder()))
+    }
+
+    /// The value of one metadata key, as text; `StringFromModelError` when it is missing.
+    fn meta_val_str(&self, key: &str) -> PyResult<String> {
+        self.with_model(|model| metadata::value(model, &self.path, key))
+    }
+
+    /// Number of metadata entries (arrays excluded, as llama.cpp does).
+    fn meta_count(&self) -> PyResult<i32> {
+        self.with_model(|model| Ok(model.meta_count()))
+    }
+
+    /// All metadata as a `dict` of text values.
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let entries = self.with_model(|model| metadata::all(model, &self.path))?;
+        let dict = PyDict::new(py);
+        for (key, value) in entries {
+            dict.set_item(key, value)?;
+        }
+        Ok(dict)
+    }
+
+    /// A short description of the model (architecture, size, quantization).
+    fn desc(&self) -> PyResult<String> {
+        self.with_model(|model| Ok(model.desc(256)?))
+    }
+
+    /// The model's chat template (a Jinja string); `ChatTemplateError` when it has none.
+    fn get_chat_template(&self) -> PyResult<String> {
+        self.with_model(|model| metadata::chat_template(model))
+    }
+
+    /// Formats `messages` (a sequence of `(role, content)` pairs or of dicts with `role` and
+    /// `content`) with the model's template, or with `tmpl` when given; `add_ass` ends the
+    /// prompt with the assistant's turn opener. llama.cpp applies the template with its
+    /// built-in formats, not a full Jinja engine.
+    #[pyo3(signature = (messages, tmpl=None, add_ass=true))]
+    fn apply_chat_template(&self, messages: &Bound<'_, PyAny>, tmpl: Option<String>, add_ass: bool) -> PyResult<String> {
+        let mut chat = Vec::new();
+        for message in messages.try_iter()? {
+            let message = message?;
+            let (role, content): (String, String) = if let Ok(dict) = message.cast::<PyDict>() {
+                let field = |name: &str| -> PyResult<String> {
+                    dict.get_item(name)?
+                        .ok_or_else(|| Error::value(format!("chat message lacks '{name}'")))?
+                        .extract()
+                };
+                (field("role")?, field("content")?)
+            } else {
+                message.extract()?
+            };
+            chat.push(LlamaChatMessage::new(role, content).map_err(Error::from)?);
+        }
+        self.with_model(|model| {
+            let template = match tmpl {
+                Some(template) => template,
+                None => metadata::chat_template(model)?,
+            };
+            Ok(model.apply_chat_template(Some(&template), &chat, add_ass)?)
+        })
+    }
+
+    /// Path of the GGUF file.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    /// Drops this object's hold on the native model. Contexts made from it keep it alive until
+    /// they close; every later call on this object raises `ValueError`.
+    fn close(&self) -> PyResult<()> {
+        let mut guard = self.model.write().map_err(|_| Error::Poisoned("LlamaModel"))?;
+        *guard = None;
+        Ok(())
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.model.read().map_or(true, |guard| guard.is_none())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&self, _exc_type: &Bound<'_, PyAny>, _exc: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.close()
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.closed() { " (closed)" } else { "" };
+        format!("<LlamaModel {}{state}>", self.path.display())
+    }
+}

@@ -1,0 +1,30 @@
+//! Running native work: without the GIL, with panics caught, logs flushed afterwards.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use pyo3::prelude::*;
+
+use crate::backend::flush_logs;
+use crate::errors::{Error, Result};
+
+/// Runs `work` with the GIL released, so other Python threads run meanwhile and llama.cpp's
+/// callbacks (abort, log) can take it. A panic inside becomes an exception instead of
+/// unwinding into Python as `PanicException`.
+pub fn detached<T, F>(py: Python<'_>, work: F) -> PyResult<T>
+where
+    F: FnOnce() -> Result<T> + Send,
+    T: Send,
+{
+    let result = py.detach(|| catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|p| Err(panic_error(&p))));
+    flush_logs(py);
+    result.map_err(PyErr::from)
+}
+
+fn panic_error(payload: &(dyn std::any::Any + Send)) -> Error {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(ToString::to_string)
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned());
+    Error::Panic(message)
+}

@@ -1,0 +1,60 @@
+//! Token arguments: any sequence of ints or a 1-D integer numpy array, checked against the
+//! vocabulary before llama.cpp sees them (an out-of-range id aborts inside llama.cpp).
+
+use llama_cpp_4::token::LlamaToken;
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+use crate::errors::{Error, Result};
+
+/// Extracts token ids as `i32` without checking them against a vocabulary.
+pub fn extract_token_ids(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<i32>> {
+    if tokens.is_instance_of::<PyString>() || tokens.is_instance_of::<PyBytes>() {
+        return Err(Error::Type("tokens must be a sequence of ints, not a string".to_owned()).into());
+    }
+    if let Ok(array) = tokens.cast::<PyUntypedArray>() {
+        if array.ndim() != 1 {
+            return Err(Error::value(format!("tokens must be a 1-D array, got {} dimensions", array.ndim())).into());
+        }
+        if !matches!(array.dtype().kind(), b'i' | b'u') {
+            return Err(Error::Type(format!("tokens must be an integer array, got dtype {}", array.dtype())).into());
+        }
+        let as_list = array.call_method0("tolist")?;
+        return extract_token_ids(&as_list);
+    }
+    let mut ids = Vec::with_capacity(tokens.len().unwrap_or(0));
+    for item in tokens.try_iter()? {
+        let id: i64 = item?.extract()?;
+        ids.push(i32::try_from(id).map_err(|_| Error::value(format!("token id {id} is out of range")))?);
+    }
+    Ok(ids)
+}
+
+/// Checks that every id lies in `[0, n_vocab)`.
+pub fn check_vocab(ids: &[i32], n_vocab: i32) -> Result<()> {
+    match ids.iter().find(|&&id| id < 0 || id >= n_vocab) {
+        Some(id) => Err(Error::value(format!("token id {id} is outside the vocabulary [0, {n_vocab})"))),
+        None => Ok(()),
+    }
+}
+
+pub fn to_llama_tokens(ids: &[i32]) -> Vec<LlamaToken> {
+    ids.iter().copied().map(LlamaToken::new).collect()
+}
+
+pub fn to_ids(tokens: &[LlamaToken]) -> Vec<i32> {
+    tokens.iter().map(|token| token.0).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vocab_bounds() {
+        assert!(check_vocab(&[0, 9], 10).is_ok());
+        assert!(matches!(check_vocab(&[10], 10), Err(Error::Value(_))));
+        assert!(matches!(check_vocab(&[-1], 10), Err(Error::Value(_))));
+    }
+}
