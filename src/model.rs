@@ -6,6 +6,7 @@ use std::sync::{Arc, RwLock};
 use llama_cpp_4::model::params::{LlamaLoadMode, LlamaModelParams};
 use llama_cpp_4::model::{AddBos, LlamaChatMessage, LlamaModel, Special};
 use llama_cpp_4::token::LlamaToken;
+use llama_cpp_4::TokenToStringError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyType};
 
@@ -40,6 +41,16 @@ impl PyLlamaModel {
     fn token(model: &LlamaModel, id: i32) -> Result<LlamaToken> {
         check_vocab(&[id], model.n_vocab())?;
         Ok(LlamaToken::new(id))
+    }
+
+    /// The piece llama.cpp renders for `id`. The crate's `token_to_bytes` blanks some
+    /// tokens by attribute and fails on pieces over 32 bytes; `token_to_raw_bytes` is
+    /// `llama_token_to_piece` itself, whose only "error" is an empty piece.
+    fn piece(model: &LlamaModel, id: i32, special: bool) -> Result<Vec<u8>> {
+        match model.token_to_raw_bytes(Self::token(model, id)?, self::special(special)) {
+            Err(TokenToStringError::UnknownTokenType) => Ok(Vec::new()),
+            other => Ok(other?),
+        }
     }
 }
 
@@ -153,8 +164,10 @@ impl PyLlamaModel {
         PyLlamaContext::create(slf, options)
     }
 
-    /// Tokenizes `text`. `add_bos` prepends the model's BOS token; `special` parses special
-    /// tokens such as `<|im_start|>` written in the text (the crate's default).
+    /// Tokenizes `text`. `add_bos` adds the BOS (and EOS) tokens where the model's tokenizer
+    /// is configured to add them (llama.cpp's `add_special`; see `add_bos_token()`);
+    /// `special` parses special tokens such as `<|im_start|>` written in the text (the
+    /// crate's default).
     #[pyo3(signature = (text, add_bos=true, *, special=true))]
     fn str_to_token(&self, text: &str, add_bos: bool, special: bool) -> PyResult<Vec<i32>> {
         let add_bos = if add_bos { AddBos::Always } else { AddBos::Never };
@@ -168,13 +181,16 @@ impl PyLlamaModel {
     /// bytes are not valid UTF-8 on their own; use `token_to_bytes` for those.
     #[pyo3(signature = (token, special=true))]
     fn token_to_str(&self, token: i32, special: bool) -> PyResult<String> {
-        self.with_model(|model| Ok(model.token_to_str(Self::token(model, token)?, self::special(special))?))
+        self.with_model(|model| {
+            let piece = Self::piece(model, token, special)?;
+            Ok(String::from_utf8(piece).map_err(TokenToStringError::FromUtf8Error)?)
+        })
     }
 
     /// The raw bytes of one token (a multi-byte character may be split across tokens).
     #[pyo3(signature = (token, special=true))]
     fn token_to_bytes<'py>(&self, py: Python<'py>, token: i32, special: bool) -> PyResult<Bound<'py, PyBytes>> {
-        let bytes = self.with_model(|model| Ok(model.token_to_bytes(Self::token(model, token)?, self::special(special))?))?;
+        let bytes = self.with_model(|model| Self::piece(model, token, special))?;
         Ok(PyBytes::new(py, &bytes))
     }
 

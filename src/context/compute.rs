@@ -42,10 +42,13 @@ impl PyLlamaContext {
         self.run(py, |native| native.decode(batch))
     }
 
-    /// Removes every token of every sequence from the KV cache.
+    /// Removes every token of every sequence from the KV cache (nothing to do for models
+    /// without one).
     fn clear_kv_cache(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |native| {
-            native.with_mut(|context| context.clear_kv_cache());
+            if native.has_memory {
+                native.with_mut(|context| context.clear_kv_cache());
+            }
             native.logit_rows.clear();
             Ok(())
         })

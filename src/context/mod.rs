@@ -5,6 +5,7 @@
 //! lifetime (close, context manager).
 
 mod compute;
+mod kv;
 mod outputs;
 mod params;
 
@@ -42,6 +43,9 @@ pub struct Native {
     n_batch: u32,
     n_ubatch: u32,
     embeddings: bool,
+    /// False for models without a KV cache (BERT-style): llama.cpp's memory calls would
+    /// dereference null.
+    has_memory: bool,
 }
 
 // SAFETY: `LlamaContext` is `!Send` only because it holds raw pointers to the llama.cpp
@@ -80,8 +84,12 @@ impl PyLlamaContext {
             let backend = backend()?;
             let n_vocab = native_model.n_vocab();
             let cell = ContextCell::try_new(native_model, |model| model.new_context(backend, params))?;
-            let (n_seq_max, n_batch, n_ubatch) =
-                cell.with_dependent(|_, context| (context.n_seq_max(), context.n_batch(), context.n_ubatch()));
+            let (n_seq_max, n_batch, n_ubatch, has_memory) = cell.with_dependent(|_, context| {
+                // SAFETY: `as_ptr` is the live context this cell owns; `llama_get_memory` only
+                // reads a field of it.
+                let memory = unsafe { llama_cpp_sys_4::llama_get_memory(context.as_ptr()) };
+                (context.n_seq_max(), context.n_batch(), context.n_ubatch(), !memory.is_null())
+            });
             Ok(Native {
                 cell,
                 logit_rows: Vec::new(),
@@ -90,6 +98,7 @@ impl PyLlamaContext {
                 n_batch,
                 n_ubatch,
                 embeddings: options.embeddings.unwrap_or(false),
+                has_memory,
             })
         })?;
         Ok(Self { native: Mutex::new(Some(native)), model: model.clone().unbind() })

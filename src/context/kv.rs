@@ -1,0 +1,165 @@
+//! KV-cache (llama.cpp "memory") operations on sequences.
+//!
+//! llama.cpp aborts on a sequence id outside `[0, n_seq_max)` and dereferences a null memory
+//! for models without a KV cache (BERT-style encoders), so both are checked first. Positions
+//! past `i32` raise `KvCacheConversionError`, as in the crate.
+
+use std::num::NonZeroU8;
+
+use llama_cpp_4::context::kv_cache::KvCacheConversionError;
+use pyo3::prelude::*;
+
+use super::{Native, PyLlamaContext};
+use crate::errors::{Error, Result};
+
+/// A position bound: `None` (or the crate's "to the end") stays `None`.
+fn position(value: Option<i64>, too_large: fn(std::num::TryFromIntError) -> KvCacheConversionError) -> Result<Option<u32>> {
+    match value {
+        None => Ok(None),
+        Some(p) if p < 0 => Err(Error::value(format!("position {p} is negative; use None for an open end"))),
+        Some(p) => {
+            // The crate converts to i32 itself; values past u32 never reach it.
+            i32::try_from(p).map_err(|err| Error::from(too_large(err)))?;
+            Ok(u32::try_from(p).ok())
+        }
+    }
+}
+
+impl Native {
+    /// `seq_id` as llama.cpp takes it, or an error naming the valid range.
+    fn seq(&self, seq_id: i64) -> Result<i32> {
+        if seq_id < 0 || seq_id >= i64::from(self.n_seq_max) {
+            let too_large = i32::try_from(seq_id).err();
+            if let Some(err) = too_large {
+                return Err(KvCacheConversionError::SeqIdTooLarge(err).into());
+            }
+            return Err(Error::value(format!(
+                "sequence id {seq_id} is out of range: the context holds sequences 0..{}",
+                self.n_seq_max
+            )));
+        }
+        Ok(i32::try_from(seq_id).map_err(KvCacheConversionError::SeqIdTooLarge)?)
+    }
+
+    fn require_memory(&self) -> Result<()> {
+        if self.has_memory {
+            Ok(())
+        } else {
+            Err(Error::value("this model's context has no KV cache (an embedding-only model)"))
+        }
+    }
+
+    fn require_shift(&self) -> Result<()> {
+        self.require_memory()?;
+        if self.with(|context| context.memory_can_shift()) {
+            Ok(())
+        } else {
+            Err(Error::value("this context's KV cache cannot shift positions (memory_can_shift() is False)"))
+        }
+    }
+
+    /// Clears `seq_id` (every sequence for `None`) between positions `p0` and `p1`.
+    pub fn clear_seq(&mut self, seq_id: Option<i64>, p0: Option<i64>, p1: Option<i64>) -> Result<bool> {
+        self.require_memory()?;
+        let seq_id = seq_id.map(|id| self.seq(id)).transpose()?;
+        let p0 = position(p0, KvCacheConversionError::P0TooLarge)?;
+        let p1 = position(p1, KvCacheConversionError::P1TooLarge)?;
+        let seq_id = seq_id.map(i32::unsigned_abs);
+        Ok(self.with_mut(|context| context.clear_kv_cache_seq(seq_id, p0, p1))?)
+    }
+}
+
+#[pymethods]
+impl PyLlamaContext {
+    /// Copies the first `size` positions of sequence `src` to sequence `dest`.
+    fn copy_cache(&self, py: Python<'_>, src: i64, dest: i64, size: i64) -> PyResult<()> {
+        let size = i32::try_from(size.max(-1)).map_err(|_| Error::value(format!("size {size} is too large")))?;
+        self.run(py, |native| {
+            native.require_memory()?;
+            let (src, dest) = (native.seq(src)?, native.seq(dest)?);
+            native.with_mut(|context| context.copy_cache(src, dest, size));
+            Ok(())
+        })
+    }
+
+    /// Copies the cells of sequence `src` between positions `p0` and `p1` (`None`: open end)
+    /// to sequence `dest`, which then continues exactly like `src`.
+    #[pyo3(signature = (src, dest, p0=None, p1=None))]
+    fn copy_kv_cache_seq(&self, py: Python<'_>, src: i64, dest: i64, p0: Option<i64>, p1: Option<i64>) -> PyResult<()> {
+        self.run(py, |native| {
+            native.require_memory()?;
+            let (src, dest) = (native.seq(src)?, native.seq(dest)?);
+            let p0 = position(p0, KvCacheConversionError::P0TooLarge)?;
+            let p1 = position(p1, KvCacheConversionError::P1TooLarge)?;
+            Ok(native.with_mut(|context| context.copy_kv_cache_seq(src, dest, p0, p1))?)
+        })
+    }
+
+    /// Removes the cells of sequence `src` (all sequences for `None`) between positions `p0`
+    /// and `p1`. Returns False when llama.cpp cannot remove part of a sequence (recurrent
+    /// models).
+    #[pyo3(signature = (src=None, p0=None, p1=None))]
+    fn clear_kv_cache_seq(&self, py: Python<'_>, src: Option<i64>, p0: Option<i64>, p1: Option<i64>) -> PyResult<bool> {
+        self.run(py, |native| native.clear_seq(src, p0, p1))
+    }
+
+    /// Removes every sequence except `seq_id`.
+    fn llama_kv_cache_seq_keep(&self, py: Python<'_>, seq_id: i64) -> PyResult<()> {
+        self.run(py, |native| {
+            native.require_memory()?;
+            let seq_id = native.seq(seq_id)?;
+            native.with_mut(|context| context.llama_kv_cache_seq_keep(seq_id));
+            Ok(())
+        })
+    }
+
+    /// Adds `delta` to the positions of sequence `seq_id` in `[p0, p1)` (`None`: open end).
+    /// `ValueError` when the cache cannot shift.
+    fn kv_cache_seq_add(&self, py: Python<'_>, seq_id: i64, p0: Option<i64>, p1: Option<i64>, delta: i32) -> PyResult<()> {
+        self.run(py, |native| {
+            native.require_shift()?;
+            let seq_id = native.seq(seq_id)?;
+            let p0 = position(p0, KvCacheConversionError::P0TooLarge)?;
+            let p1 = position(p1, KvCacheConversionError::P1TooLarge)?;
+            Ok(native.with_mut(|context| context.kv_cache_seq_add(seq_id, p0, p1, delta))?)
+        })
+    }
+
+    /// Divides the positions of sequence `seq_id` in `[p0, p1)` by `d` (1..=255).
+    fn kv_cache_seq_div(&self, py: Python<'_>, seq_id: i64, p0: Option<i64>, p1: Option<i64>, d: i64) -> PyResult<()> {
+        let d = u8::try_from(d)
+            .ok()
+            .and_then(NonZeroU8::new)
+            .ok_or_else(|| Error::value(format!("d must be in 1..=255, got {d}")))?;
+        self.run(py, |native| {
+            native.require_shift()?;
+            let seq_id = native.seq(seq_id)?;
+            let p0 = position(p0, KvCacheConversionError::P0TooLarge)?;
+            let p1 = position(p1, KvCacheConversionError::P1TooLarge)?;
+            Ok(native.with_mut(|context| context.kv_cache_seq_div(seq_id, p0, p1, d))?)
+        })
+    }
+
+    /// Largest position held for `seq_id`, or -1 when the sequence is empty.
+    fn kv_cache_seq_pos_max(&self, py: Python<'_>, seq_id: i64) -> PyResult<i32> {
+        self.run(py, |native| {
+            native.require_memory()?;
+            let seq_id = native.seq(seq_id)?;
+            Ok(native.with(|context| context.kv_cache_seq_pos_max(seq_id)))
+        })
+    }
+
+    /// Smallest position held for `seq_id`, or -1 when the sequence is empty.
+    fn memory_seq_pos_min(&self, py: Python<'_>, seq_id: i64) -> PyResult<i32> {
+        self.run(py, |native| {
+            native.require_memory()?;
+            let seq_id = native.seq(seq_id)?;
+            Ok(native.with(|context| context.memory_seq_pos_min(seq_id)))
+        })
+    }
+
+    /// Whether the KV cache supports shifting positions (`kv_cache_seq_add`/`_div`).
+    fn memory_can_shift(&self, py: Python<'_>) -> PyResult<bool> {
+        self.run(py, |native| Ok(native.has_memory && native.with(|context| context.memory_can_shift())))
+    }
+}

@@ -1,0 +1,55 @@
+"""Inputs that would abort or corrupt llama.cpp if they reached it, each run in a child process
+so that a crash fails the test instead of killing pytest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import raised_in_subprocess
+
+SETUP = "ctx = model.new_context(n_ctx=256, n_batch=8, n_seq_max=2); batch = llamactx.LlamaBatch(16, 2); "
+
+CASES = {
+    "token id past the vocabulary, in a decode": (
+        SETUP + "batch.add(model.n_vocab(), 0, [0], True); ctx.decode(batch)",
+        "ValueError",
+    ),
+    "negative token id": (SETUP + "batch.add(-1, 0, [0], True)", "ValueError"),
+    "sequence id past n_seq_max, in a decode": (
+        SETUP + "batch.add(1, 0, [2], True); ctx.decode(batch)",
+        "ValueError",
+    ),
+    "more seq_ids than the batch holds": (SETUP + "batch.add(1, 0, [0, 1, 0], True)", "ValueError"),
+    "empty seq_ids": (SETUP + "batch.add(1, 0, [], True)", "ValueError"),
+    "more tokens than n_batch": (
+        SETUP + "batch.add_sequence(list(range(9)), 0, False); ctx.decode(batch)",
+        "ValueError",
+    ),
+    "token_to_str past the vocabulary": ("model.token_to_str(10**6)", "ValueError"),
+    "detokenize a negative id": ("model.detokenize([5, -3])", "ValueError"),
+    "is_eog_token past the vocabulary": ("model.is_eog_token(model.n_vocab())", "ValueError"),
+    "token id past int32": ("model.detokenize([2**40])", "ValueError"),
+    "kv op on a sequence past n_seq_max": (SETUP + "ctx.kv_cache_seq_pos_max(5)", "ValueError"),
+    "kv copy into a negative sequence": (SETUP + "ctx.copy_kv_cache_seq(0, -1)", "ValueError"),
+    "kv_cache_seq_div by zero": (SETUP + "ctx.kv_cache_seq_div(0, None, None, 0)", "ValueError"),
+    "kv_cache_seq_div by 256": (SETUP + "ctx.kv_cache_seq_div(0, None, None, 256)", "ValueError"),
+    "sampling before any decode": (SETUP + "llamactx.LlamaSampler.greedy().sample(ctx, 0)", "IndexError"),
+    "logits of a row past n_ctx": (
+        SETUP + "batch.add(1, 0, [0], True); ctx.decode(batch); ctx.get_logits_ith(10**6)",
+        "IndexError",
+    ),
+    "mean pooling that cannot split micro-batches": (
+        "model.new_context(embeddings=True, pooling_type=llamactx.LlamaPoolingType.MEAN, n_seq_max=3)",
+        "ValueError",
+    ),
+    "metadata key with a NUL byte": ("model.meta_val_str('general\\0name')", "ValueError"),
+    "huge batch allocation": ("llamactx.LlamaBatch(2**40, 2**10)", "ValueError"),
+    "zero-sized batch": ("llamactx.LlamaBatch(0)", "ValueError"),
+}
+
+
+@pytest.mark.parametrize("call, expected", list(CASES.values()), ids=list(CASES))
+def test_hostile_input_raises_instead_of_crashing(model_path: Path, call: str, expected: str) -> None:
+    assert raised_in_subprocess(model_path, call) == expected

@@ -1,0 +1,45 @@
+"""llama.cpp's log reaches Python's logging (logger ``llamactx``), never stderr directly."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+import llamactx
+from conftest import run_isolated
+
+
+def test_model_load_logs_to_the_llamactx_logger(model_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="llamactx"):
+        llamactx.LlamaModel.load_from_file(model_path, vocab_only=True).close()
+    messages = [record.getMessage() for record in caplog.records if record.name == "llamactx"]
+    assert any("general.architecture" in message or "llama" in message for message in messages)
+
+
+def test_nothing_is_written_to_stderr_when_logging_is_silenced(model_path: Path) -> None:
+    code = """
+    import logging
+    logging.getLogger("llamactx").addHandler(logging.NullHandler())
+    logging.getLogger("llamactx").propagate = False
+    ctx = model.new_context(n_ctx=256)
+    batch = llamactx.LlamaBatch(4)
+    batch.add_sequence(model.str_to_token("Hello there"), 0, False)
+    ctx.decode(batch)
+    try:
+        ctx.decode(llamactx.LlamaBatch(1))  # llama.cpp logs an error for an empty batch
+    except llamactx.DecodeError:
+        pass
+    print("done")
+    """
+    result = run_isolated(model_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    assert result.stderr == ""
+
+
+def test_error_lines_reach_the_logger(ctx: llamactx.LlamaContext, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="llamactx"), pytest.raises(llamactx.DecodeError):
+        ctx.decode(llamactx.LlamaBatch(1))
+    assert any(record.levelno == logging.ERROR and "n_tokens == 0" in record.getMessage() for record in caplog.records)
