@@ -32,7 +32,9 @@ pub fn backend() -> Result<&'static LlamaBackend> {
         unsafe { llama_cpp_4::log_set(Some(queue_log_line), std::ptr::null_mut()) };
         Ok(backend)
     });
-    initialised.as_ref().map_err(|reason| Error::state("BackendInit", reason.clone()))
+    initialised
+        .as_ref()
+        .map_err(|reason| Error::state("BackendInit", reason.clone()))
 }
 
 struct LogQueue {
@@ -42,8 +44,11 @@ struct LogQueue {
     lines: VecDeque<(u32, String)>,
 }
 
-static LOG_QUEUE: Mutex<LogQueue> =
-    Mutex::new(LogQueue { partial: String::new(), partial_level: 0, lines: VecDeque::new() });
+static LOG_QUEUE: Mutex<LogQueue> = Mutex::new(LogQueue {
+    partial: String::new(),
+    partial_level: 0,
+    lines: VecDeque::new(),
+});
 static LOGS_PENDING: AtomicBool = AtomicBool::new(false);
 
 unsafe extern "C" fn queue_log_line(level: ggml_log_level, text: *const c_char, _user_data: *mut c_void) {
@@ -101,7 +106,9 @@ pub fn flush_logs(py: Python<'_>) {
         Err(_) => return,
     };
     let logger = LOGGER.get_or_try_init(py, || {
-        py.import("logging")?.call_method1("getLogger", ("llamactx",)).map(Bound::unbind)
+        py.import("logging")?
+            .call_method1("getLogger", ("llamactx",))
+            .map(Bound::unbind)
     });
     let Ok(logger) = logger else { return };
     for (level, line) in lines {
@@ -116,10 +123,17 @@ mod tests {
 
     #[test]
     fn assembles_continued_lines_with_the_first_level() {
-        let mut queue = LogQueue { partial: String::new(), partial_level: 0, lines: VecDeque::new() };
+        let mut queue = LogQueue {
+            partial: String::new(),
+            partial_level: 0,
+            lines: VecDeque::new(),
+        };
         queue.push(llama_cpp_sys_4::GGML_LOG_LEVEL_WARN, "half ");
         queue.push(llama_cpp_sys_4::GGML_LOG_LEVEL_CONT, "line\nnext");
-        assert_eq!(queue.lines, [(llama_cpp_sys_4::GGML_LOG_LEVEL_WARN, "half line".to_owned())]);
+        assert_eq!(
+            queue.lines,
+            [(llama_cpp_sys_4::GGML_LOG_LEVEL_WARN, "half line".to_owned())]
+        );
         assert_eq!(queue.partial, "next");
     }
 }

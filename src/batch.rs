@@ -93,7 +93,11 @@ impl PyLlamaBatch {
 
     /// Runs `work` on the batch with the GIL released: a decode holds the batch's lock while
     /// its abort callback may need the GIL, so waiting for the lock with the GIL would deadlock.
-    fn with_state<T: Send>(&self, py: Python<'_>, work: impl FnOnce(&mut BatchState) -> Result<T> + Send) -> PyResult<T> {
+    fn with_state<T: Send>(
+        &self,
+        py: Python<'_>,
+        work: impl FnOnce(&mut BatchState) -> Result<T> + Send,
+    ) -> PyResult<T> {
         detached(py, || work(&mut *self.lock()?))
     }
 }
@@ -131,7 +135,10 @@ impl PyLlamaBatch {
         let narrow = |what: &str, value: i64| {
             i32::try_from(value).map_err(|_| Error::value(format!("{what} {value} is out of range")))
         };
-        let seq_ids = seq_ids.into_iter().map(|id| narrow("sequence id", id)).collect::<Result<Vec<_>>>()?;
+        let seq_ids = seq_ids
+            .into_iter()
+            .map(|id| narrow("sequence id", id))
+            .collect::<Result<Vec<_>>>()?;
         let (token, pos) = (narrow("token id", token)?, narrow("position", pos)?);
         self.with_state(py, |state| state.add(token, pos, &seq_ids, logits))
     }

@@ -11,14 +11,13 @@ use llama_cpp_4::context::kv_cache::KvCacheConversionError;
 use llama_cpp_4::context::session::{LoadSessionError, SaveSessionError};
 use llama_cpp_4::llama_batch::BatchAddError;
 use llama_cpp_4::{
-    ApplyChatTemplateError, ChatTemplateError, DecodeError, EmbeddingsError, EncodeError,
-    LlamaContextLoadError, LlamaLoraAdapterInitError, LlamaLoraAdapterRemoveError,
-    LlamaLoraAdapterSetError, LlamaModelLoadError, NewLlamaChatMessageError,
-    StringFromModelError, StringToTokenError, TokenToStringError,
+    ApplyChatTemplateError, ChatTemplateError, DecodeError, EmbeddingsError, EncodeError, LlamaContextLoadError,
+    LlamaLoraAdapterInitError, LlamaLoraAdapterRemoveError, LlamaLoraAdapterSetError, LlamaModelLoadError,
+    NewLlamaChatMessageError, StringFromModelError, StringToTokenError, TokenToStringError,
 };
 use pyo3::exceptions::{
-    PyException, PyFileNotFoundError, PyIndexError, PyKeyboardInterrupt, PyOverflowError,
-    PyRuntimeError, PyTypeError, PyValueError,
+    PyException, PyFileNotFoundError, PyIndexError, PyKeyboardInterrupt, PyOverflowError, PyRuntimeError, PyTypeError,
+    PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -60,7 +59,13 @@ struct ClassSpec {
 }
 
 const fn spec(class: ExcClass, name: &'static str, doc: &'static str) -> ClassSpec {
-    ClassSpec { class, name, base: ExcClass::LlamaCppError, extra_base: None, doc }
+    ClassSpec {
+        class,
+        name,
+        base: ExcClass::LlamaCppError,
+        extra_base: None,
+        doc,
+    }
 }
 
 const CLASSES: [ClassSpec; 22] = [
@@ -70,7 +75,11 @@ const CLASSES: [ClassSpec; 22] = [
         "Base class of every llamactx error. `kind` is the crate's variant name, `code` the \
          integer llama.cpp returned (or None).",
     ),
-    spec(ExcClass::DecodeError, "DecodeError", "`llama_decode` failed (crate enum `DecodeError`)."),
+    spec(
+        ExcClass::DecodeError,
+        "DecodeError",
+        "`llama_decode` failed (crate enum `DecodeError`).",
+    ),
     ClassSpec {
         class: ExcClass::DecodeAborted,
         name: "DecodeAborted",
@@ -78,7 +87,11 @@ const CLASSES: [ClassSpec; 22] = [
         extra_base: None,
         doc: "A decode was stopped by the abort callback or by Ctrl-C; the batch was rolled back.",
     },
-    spec(ExcClass::EncodeError, "EncodeError", "`llama_encode` failed (crate enum `EncodeError`)."),
+    spec(
+        ExcClass::EncodeError,
+        "EncodeError",
+        "`llama_encode` failed (crate enum `EncodeError`).",
+    ),
     spec(
         ExcClass::EmbeddingsError,
         "EmbeddingsError",
@@ -91,9 +104,21 @@ const CLASSES: [ClassSpec; 22] = [
         extra_base: Some(|py| py.get_type::<PyOverflowError>()),
         doc: "A sequence id or position does not fit llama.cpp's 32-bit integers.",
     },
-    spec(ExcClass::SaveSessionError, "SaveSessionError", "Writing a session file failed."),
-    spec(ExcClass::LoadSessionError, "LoadSessionError", "Reading a session file failed."),
-    spec(ExcClass::LlamaModelLoadError, "LlamaModelLoadError", "llama.cpp could not load the model."),
+    spec(
+        ExcClass::SaveSessionError,
+        "SaveSessionError",
+        "Writing a session file failed.",
+    ),
+    spec(
+        ExcClass::LoadSessionError,
+        "LoadSessionError",
+        "Reading a session file failed.",
+    ),
+    spec(
+        ExcClass::LlamaModelLoadError,
+        "LlamaModelLoadError",
+        "llama.cpp could not load the model.",
+    ),
     spec(
         ExcClass::LlamaContextLoadError,
         "LlamaContextLoadError",
@@ -114,15 +139,31 @@ const CLASSES: [ClassSpec; 22] = [
         "LlamaLoraAdapterRemoveError",
         "llama.cpp refused to remove the LoRA adapter.",
     ),
-    spec(ExcClass::BatchAddError, "BatchAddError", "The batch has no room for another token."),
-    spec(ExcClass::StringToTokenError, "StringToTokenError", "Tokenization failed."),
-    spec(ExcClass::TokenToStringError, "TokenToStringError", "Turning a token into text failed."),
+    spec(
+        ExcClass::BatchAddError,
+        "BatchAddError",
+        "The batch has no room for another token.",
+    ),
+    spec(
+        ExcClass::StringToTokenError,
+        "StringToTokenError",
+        "Tokenization failed.",
+    ),
+    spec(
+        ExcClass::TokenToStringError,
+        "TokenToStringError",
+        "Turning a token into text failed.",
+    ),
     spec(
         ExcClass::StringFromModelError,
         "StringFromModelError",
         "A string could not be read from the model.",
     ),
-    spec(ExcClass::ChatTemplateError, "ChatTemplateError", "The model's chat template is missing or unreadable."),
+    spec(
+        ExcClass::ChatTemplateError,
+        "ChatTemplateError",
+        "The model's chat template is missing or unreadable.",
+    ),
     spec(
         ExcClass::ApplyChatTemplateError,
         "ApplyChatTemplateError",
@@ -133,7 +174,11 @@ const CLASSES: [ClassSpec; 22] = [
         "NewLlamaChatMessageError",
         "A chat message could not be built (NUL byte in role or content).",
     ),
-    spec(ExcClass::ShimError, "ShimError", "A call through the crate's C++ shim failed (crate enum `ShimError`), e.g. sampling."),
+    spec(
+        ExcClass::ShimError,
+        "ShimError",
+        "A call through the crate's C++ shim failed (crate enum `ShimError`), e.g. sampling.",
+    ),
     spec(
         ExcClass::StateError,
         "StateError",
@@ -176,7 +221,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
             namespace.set_item("kind", py.None())?;
             namespace.set_item("code", py.None())?;
         }
-        let class = builtins_type.call1((spec.name, bases, namespace))?.cast_into::<PyType>()?;
+        let class = builtins_type
+            .call1((spec.name, bases, namespace))?
+            .cast_into::<PyType>()?;
         m.add(spec.name, &class)?;
         let _ = TYPES[index_of(spec.class)].set(py, class.unbind());
     }
@@ -187,7 +234,12 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[derive(Debug)]
 pub enum Error {
     /// An error of the llama-cpp-4 crate (or a failure it signals with a return value).
-    Llama { class: ExcClass, kind: String, code: Option<i64>, message: String },
+    Llama {
+        class: ExcClass,
+        kind: String,
+        code: Option<i64>,
+        message: String,
+    },
     /// A decode stopped by the abort callback (`interrupted`: by Ctrl-C).
     Aborted { interrupted: bool },
     /// A bad argument: Python's `ValueError`.
@@ -222,11 +274,21 @@ impl Error {
     }
 
     pub fn state(kind: &'static str, message: impl Into<String>) -> Self {
-        Self::Llama { class: ExcClass::StateError, kind: kind.to_owned(), code: None, message: message.into() }
+        Self::Llama {
+            class: ExcClass::StateError,
+            kind: kind.to_owned(),
+            code: None,
+            message: message.into(),
+        }
     }
 
     fn llama(class: ExcClass, kind: &'static str, code: Option<i64>, err: &impl Display) -> Self {
-        Self::Llama { class, kind: kind.to_owned(), code, message: err.to_string() }
+        Self::Llama {
+            class,
+            kind: kind.to_owned(),
+            code,
+            message: err.to_string(),
+        }
     }
 }
 
@@ -239,12 +301,21 @@ impl From<PyErr> for Error {
 impl From<Error> for PyErr {
     fn from(err: Error) -> Self {
         match err {
-            Error::Llama { class, kind, code, message } => {
-                Python::attach(|py| instance(py, class, &kind, code, &message))
-            }
+            Error::Llama {
+                class,
+                kind,
+                code,
+                message,
+            } => Python::attach(|py| instance(py, class, &kind, code, &message)),
             Error::Aborted { interrupted: true } => PyKeyboardInterrupt::new_err("decode interrupted"),
             Error::Aborted { interrupted: false } => Python::attach(|py| {
-                instance(py, ExcClass::DecodeAborted, "Aborted", Some(2), "decode aborted by the abort callback")
+                instance(
+                    py,
+                    ExcClass::DecodeAborted,
+                    "Aborted",
+                    Some(2),
+                    "decode aborted by the abort callback",
+                )
             }),
             Error::Value(message) => PyValueError::new_err(message),
             Error::Index(message) => PyIndexError::new_err(message),
@@ -399,7 +470,12 @@ map_error!(NewLlamaChatMessageError => NewLlamaChatMessageError {
 pub fn shim_error(err: impl std::fmt::Debug + Display) -> Error {
     let debug = format!("{err:?}");
     let kind = debug.split(['(', ' ', '{']).next().unwrap_or("Unknown");
-    Error::Llama { class: ExcClass::ShimError, kind: kind.to_owned(), code: None, message: err.to_string() }
+    Error::Llama {
+        class: ExcClass::ShimError,
+        kind: kind.to_owned(),
+        code: None,
+        message: err.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -423,21 +499,51 @@ mod tests {
 
     #[test]
     fn decode_codes_and_kinds() {
-        assert_eq!(parts(DecodeError::NoKvCacheSlot.into()), (ExcClass::DecodeError, "NoKvCacheSlot".to_owned(), Some(1)));
-        assert_eq!(parts(DecodeError::Unknown(2).into()), (ExcClass::DecodeError, "Unknown".to_owned(), Some(2)));
-        assert_eq!(parts(EncodeError::NTokensZero.into()), (ExcClass::EncodeError, "NTokensZero".to_owned(), Some(-1)));
+        assert_eq!(
+            parts(DecodeError::NoKvCacheSlot.into()),
+            (ExcClass::DecodeError, "NoKvCacheSlot".to_owned(), Some(1))
+        );
+        assert_eq!(
+            parts(DecodeError::Unknown(2).into()),
+            (ExcClass::DecodeError, "Unknown".to_owned(), Some(2))
+        );
+        assert_eq!(
+            parts(EncodeError::NTokensZero.into()),
+            (ExcClass::EncodeError, "NTokensZero".to_owned(), Some(-1))
+        );
     }
 
     #[test]
     fn each_enum_has_its_class() {
         assert_eq!(parts(EmbeddingsError::NotEnabled.into()).0, ExcClass::EmbeddingsError);
-        assert_eq!(parts(LlamaModelLoadError::NullResult.into()).0, ExcClass::LlamaModelLoadError);
-        assert_eq!(parts(LlamaContextLoadError::NullReturn.into()).0, ExcClass::LlamaContextLoadError);
-        assert_eq!(parts(BatchAddError::InsufficientSpace(4).into()), (ExcClass::BatchAddError, "InsufficientSpace".to_owned(), Some(4)));
-        assert_eq!(parts(SaveSessionError::FailedToSave.into()).0, ExcClass::SaveSessionError);
-        assert_eq!(parts(LoadSessionError::FailedToLoad.into()).0, ExcClass::LoadSessionError);
-        assert_eq!(parts(shim_error(std::fmt::Error)), (ExcClass::ShimError, "Error".to_owned(), None));
+        assert_eq!(
+            parts(LlamaModelLoadError::NullResult.into()).0,
+            ExcClass::LlamaModelLoadError
+        );
+        assert_eq!(
+            parts(LlamaContextLoadError::NullReturn.into()).0,
+            ExcClass::LlamaContextLoadError
+        );
+        assert_eq!(
+            parts(BatchAddError::InsufficientSpace(4).into()),
+            (ExcClass::BatchAddError, "InsufficientSpace".to_owned(), Some(4))
+        );
+        assert_eq!(
+            parts(SaveSessionError::FailedToSave.into()).0,
+            ExcClass::SaveSessionError
+        );
+        assert_eq!(
+            parts(LoadSessionError::FailedToLoad.into()).0,
+            ExcClass::LoadSessionError
+        );
+        assert_eq!(
+            parts(shim_error(std::fmt::Error)),
+            (ExcClass::ShimError, "Error".to_owned(), None)
+        );
         let too_large = i32::try_from(u64::MAX).unwrap_err();
-        assert_eq!(parts(KvCacheConversionError::P0TooLarge(too_large).into()).1, "P0TooLarge");
+        assert_eq!(
+            parts(KvCacheConversionError::P0TooLarge(too_large).into()).1,
+            "P0TooLarge"
+        );
     }
 }

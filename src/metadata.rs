@@ -110,10 +110,16 @@ fn buffer_size(path: &Path) -> Result<usize> {
         return Ok(*size);
     }
     let file = File::open(path).map_err(|err| Error::value(format!("cannot read {}: {err}", path.display())))?;
-    let longest = Header { reader: BufReader::new(file), longest: 0 }
-        .longest_text()
-        .map_err(|err| Error::value(format!("cannot read the GGUF header of {}: {err}", path.display())))?;
-    let size = usize::try_from(longest).unwrap_or(usize::MAX).max(SCALAR_TEXT_LEN).saturating_add(1);
+    let longest = Header {
+        reader: BufReader::new(file),
+        longest: 0,
+    }
+    .longest_text()
+    .map_err(|err| Error::value(format!("cannot read the GGUF header of {}: {err}", path.display())))?;
+    let size = usize::try_from(longest)
+        .unwrap_or(usize::MAX)
+        .max(SCALAR_TEXT_LEN)
+        .saturating_add(1);
     bounds.push((path.to_owned(), size));
     Ok(size)
 }
@@ -170,13 +176,21 @@ mod tests {
         file.extend(text("n"));
         file.extend(4u32.to_le_bytes());
         file.extend(7u32.to_le_bytes());
-        let longest = Header { reader: file.as_slice(), longest: 0 }.longest_text().unwrap();
+        let longest = Header {
+            reader: file.as_slice(),
+            longest: 0,
+        }
+        .longest_text()
+        .unwrap();
         assert_eq!(longest, "general.name".len() as u64);
     }
 
     #[test]
     fn truncated_header_is_an_error() {
-        let header = Header { reader: &b"GGUF\x03\x00"[..], longest: 0 };
+        let header = Header {
+            reader: &b"GGUF\x03\x00"[..],
+            longest: 0,
+        };
         assert!(header.longest_text().is_err());
     }
 }

@@ -101,7 +101,10 @@ impl PyLlamaModel {
             }
             Ok(LlamaModel::load_from_file(backend()?, &path, &params)?)
         })?;
-        Ok(Self { model: RwLock::new(Some(Arc::new(model))), path })
+        Ok(Self {
+            model: RwLock::new(Some(Arc::new(model))),
+            path,
+        })
     }
 
     /// Creates a context (KV cache, compute buffers) on this model. Releases the GIL.
@@ -172,7 +175,11 @@ impl PyLlamaModel {
     fn str_to_token(&self, text: &str, add_bos: bool, special: bool) -> PyResult<Vec<i32>> {
         let add_bos = if add_bos { AddBos::Always } else { AddBos::Never };
         self.with_model(|model| {
-            Ok(to_ids(&model.str_to_token_with_special(text, add_bos, self::special(special))?))
+            Ok(to_ids(&model.str_to_token_with_special(
+                text,
+                add_bos,
+                self::special(special),
+            )?))
         })
     }
 
@@ -307,7 +314,7 @@ impl PyLlamaModel {
 
     /// The model's chat template (a Jinja string); `ChatTemplateError` when it has none.
     fn get_chat_template(&self) -> PyResult<String> {
-        self.with_model(|model| metadata::chat_template(model))
+        self.with_model(metadata::chat_template)
     }
 
     /// Formats `messages` (a sequence of `(role, content)` pairs or of dicts with `role` and
@@ -315,7 +322,12 @@ impl PyLlamaModel {
     /// prompt with the assistant's turn opener. llama.cpp applies the template with its
     /// built-in formats, not a full Jinja engine.
     #[pyo3(signature = (messages, tmpl=None, add_ass=true))]
-    fn apply_chat_template(&self, messages: &Bound<'_, PyAny>, tmpl: Option<String>, add_ass: bool) -> PyResult<String> {
+    fn apply_chat_template(
+        &self,
+        messages: &Bound<'_, PyAny>,
+        tmpl: Option<String>,
+        add_ass: bool,
+    ) -> PyResult<String> {
         let mut chat = Vec::new();
         for message in messages.try_iter()? {
             let message = message?;

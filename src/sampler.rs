@@ -25,7 +25,9 @@ pub struct PyLlamaSampler {
 
 impl PyLlamaSampler {
     fn new(sampler: LlamaSampler) -> Self {
-        Self { sampler: Mutex::new(SendSampler(sampler)) }
+        Self {
+            sampler: Mutex::new(SendSampler(sampler)),
+        }
     }
 
     /// Runs `work` on the sampler with the GIL released (a decode may hold it while its
@@ -98,19 +100,29 @@ impl PyLlamaSampler {
     fn chain(py: Python<'_>, samplers: Vec<Py<PyLlamaSampler>>, no_perf: bool) -> PyResult<Self> {
         let mut copies = Vec::with_capacity(samplers.len());
         for sampler in &samplers {
-            copies.push(sampler.get().with_sampler(py, |sampler| Ok(SendSampler(sampler.clone_sampler())))?);
+            copies.push(
+                sampler
+                    .get()
+                    .with_sampler(py, |sampler| Ok(SendSampler(sampler.clone_sampler())))?,
+            );
         }
-        Ok(Self::new(LlamaSampler::chain(copies.into_iter().map(|copy| copy.0), no_perf)))
+        Ok(Self::new(LlamaSampler::chain(
+            copies.into_iter().map(|copy| copy.0),
+            no_perf,
+        )))
     }
 
     /// Samples a token from output row `idx` of `ctx` (negative counts from the last output)
     /// and returns its id. `IndexError` if that row has no logits.
-    #[pyo3(signature = (ctx, idx=-1))]
+    #[pyo3(signature = (ctx, idx=-1), text_signature = "(self, ctx, idx=-1)")]
     fn sample(&self, py: Python<'_>, ctx: &Bound<'_, PyLlamaContext>, idx: i32) -> PyResult<i32> {
         ctx.get().run(py, |native| {
             let row = native.logit_row(idx)?;
             let sampler = self.lock()?;
-            Ok(native.with(|context| sampler.0.try_sample(context, row)).map_err(shim_error)?.0)
+            Ok(native
+                .with(|context| sampler.0.try_sample(context, row))
+                .map_err(shim_error)?
+                .0)
         })
     }
 
@@ -119,7 +131,9 @@ impl PyLlamaSampler {
         if token < 0 {
             return Err(Error::value(format!("token id {token} is negative")).into());
         }
-        self.with_sampler(py, |sampler| sampler.try_accept(LlamaToken::new(token)).map_err(shim_error))
+        self.with_sampler(py, |sampler| {
+            sampler.try_accept(LlamaToken::new(token)).map_err(shim_error)
+        })
     }
 
     /// Forgets what was accepted so far.

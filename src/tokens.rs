@@ -34,7 +34,9 @@ pub fn extract_token_ids(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<i32>> {
 /// Checks that every id lies in `[0, n_vocab)`.
 pub fn check_vocab(ids: &[i32], n_vocab: i32) -> Result<()> {
     match ids.iter().find(|&&id| id < 0 || id >= n_vocab) {
-        Some(id) => Err(Error::value(format!("token id {id} is outside the vocabulary [0, {n_vocab})"))),
+        Some(id) => Err(Error::value(format!(
+            "token id {id} is outside the vocabulary [0, {n_vocab})"
+        ))),
         None => Ok(()),
     }
 }

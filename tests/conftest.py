@@ -41,7 +41,9 @@ def decode_prompt(ctx: llamactx.LlamaContext, tokens: list[int], seq_id: int = 0
 def run_isolated(model_path: Path, code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Runs ``code`` in a fresh interpreter with ``model`` loaded, so a crash fails one test
     instead of killing pytest. The snippet sees ``llamactx``, ``model`` and ``MODEL_PATH``."""
-    prelude = f"import llamactx\nMODEL_PATH = {str(model_path)!r}\nmodel = llamactx.LlamaModel.load_from_file(MODEL_PATH)\n"
+    prelude = (
+        f"import llamactx\nMODEL_PATH = {str(model_path)!r}\nmodel = llamactx.LlamaModel.load_from_file(MODEL_PATH)\n"
+    )
     return subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
         capture_output=True,

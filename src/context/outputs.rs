@@ -24,7 +24,12 @@ impl Native {
         } else {
             self.logit_rows.contains(&i).then_some(i)
         };
-        found.ok_or_else(|| Error::index(format!("row {i} has no logits; rows with logits: {:?}", self.logit_rows)))
+        found.ok_or_else(|| {
+            Error::index(format!(
+                "row {i} has no logits; rows with logits: {:?}",
+                self.logit_rows
+            ))
+        })
     }
 
     fn logits_of_row(&self, i: i32) -> Result<Vec<f32>> {

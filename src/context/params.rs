@@ -96,7 +96,7 @@ impl ContextOptions {
         }
         let n_batch = self.n_batch.unwrap_or(DEFAULT_N_BATCH);
         let n_ubatch = self.n_ubatch.unwrap_or(DEFAULT_N_UBATCH).min(n_batch);
-        if n_ubatch % n_seq_max != 0 {
+        if !n_ubatch.is_multiple_of(n_seq_max) {
             return Err(Error::value(format!(
                 "with embeddings and MEAN pooling, n_ubatch ({n_ubatch}) must be a multiple of n_seq_max ({n_seq_max})"
             )));
@@ -138,7 +138,8 @@ impl ContextOptions {
             params = params.with_flash_attn_type(LlamaFlashAttnType::from(in_range("flash_attn_type", flash, -1, 1)?));
         }
         if let Some(attention) = self.attention_type {
-            params = params.with_attention_type(LlamaAttentionType::from(in_range("attention_type", attention, -1, 1)?));
+            params =
+                params.with_attention_type(LlamaAttentionType::from(in_range("attention_type", attention, -1, 1)?));
         }
         if let Some(name) = &self.cache_type_k {
             params = params.with_cache_type_k(cache_type(name)?);
@@ -184,15 +185,25 @@ mod tests {
             ..ContextOptions::default()
         };
         assert!(matches!(options.to_params(), Err(Error::Value(_))));
-        let fits = ContextOptions { n_ubatch: Some(513), n_batch: Some(513), ..options };
+        let fits = ContextOptions {
+            n_ubatch: Some(513),
+            n_batch: Some(513),
+            ..options
+        };
         assert!(fits.to_params().is_ok());
     }
 
     #[test]
     fn refuses_out_of_range_enums_and_zero_sizes() {
-        let bad_pool = ContextOptions { pooling_type: Some(9), ..ContextOptions::default() };
+        let bad_pool = ContextOptions {
+            pooling_type: Some(9),
+            ..ContextOptions::default()
+        };
         assert!(bad_pool.to_params().is_err());
-        let zero_batch = ContextOptions { n_batch: Some(0), ..ContextOptions::default() };
+        let zero_batch = ContextOptions {
+            n_batch: Some(0),
+            ..ContextOptions::default()
+        };
         assert!(zero_batch.to_params().is_err());
         assert!(cache_type("Q8_0").is_ok());
         assert!(cache_type("q3_k").is_err());

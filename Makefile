@@ -1,0 +1,47 @@
+# The one entry point: `make demo` and `make test` do all set-up themselves.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Outside the checkout, so that fresh clones reuse the (long) llama.cpp build.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/llamactx/target
+PROMPT ?= The capital of France is
+
+.PHONY: help demo test lint build model system-deps clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+demo: build model ## set up, then stream text from the default model
+	$(PY) -m llamactx generate "$(PROMPT)" --max-tokens 64 --stats
+
+test: build model ## set up, then run the Rust unit tests, the Python tests and stubtest
+	cargo test --release --lib
+	$(PY) -m pytest
+	$(PY) -m mypy.stubtest llamactx._llamactx --allowlist .mypy-stubtest-allowlist
+
+lint: build ## rustfmt, clippy, ruff and mypy --strict
+	cargo fmt --check
+	cargo clippy --release --all-targets -- -D warnings
+	$(PY) -m ruff check python tests
+	$(PY) -m ruff format --check python tests
+	$(PY) -m mypy --strict python/llamactx
+
+build: $(VENV)/.deps ## compile the extension into the virtual environment
+	$(VENV)/bin/maturin develop --release --quiet
+
+model: build ## fetch the default model into the cache (once)
+	$(PY) -c "import llamactx; print(llamactx.default_model_path())"
+
+system-deps:
+	scripts/ensure-system-deps.sh
+
+$(VENV)/.deps: requirements-dev.txt | system-deps
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+clean: ## remove the virtual environment (the cached build and model stay)
+	rm -rf $(VENV)
