@@ -32,7 +32,7 @@ fn position(
 
 impl Native {
     /// `seq_id` as llama.cpp takes it, or an error naming the valid range.
-    fn seq(&self, seq_id: i64) -> Result<i32> {
+    pub(super) fn seq(&self, seq_id: i64) -> Result<i32> {
         if seq_id < 0 || seq_id >= i64::from(self.n_seq_max) {
             let too_large = i32::try_from(seq_id).err();
             if let Some(err) = too_large {

@@ -8,6 +8,7 @@ mod compute;
 mod kv;
 mod outputs;
 mod params;
+mod state;
 
 use std::sync::{Arc, Mutex, TryLockError};
 

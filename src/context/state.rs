@@ -1,0 +1,333 @@
+//! Saving and restoring context state: whole-context and per-sequence, in memory and in files,
+//! plus the older session-file API.
+//!
+//! llama.cpp's state holds the KV memory but no logits, so after any restore no output row
+//! has logits (`get_logits*` raise `IndexError`) until the next decode. Every buffer is sized
+//! exactly: the crate's `copy_state_data`/`set_state_data` pass unbounded pointers and are
+//! never used.
+
+use std::path::{Path, PathBuf};
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::{Native, PyLlamaContext};
+use crate::errors::{Error, Result};
+use crate::paths::{existing_file, extract_path};
+use crate::tokens::{check_vocab, extract_token_ids, to_ids, to_llama_tokens};
+
+/// The largest token buffer a load may ask for (64 MiB of ids): a guard against a typo that
+/// would make the allocation abort the process.
+const MAX_TOKEN_CAPACITY: usize = 1 << 24;
+
+/// `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`; the only flag besides none that is safe from Python.
+/// `ON_DEVICE` (2) leaves the data in device buffers that llama.cpp frees on the next get, so
+/// restoring an older copy would read freed memory.
+const SEQ_FLAGS_ALLOWED: u32 = llama_cpp_sys_4::LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY;
+
+fn check_flags(flags: u32) -> Result<u32> {
+    if flags & !SEQ_FLAGS_ALLOWED == 0 {
+        Ok(flags)
+    } else {
+        Err(Error::value(format!(
+            "unsupported state flags {flags}: only 0 and LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (1) are allowed"
+        )))
+    }
+}
+
+fn check_capacity(capacity: usize) -> Result<usize> {
+    if capacity > MAX_TOKEN_CAPACITY {
+        return Err(Error::value(format!(
+            "token capacity {capacity} is larger than {MAX_TOKEN_CAPACITY}"
+        )));
+    }
+    Ok(capacity)
+}
+
+/// The bytes of any bytes-like object (`bytes`, `bytearray`, `memoryview`, numpy uint8 ...).
+fn extract_bytes(src: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(bytes) = src.cast::<PyBytes>() {
+        return Ok(bytes.as_bytes().to_vec());
+    }
+    // The buffer protocol is not in the limited API of Python 3.10; `memoryview` is, and
+    // accepts exactly the bytes-like objects (unlike `bytes(5)`, which makes 5 zero bytes).
+    let view = src
+        .py()
+        .import("builtins")?
+        .getattr("memoryview")?
+        .call1((src,))
+        .map_err(|_| Error::Type(format!("expected a bytes-like object, got {}", src.get_type())))?;
+    Ok(view
+        .call_method0("tobytes")?
+        .cast_into::<PyBytes>()?
+        .as_bytes()
+        .to_vec())
+}
+
+/// A state file path for writing, whose parent directory must exist.
+fn writable_path(path: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
+    let path = extract_path(path)?;
+    let parent = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !parent.is_dir() {
+        return Err(Error::FileNotFound(format!("no such directory: {}", parent.display())).into());
+    }
+    Ok(path)
+}
+
+fn read_state(size: usize, get: impl FnOnce(&mut [u8]) -> usize) -> Result<Vec<u8>> {
+    let mut buffer = vec![0; size];
+    let written = get(&mut buffer);
+    if written == 0 || written > size {
+        return Err(Error::state(
+            "GetData",
+            format!("llama.cpp wrote {written} of {size} state bytes"),
+        ));
+    }
+    buffer.truncate(written);
+    Ok(buffer)
+}
+
+impl Native {
+    /// Restoring state leaves llama.cpp without outputs (see the module comment).
+    fn forget_outputs(&mut self) {
+        self.logit_rows.clear();
+    }
+
+    fn state_bytes(&mut self) -> Result<Vec<u8>> {
+        self.with_mut(|context| {
+            let size = context.state_get_size();
+            read_state(size, |buffer| context.state_get_data(buffer))
+        })
+    }
+
+    fn set_state_bytes(&mut self, src: &[u8]) -> Result<usize> {
+        let read = self.with_mut(|context| context.state_set_data(src));
+        self.forget_outputs();
+        if read == 0 {
+            return Err(Error::state("SetData", "llama.cpp rejected the state data"));
+        }
+        Ok(read)
+    }
+
+    fn seq_state_bytes(&mut self, seq_id: i32, flags: u32) -> Result<Vec<u8>> {
+        self.with_mut(|context| {
+            let size = context.state_seq_get_size_ext(seq_id, flags);
+            read_state(size, |buffer| context.state_seq_get_data_ext(buffer, seq_id, flags))
+        })
+    }
+
+    fn set_seq_state_bytes(&mut self, src: &[u8], dest_seq_id: i32, flags: u32) -> Result<usize> {
+        let read = self.with_mut(|context| context.state_seq_set_data_ext(src, dest_seq_id, flags));
+        self.forget_outputs();
+        if read == 0 {
+            return Err(Error::state("SeqSetData", "llama.cpp rejected the sequence state data"));
+        }
+        Ok(read)
+    }
+}
+
+#[pymethods]
+impl PyLlamaContext {
+    /// Writes the whole state (KV memory) and `tokens` to a session file. `SaveSessionError`
+    /// when llama.cpp cannot write it.
+    fn save_session_file(&self, py: Python<'_>, path: &Bound<'_, PyAny>, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+        let path = writable_path(path)?;
+        let ids = extract_token_ids(tokens)?;
+        self.run(py, |native| {
+            check_vocab(&ids, native.n_vocab)?;
+            Ok(native.with(|context| context.save_session_file(&path, &to_llama_tokens(&ids)))?)
+        })
+    }
+
+    /// Restores a session file; returns its tokens (at most `max_tokens`). No row has logits
+    /// afterwards. `LoadSessionError` for a missing, corrupt or mismatched file.
+    fn load_session_file(&self, py: Python<'_>, path: &Bound<'_, PyAny>, max_tokens: usize) -> PyResult<Vec<i32>> {
+        let path = existing_file(path)?;
+        let max_tokens = check_capacity(max_tokens)?;
+        self.run(py, |native| {
+            let loaded = native.with_mut(|context| context.load_session_file(&path, max_tokens));
+            native.forget_outputs();
+            Ok(to_ids(&loaded?))
+        })
+    }
+
+    /// Size in bytes of the whole state (`state_get_size` under its older name).
+    fn get_state_size(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |context| context.get_state_size())
+    }
+
+    /// Size in bytes of the whole state.
+    fn state_get_size(&self, py: Python<'_>) -> PyResult<usize> {
+        self.run(py, |native| Ok(native.with_mut(|context| context.state_get_size())))
+    }
+
+    /// The whole state as `bytes` (the safe form of the crate's `copy_state_data`).
+    fn copy_state_data<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.state_get_data(py)
+    }
+
+    /// The whole state as `bytes`. `StateError` if llama.cpp writes nothing.
+    fn state_get_data<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let state = self.run(py, Native::state_bytes)?;
+        Ok(PyBytes::new(py, &state))
+    }
+
+    /// Restores a state from a bytes-like object (the safe form of the crate's
+    /// `set_state_data`); returns the bytes read. `StateError` when llama.cpp rejects it.
+    fn set_state_data(&self, py: Python<'_>, src: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.state_set_data(py, src)
+    }
+
+    /// Restores a state from a bytes-like object; returns the bytes read. No row has logits
+    /// afterwards. `StateError` when llama.cpp rejects the data.
+    fn state_set_data(&self, py: Python<'_>, src: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let src = extract_bytes(src)?;
+        self.run(py, |native| native.set_state_bytes(&src))
+    }
+
+    /// Writes the whole state and `tokens` to `path`; returns True. `StateError` on failure.
+    fn state_save_file(&self, py: Python<'_>, path: &Bound<'_, PyAny>, tokens: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let path = writable_path(path)?;
+        let ids = extract_token_ids(tokens)?;
+        self.run(py, |native| {
+            check_vocab(&ids, native.n_vocab)?;
+            let saved = native.with_mut(|context| context.state_save_file(&path, &to_llama_tokens(&ids)));
+            if saved {
+                Ok(true)
+            } else {
+                Err(Error::state(
+                    "SaveFile",
+                    format!("llama.cpp could not write {}", path.display()),
+                ))
+            }
+        })
+    }
+
+    /// Restores the whole state from `path`; returns the tokens saved with it (at most
+    /// `n_token_capacity`). No row has logits afterwards. `StateError` on failure.
+    fn state_load_file(&self, py: Python<'_>, path: &Bound<'_, PyAny>, n_token_capacity: usize) -> PyResult<Vec<i32>> {
+        let path = existing_file(path)?;
+        let capacity = check_capacity(n_token_capacity)?;
+        self.run(py, |native| {
+            let mut tokens = Vec::new();
+            let loaded = native.with_mut(|context| context.state_load_file(&path, &mut tokens, capacity));
+            native.forget_outputs();
+            if loaded {
+                Ok(to_ids(&tokens))
+            } else {
+                Err(Error::state(
+                    "LoadFile",
+                    format!("llama.cpp could not restore {}", path.display()),
+                ))
+            }
+        })
+    }
+
+    /// Size in bytes of sequence `seq_id`'s state.
+    fn state_seq_get_size(&self, py: Python<'_>, seq_id: i64) -> PyResult<usize> {
+        self.state_seq_get_size_ext(py, seq_id, 0)
+    }
+
+    /// Size in bytes of sequence `seq_id`'s state with `flags` (0 or
+    /// `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`).
+    fn state_seq_get_size_ext(&self, py: Python<'_>, seq_id: i64, flags: u32) -> PyResult<usize> {
+        let flags = check_flags(flags)?;
+        self.run(py, |native| {
+            let seq_id = native.seq(seq_id)?;
+            Ok(native.with_mut(|context| context.state_seq_get_size_ext(seq_id, flags)))
+        })
+    }
+
+    /// Sequence `seq_id`'s state as `bytes`. `StateError` if llama.cpp writes nothing
+    /// (e.g. an empty sequence).
+    fn state_seq_get_data<'py>(&self, py: Python<'py>, seq_id: i64) -> PyResult<Bound<'py, PyBytes>> {
+        self.state_seq_get_data_ext(py, seq_id, 0)
+    }
+
+    /// Sequence `seq_id`'s state with `flags`, as `bytes`.
+    fn state_seq_get_data_ext<'py>(&self, py: Python<'py>, seq_id: i64, flags: u32) -> PyResult<Bound<'py, PyBytes>> {
+        let flags = check_flags(flags)?;
+        let state = self.run(py, |native| {
+            let seq_id = native.seq(seq_id)?;
+            native.seq_state_bytes(seq_id, flags)
+        })?;
+        Ok(PyBytes::new(py, &state))
+    }
+
+    /// Restores a sequence state into `dest_seq_id`; returns the bytes read. No row has
+    /// logits afterwards. `StateError` when llama.cpp rejects the data.
+    fn state_seq_set_data(&self, py: Python<'_>, src: &Bound<'_, PyAny>, dest_seq_id: i64) -> PyResult<usize> {
+        self.state_seq_set_data_ext(py, src, dest_seq_id, 0)
+    }
+
+    /// `state_seq_set_data` with `flags`.
+    fn state_seq_set_data_ext(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, PyAny>,
+        dest_seq_id: i64,
+        flags: u32,
+    ) -> PyResult<usize> {
+        let flags = check_flags(flags)?;
+        let src = extract_bytes(src)?;
+        self.run(py, |native| {
+            let dest_seq_id = native.seq(dest_seq_id)?;
+            native.set_seq_state_bytes(&src, dest_seq_id, flags)
+        })
+    }
+
+    /// Writes sequence `seq_id`'s state and `tokens` to `path`; returns the bytes written.
+    /// `StateError` on failure.
+    fn state_seq_save_file(
+        &self,
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        seq_id: i64,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let path = writable_path(path)?;
+        let ids = extract_token_ids(tokens)?;
+        self.run(py, |native| {
+            check_vocab(&ids, native.n_vocab)?;
+            let seq_id = native.seq(seq_id)?;
+            let written = native.with_mut(|context| context.state_seq_save_file(&path, seq_id, &to_llama_tokens(&ids)));
+            if written == 0 {
+                return Err(Error::state(
+                    "SeqSaveFile",
+                    format!("llama.cpp could not write {}", path.display()),
+                ));
+            }
+            Ok(written)
+        })
+    }
+
+    /// Restores a sequence state file into `dest_seq_id`; returns its tokens (at most
+    /// `n_token_capacity`). No row has logits afterwards. `StateError` on failure.
+    fn state_seq_load_file(
+        &self,
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        dest_seq_id: i64,
+        n_token_capacity: usize,
+    ) -> PyResult<Vec<i32>> {
+        let path = existing_file(path)?;
+        let capacity = check_capacity(n_token_capacity)?;
+        self.run(py, |native| {
+            let dest_seq_id = native.seq(dest_seq_id)?;
+            let mut tokens = Vec::new();
+            let read =
+                native.with_mut(|context| context.state_seq_load_file(&path, dest_seq_id, &mut tokens, capacity));
+            native.forget_outputs();
+            if read == 0 {
+                return Err(Error::state(
+                    "SeqLoadFile",
+                    format!("llama.cpp could not restore {}", path.display()),
+                ));
+            }
+            Ok(to_ids(&tokens))
+        })
+    }
+}
