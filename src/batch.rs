@@ -1,6 +1,7 @@
 //! `LlamaBatch`: tokens, positions and sequence ids for one `decode`, checked as they are added
 //! and again against the context that decodes them.
 
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use llama_cpp_4::llama_batch::{BatchAddError, LlamaBatch};
@@ -22,8 +23,8 @@ pub struct BatchState {
     n_seq_max: usize,
     /// Token ids added so far, to check against the decoding context's vocabulary.
     pub tokens: Vec<i32>,
-    /// Largest sequence id added so far (-1 when empty).
-    pub max_seq_id: i32,
+    /// The sequence ids added so far.
+    seqs: BTreeSet<i32>,
     /// Batch indices of the tokens that asked for logits.
     pub logit_rows: Vec<i32>,
 }
@@ -54,11 +55,16 @@ impl BatchState {
         let row = i32::try_from(self.tokens.len()).map_err(|_| Error::value("batch is too large"))?;
         self.batch.add(LlamaToken::new(token), pos, seq_ids, logits)?;
         self.tokens.push(token);
-        self.max_seq_id = self.max_seq_id.max(seq_ids.iter().copied().max().unwrap_or(-1));
+        self.seqs.extend(seq_ids);
         if logits {
             self.logit_rows.push(row);
         }
         Ok(())
+    }
+
+    /// The distinct sequence ids of the batch, sorted.
+    pub fn seq_ids(&self) -> Vec<i32> {
+        self.seqs.iter().copied().collect()
     }
 
     /// Checks the batch against a context before `llama_decode`/`llama_encode` see it.
@@ -69,10 +75,9 @@ impl BatchState {
                 self.tokens.len()
             )));
         }
-        if i64::from(self.max_seq_id) >= i64::from(n_seq_max) {
+        if let Some(&max) = self.seqs.last().filter(|&&max| i64::from(max) >= i64::from(n_seq_max)) {
             return Err(Error::value(format!(
-                "sequence id {} is out of range: the context holds {n_seq_max} sequences",
-                self.max_seq_id
+                "sequence id {max} is out of range: the context holds {n_seq_max} sequences"
             )));
         }
         check_vocab(&self.tokens, n_vocab)
@@ -123,7 +128,7 @@ impl PyLlamaBatch {
                 capacity: n_tokens,
                 n_seq_max,
                 tokens: Vec::with_capacity(n_tokens),
-                max_seq_id: -1,
+                seqs: BTreeSet::new(),
                 logit_rows: Vec::new(),
             }),
         })
@@ -166,7 +171,7 @@ impl PyLlamaBatch {
             state.batch.clear();
             state.tokens.clear();
             state.logit_rows.clear();
-            state.max_seq_id = -1;
+            state.seqs.clear();
             Ok(())
         })
     }

@@ -10,6 +10,7 @@ use std::fmt::Display;
 use llama_cpp_4::context::kv_cache::KvCacheConversionError;
 use llama_cpp_4::context::session::{LoadSessionError, SaveSessionError};
 use llama_cpp_4::llama_batch::BatchAddError;
+use llama_cpp_4::sampling::SamplerInitError;
 use llama_cpp_4::{
     ApplyChatTemplateError, ChatTemplateError, DecodeError, EmbeddingsError, EncodeError, LlamaContextLoadError,
     LlamaLoraAdapterInitError, LlamaLoraAdapterRemoveError, LlamaLoraAdapterSetError, LlamaModelLoadError,
@@ -47,6 +48,7 @@ pub enum ExcClass {
     ApplyChatTemplateError,
     NewLlamaChatMessageError,
     ShimError,
+    SamplerInitError,
     StateError,
 }
 
@@ -68,7 +70,7 @@ const fn spec(class: ExcClass, name: &'static str, doc: &'static str) -> ClassSp
     }
 }
 
-const CLASSES: [ClassSpec; 22] = [
+const CLASSES: [ClassSpec; 23] = [
     spec(
         ExcClass::LlamaCppError,
         "LlamaCppError",
@@ -178,6 +180,11 @@ const CLASSES: [ClassSpec; 22] = [
         ExcClass::ShimError,
         "ShimError",
         "A call through the crate's C++ shim failed (crate enum `ShimError`), e.g. sampling.",
+    ),
+    spec(
+        ExcClass::SamplerInitError,
+        "SamplerInitError",
+        "llama.cpp could not build a sampler (e.g. a grammar it cannot parse).",
     ),
     spec(
         ExcClass::StateError,
@@ -463,6 +470,12 @@ map_error!(ApplyChatTemplateError => ApplyChatTemplateError {
 
 map_error!(NewLlamaChatMessageError => NewLlamaChatMessageError {
     NewLlamaChatMessageError::NulError(_) => ("NulError", None),
+});
+
+map_error!(SamplerInitError => SamplerInitError {
+    SamplerInitError::InteriorNul { .. } => ("InteriorNul", None),
+    SamplerInitError::NullReturn(_) => ("NullReturn", None),
+    SamplerInitError::TooManyDrySequenceBreakers { distinct, .. } => ("TooManyDrySequenceBreakers", Some(*distinct as i64)),
 });
 
 /// The crate's `ShimError` (from sampling) lives in a private module, so it cannot be named

@@ -5,11 +5,15 @@ mod backend;
 mod batch;
 mod context;
 mod errors;
+mod lora;
 mod metadata;
 mod model;
 mod native;
 mod paths;
+mod perf;
 mod sampler;
+mod threadpool;
+mod token_data;
 mod tokens;
 
 use pyo3::prelude::*;
@@ -22,5 +26,10 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<context::PyLlamaContext>()?;
     m.add_class::<batch::PyLlamaBatch>()?;
     m.add_class::<sampler::PyLlamaSampler>()?;
+    m.add_class::<token_data::PyLlamaTokenData>()?;
+    m.add_class::<token_data::PyLlamaTokenDataArray>()?;
+    m.add_class::<lora::PyLlamaLoraAdapter>()?;
+    m.add_class::<threadpool::PyThreadPool>()?;
+    m.add_class::<perf::PyPerfContextData>()?;
     Ok(())
 }

@@ -13,6 +13,7 @@ use pyo3::types::{PyBytes, PyDict, PyType};
 use crate::backend::backend;
 use crate::context::{ContextOptions, PyLlamaContext};
 use crate::errors::{Error, Result};
+use crate::lora::PyLlamaLoraAdapter;
 use crate::metadata;
 use crate::native::detached;
 use crate::paths::existing_file;
@@ -349,6 +350,17 @@ impl PyLlamaModel {
                 None => metadata::chat_template(model)?,
             };
             Ok(model.apply_chat_template(Some(&template), &chat, add_ass)?)
+        })
+    }
+
+    /// Loads a LoRA adapter (GGUF) made for this model. Releases the GIL.
+    /// `LlamaLoraAdapterInitError` when llama.cpp refuses the file.
+    fn lora_adapter_init(&self, py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<PyLlamaLoraAdapter> {
+        let path = existing_file(path)?;
+        let model = self.native()?;
+        detached(py, move || {
+            let adapter = model.lora_adapter_init(&path)?;
+            Ok(PyLlamaLoraAdapter::new(adapter, model))
         })
     }
 

@@ -1,16 +1,20 @@
 //! `LlamaSampler`: llama.cpp's token samplers, built with the crate's constructors.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use llama_cpp_4::model::LlamaModel;
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 
 use crate::context::PyLlamaContext;
 use crate::errors::{shim_error, Error, Result};
+use crate::model::PyLlamaModel;
 use crate::native::detached;
+use crate::token_data::PyLlamaTokenDataArray;
+use crate::tokens::{check_vocab, extract_token_ids, to_llama_tokens};
 
-struct SendSampler(LlamaSampler);
+pub struct SendSampler(pub LlamaSampler);
 
 // SAFETY: `LlamaSampler` is `!Send` only because it owns a raw `llama_sampler*`. A sampler
 // has no thread affinity; it must just not be used by two threads at once, which the
@@ -21,12 +25,29 @@ unsafe impl Send for SendSampler {}
 #[pyclass(frozen, module = "llamactx", name = "LlamaSampler")]
 pub struct PyLlamaSampler {
     sampler: Mutex<SendSampler>,
+    /// Models whose vocabulary the sampler points into (grammar, DRY, infill, and chains
+    /// holding them). Declared after `sampler`, so it is dropped first.
+    models: Vec<Arc<LlamaModel>>,
 }
 
 impl PyLlamaSampler {
+    /// A copy for `llama_set_sampler`, which only accepts chains (it reads any sampler it is
+    /// given as one).
+    pub fn backend_copy(&self, py: Python<'_>) -> PyResult<SendSampler> {
+        self.with_sampler(py, |sampler| {
+            let copy = sampler.clone_sampler();
+            Ok(SendSampler(if copy.name() == "chain" {
+                copy
+            } else {
+                LlamaSampler::chain_simple([copy])
+            }))
+        })
+    }
+
     fn new(sampler: LlamaSampler) -> Self {
         Self {
             sampler: Mutex::new(SendSampler(sampler)),
+            models: Vec::new(),
         }
     }
 
@@ -43,6 +64,26 @@ impl PyLlamaSampler {
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, SendSampler>> {
         self.sampler.lock().map_err(|_| Error::Poisoned("LlamaSampler"))
     }
+
+    /// A sampler bound to a vocabulary may only see tokens of that vocabulary: llama.cpp
+    /// indexes it by token id without checking.
+    fn check_model(&self, model: &Arc<LlamaModel>) -> Result<()> {
+        if self.models.iter().all(|own| Arc::ptr_eq(own, model)) {
+            Ok(())
+        } else {
+            Err(Error::value("this sampler was built for another model"))
+        }
+    }
+
+    fn check_token(&self, token: i32) -> Result<LlamaToken> {
+        let n_vocab = self.models.iter().map(|model| model.n_vocab()).min();
+        if token < 0 || n_vocab.is_some_and(|n_vocab| token >= n_vocab) {
+            return Err(Error::value(format!(
+                "token id {token} is outside the sampler's vocabulary"
+            )));
+        }
+        Ok(LlamaToken::new(token))
+    }
 }
 
 fn probability(name: &str, p: f32) -> Result<f32> {
@@ -50,6 +91,26 @@ fn probability(name: &str, p: f32) -> Result<f32> {
         Ok(p)
     } else {
         Err(Error::value(format!("{name} must be in [0, 1], got {p}")))
+    }
+}
+
+fn model_of(model: &Bound<'_, PyLlamaModel>) -> Result<Arc<LlamaModel>> {
+    model.get().native()
+}
+
+/// A freshly built sampler with the model it points into, able to leave a GIL-free closure.
+struct SendSampled(SendSampler, Arc<LlamaModel>);
+
+impl SendSampled {
+    fn new(sampler: LlamaSampler, model: Arc<LlamaModel>) -> Self {
+        Self(SendSampler(sampler), model)
+    }
+
+    fn into_sampler(self) -> PyLlamaSampler {
+        PyLlamaSampler {
+            sampler: Mutex::new(self.0),
+            models: vec![self.1],
+        }
     }
 }
 
@@ -93,23 +154,179 @@ impl PyLlamaSampler {
         Ok(Self::new(LlamaSampler::min_p(probability("p", p)?, min_keep)))
     }
 
+    /// Temperature with dynamic range: `t` adjusted by entropy within `delta`, `exponent`.
+    #[staticmethod]
+    fn temp_ext(t: f32, delta: f32, exponent: f32) -> Self {
+        Self::new(LlamaSampler::temp_ext(t, delta, exponent))
+    }
+
+    /// Locally typical sampling with mass `p` (at least `min_keep` tokens).
+    #[staticmethod]
+    #[pyo3(signature = (p, min_keep=1))]
+    fn typical(p: f32, min_keep: usize) -> PyResult<Self> {
+        Ok(Self::new(LlamaSampler::typical(probability("p", p)?, min_keep)))
+    }
+
+    /// XTC: with probability `p`, removes the top tokens above threshold `t`.
+    #[staticmethod]
+    #[pyo3(signature = (p, t, min_keep=1, seed=0))]
+    fn xtc(p: f32, t: f32, min_keep: usize, seed: u32) -> PyResult<Self> {
+        Ok(Self::new(LlamaSampler::xtc(probability("p", p)?, t, min_keep, seed)))
+    }
+
+    /// Keeps tokens within `n` standard deviations of the top logit.
+    #[staticmethod]
+    fn top_n_sigma(n: f32) -> Self {
+        Self::new(LlamaSampler::top_n_sigma(n))
+    }
+
+    /// Mirostat 1.0 with target surprise `tau`, learning rate `eta` and `m` tokens for its
+    /// estimate.
+    #[staticmethod]
+    fn mirostat(n_vocab: i32, seed: u32, tau: f32, eta: f32, m: i32) -> PyResult<Self> {
+        if n_vocab < 1 || m < 1 {
+            return Err(Error::value("n_vocab and m must be at least 1").into());
+        }
+        Ok(Self::new(LlamaSampler::mirostat(n_vocab, seed, tau, eta, m)))
+    }
+
+    /// Mirostat 2.0 with target surprise `tau` and learning rate `eta`.
+    #[staticmethod]
+    fn mirostat_v2(seed: u32, tau: f32, eta: f32) -> Self {
+        Self::new(LlamaSampler::mirostat_v2(seed, tau, eta))
+    }
+
+    /// Adaptive-p: steers toward tokens of probability `target`, with history `decay`.
+    #[staticmethod]
+    fn adaptive_p(target: f32, decay: f32, seed: u32) -> PyResult<Self> {
+        Ok(Self::new(LlamaSampler::adaptive_p(
+            probability("target", target)?,
+            decay,
+            seed,
+        )))
+    }
+
+    /// Repetition penalties over the last `penalty_last_n` tokens (-1: the whole context).
+    #[staticmethod]
+    fn penalties(
+        n_vocab: i32,
+        penalty_last_n: i32,
+        penalty_repeat: f32,
+        penalty_freq: f32,
+        penalty_present: f32,
+    ) -> PyResult<Self> {
+        if penalty_last_n < -1 {
+            return Err(Error::value("penalty_last_n must be -1 or more").into());
+        }
+        Ok(Self::new(LlamaSampler::penalties(
+            n_vocab,
+            penalty_last_n,
+            penalty_repeat,
+            penalty_freq,
+            penalty_present,
+        )))
+    }
+
+    /// Adds `bias` to the logits of given tokens: `biases` is a sequence of `(token, bias)`.
+    #[staticmethod]
+    fn logit_bias(n_vocab: i32, biases: Vec<(i32, f32)>) -> PyResult<Self> {
+        if let Some((token, _)) = biases.iter().find(|(token, _)| *token < 0 || *token >= n_vocab) {
+            return Err(Error::value(format!("token id {token} is outside [0, {n_vocab})")).into());
+        }
+        let biases: Vec<(LlamaToken, f32)> = biases
+            .into_iter()
+            .map(|(token, bias)| (LlamaToken::new(token), bias))
+            .collect();
+        Ok(Self::new(LlamaSampler::logit_bias(n_vocab, &biases)))
+    }
+
+    /// Constrains tokens to the GBNF `grammar`, starting at rule `root`. Keeps `model` alive.
+    /// `SamplerInitError` for a grammar llama.cpp cannot parse.
+    #[staticmethod]
+    #[pyo3(signature = (model, grammar, root="root".to_owned()), text_signature = "(model, grammar, root='root')")]
+    fn grammar(py: Python<'_>, model: &Bound<'_, PyLlamaModel>, grammar: String, root: String) -> PyResult<Self> {
+        let model = model_of(model)?;
+        detached(py, move || {
+            let sampler = LlamaSampler::try_grammar(&model, &grammar, &root)?;
+            Ok(SendSampled::new(sampler, model))
+        })
+        .map(SendSampled::into_sampler)
+    }
+
+    /// A grammar that applies only after one of `trigger_patterns` (regexes) or
+    /// `trigger_tokens` appears.
+    #[staticmethod]
+    fn grammar_lazy_patterns(
+        py: Python<'_>,
+        model: &Bound<'_, PyLlamaModel>,
+        grammar: String,
+        root: String,
+        trigger_patterns: Vec<String>,
+        trigger_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let model = model_of(model)?;
+        let tokens = extract_token_ids(trigger_tokens)?;
+        detached(py, move || {
+            check_vocab(&tokens, model.n_vocab())?;
+            let patterns: Vec<&str> = trigger_patterns.iter().map(String::as_str).collect();
+            let sampler =
+                LlamaSampler::try_grammar_lazy_patterns(&model, &grammar, &root, &patterns, &to_llama_tokens(&tokens))?;
+            Ok(SendSampled::new(sampler, model))
+        })
+        .map(SendSampled::into_sampler)
+    }
+
+    /// DRY ("don't repeat yourself") penalties; `seq_breakers` end a repeated sequence.
+    #[staticmethod]
+    #[pyo3(signature = (model, multiplier, base, allowed_length, penalty_last_n, seq_breakers=Vec::new()))]
+    fn dry(
+        py: Python<'_>,
+        model: &Bound<'_, PyLlamaModel>,
+        multiplier: f32,
+        base: f32,
+        allowed_length: i32,
+        penalty_last_n: i32,
+        seq_breakers: Vec<String>,
+    ) -> PyResult<Self> {
+        let model = model_of(model)?;
+        detached(py, move || {
+            let sampler = LlamaSampler::greedy().try_dry(
+                &model,
+                multiplier,
+                base,
+                allowed_length,
+                penalty_last_n,
+                &seq_breakers,
+            )?;
+            Ok(SendSampled::new(sampler, model))
+        })
+        .map(SendSampled::into_sampler)
+    }
+
+    /// Fill-in-the-middle sampling for infill models.
+    #[staticmethod]
+    fn infill(model: &Bound<'_, PyLlamaModel>) -> PyResult<Self> {
+        let model = model_of(model)?;
+        Ok(SendSampled::new(LlamaSampler::infill(&model), model).into_sampler())
+    }
+
     /// Applies `samplers` in order; the last one must select a token (`greedy` or `dist`).
     /// The chain holds copies: the given samplers stay usable on their own.
     #[staticmethod]
     #[pyo3(signature = (samplers, no_perf=false))]
     fn chain(py: Python<'_>, samplers: Vec<Py<PyLlamaSampler>>, no_perf: bool) -> PyResult<Self> {
         let mut copies = Vec::with_capacity(samplers.len());
+        let mut models = Vec::new();
         for sampler in &samplers {
-            copies.push(
-                sampler
-                    .get()
-                    .with_sampler(py, |sampler| Ok(SendSampler(sampler.clone_sampler())))?,
-            );
+            let sampler = sampler.get();
+            copies.push(sampler.with_sampler(py, |sampler| Ok(SendSampler(sampler.clone_sampler())))?);
+            models.extend(sampler.models.iter().cloned());
         }
-        Ok(Self::new(LlamaSampler::chain(
-            copies.into_iter().map(|copy| copy.0),
-            no_perf,
-        )))
+        let chain = LlamaSampler::chain(copies.into_iter().map(|copy| copy.0), no_perf);
+        Ok(Self {
+            sampler: Mutex::new(SendSampler(chain)),
+            models,
+        })
     }
 
     /// Samples a token from output row `idx` of `ctx` (negative counts from the last output)
@@ -117,12 +334,27 @@ impl PyLlamaSampler {
     #[pyo3(signature = (ctx, idx=-1), text_signature = "(self, ctx, idx=-1)")]
     fn sample(&self, py: Python<'_>, ctx: &Bound<'_, PyLlamaContext>, idx: i32) -> PyResult<i32> {
         ctx.get().run(py, |native| {
-            let row = native.logit_row(idx)?;
+            let row = native.full_logits_row(idx)?;
+            self.check_model(native.model())?;
             let sampler = self.lock()?;
             Ok(native
                 .with(|context| sampler.0.try_sample(context, row))
                 .map_err(shim_error)?
                 .0)
+        })
+    }
+
+    /// Applies the sampler to `candidates` in place (filters, sorts, sets probabilities or
+    /// selects a token, depending on the sampler).
+    fn apply(&self, py: Python<'_>, candidates: &Bound<'_, PyLlamaTokenDataArray>) -> PyResult<()> {
+        let candidates = candidates.get();
+        self.with_sampler(py, |sampler| {
+            let mut guard = candidates.lock()?;
+            if let Some(token) = guard.data.iter().map(|data| data.id().0).max() {
+                self.check_token(token)?;
+            }
+            guard.apply_sampler(sampler);
+            Ok(())
         })
     }
 

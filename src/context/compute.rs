@@ -1,33 +1,51 @@
-//! Decoding batches and clearing what they left in the KV cache.
+//! Running the model (decode, encode) and the switches that change how it runs.
 
+use llama_cpp_4::context::LlamaContext;
+use llama_cpp_4::llama_batch::LlamaBatch;
 use pyo3::prelude::*;
 
 use super::{Native, PyLlamaContext};
 use crate::batch::PyLlamaBatch;
-use crate::errors::Result;
+use crate::errors::{Error, Result};
 
 impl Native {
     /// The most tokens one call may submit: llama.cpp asserts when a decode exceeds `n_batch`,
-    /// or, for embeddings (non-causal or pooled graphs), one micro-batch.
-    fn batch_limit(&self) -> (u32, &'static str) {
-        if self.embeddings {
+    /// or, for a graph that must see the whole batch at once (encoders, embeddings,
+    /// non-causal attention), one micro-batch.
+    fn batch_limit(&self, encoding: bool) -> (u32, &'static str) {
+        if encoding || self.embeddings || !self.causal_attn || !self.has_memory {
             (self.n_ubatch, "n_ubatch")
         } else {
             (self.n_batch, "n_batch")
         }
     }
 
-    fn decode(&mut self, batch: &PyLlamaBatch) -> Result<()> {
+    /// Runs `decode` or `encode` on a checked batch and records which rows have outputs.
+    fn compute<E>(
+        &mut self,
+        batch: &PyLlamaBatch,
+        encoding: bool,
+        run: impl for<'a> FnOnce(&mut LlamaContext<'a>, &mut LlamaBatch) -> std::result::Result<(), E>,
+    ) -> Result<()>
+    where
+        Error: From<E>,
+    {
         let mut state = batch.lock()?;
-        let (limit, limit_name) = self.batch_limit();
+        let (limit, limit_name) = self.batch_limit(encoding);
         state.check_for(self.n_vocab, self.n_seq_max, limit, limit_name)?;
-        let decoded = self.with_mut(|context| context.decode(&mut state.batch));
-        self.logit_rows = match decoded {
-            Ok(()) => state.logit_rows.clone(),
-            // A failed decode leaves llama.cpp's outputs in no state worth reading.
-            Err(_) => Vec::new(),
+        self.abort_flags.arm();
+        let outcome = self.with_mut(|context| run(context, &mut state.batch));
+        // A failed decode leaves llama.cpp's outputs in no state worth reading.
+        let (rows, seqs) = match outcome {
+            Ok(()) => (state.logit_rows.clone(), state.seq_ids()),
+            Err(_) => (Vec::new(), Vec::new()),
         };
-        Ok(decoded?)
+        self.logit_rows = rows;
+        self.output_seqs = seqs;
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(err) => Err(self.abort_flags.explain(Error::from(err))),
+        }
     }
 }
 
@@ -39,7 +57,83 @@ impl PyLlamaContext {
     /// `DecodeError` when llama.cpp fails (e.g. `kind == "NoKvCacheSlot"` when the cache is full).
     fn decode(&self, py: Python<'_>, batch: &Bound<'_, PyLlamaBatch>) -> PyResult<()> {
         let batch = batch.get();
-        self.run(py, |native| native.decode(batch))
+        self.run(py, |native| {
+            native.compute(batch, false, |context, batch| context.decode(batch))
+        })
+    }
+
+    /// Runs the encoder on `batch` (T5-style models, or embedding models without a KV cache).
+    /// Raises `ValueError` on a decoder-only model, where llama.cpp would crash, and for more
+    /// tokens than `n_ubatch`; `EncodeError` when llama.cpp fails.
+    fn encode(&self, py: Python<'_>, batch: &Bound<'_, PyLlamaBatch>) -> PyResult<()> {
+        let batch = batch.get();
+        self.run(py, |native| {
+            if native.has_memory && !native.has_encoder {
+                return Err(Error::value(
+                    "encode needs a model with an encoder (T5-style) or without a KV cache (BERT-style); \
+                     this is a decoder-only model: use decode",
+                ));
+            }
+            native.compute(batch, true, |context, batch| context.encode(batch))
+        })
+    }
+
+    /// Waits until llama.cpp has finished all queued computation.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |native| {
+            native.with_mut(|context| context.synchronize());
+            Ok(())
+        })
+    }
+
+    /// Marks the next decodes as warm-up runs (they load every weight, as with an empty batch).
+    fn set_warmup(&self, py: Python<'_>, warmup: bool) -> PyResult<()> {
+        self.run(py, |native| {
+            native.with_mut(|context| context.set_warmup(warmup));
+            Ok(())
+        })
+    }
+
+    /// Switches causal attention on or off. Without it, a decode may hold at most `n_ubatch`
+    /// tokens.
+    fn set_causal_attn(&self, py: Python<'_>, causal_attn: bool) -> PyResult<()> {
+        self.run(py, |native| {
+            native.with_mut(|context| context.set_causal_attn(causal_attn));
+            native.causal_attn = causal_attn;
+            Ok(())
+        })
+    }
+
+    /// Switches embedding output on or off. With it, a decode may hold at most `n_ubatch`
+    /// tokens.
+    fn set_embeddings(&self, py: Python<'_>, embeddings: bool) -> PyResult<()> {
+        self.run(py, |native| {
+            native.with_mut(|context| context.set_embeddings(embeddings));
+            native.embeddings = embeddings;
+            Ok(())
+        })
+    }
+
+    /// Sets the threads for single-token and for batch decoding (each at least 1).
+    fn set_n_threads(&self, py: Python<'_>, n_threads: i32, n_threads_batch: i32) -> PyResult<()> {
+        if n_threads < 1 || n_threads_batch < 1 {
+            return Err(Error::value(format!(
+                "thread counts must be at least 1, got {n_threads} and {n_threads_batch}"
+            ))
+            .into());
+        }
+        self.run(py, |native| {
+            native.with_mut(|context| context.set_n_threads(n_threads, n_threads_batch));
+            Ok(())
+        })
+    }
+
+    /// How the context pools embeddings, as a `LlamaPoolingType`.
+    fn pooling_type<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let pooling = self.read(py, |context| i32::from(context.pooling_type()))?;
+        py.import("llamactx._enums")?
+            .getattr("LlamaPoolingType")?
+            .call1((pooling,))
     }
 
     /// Removes every token of every sequence from the KV cache (nothing to do for models

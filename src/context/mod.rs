@@ -4,24 +4,35 @@
 //! The methods live by theme in the submodules; this file holds the type, its creation and its
 //! lifetime (close, context manager).
 
+mod abort;
+mod adapters;
 mod compute;
+mod hooks;
 mod kv;
 mod outputs;
 mod params;
 mod state;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, TryLockError};
 
 use llama_cpp_4::context::LlamaContext;
 use llama_cpp_4::model::LlamaModel;
+use llama_cpp_4::sampling::LlamaSampler;
 use pyo3::prelude::*;
 use self_cell::self_cell;
 
 use crate::backend::backend;
 use crate::errors::{Error, Result};
+use crate::lora::AdapterLease;
 use crate::model::PyLlamaModel;
 use crate::native::detached;
+use crate::threadpool::PoolLease;
+use abort::AbortFlags;
 pub use params::ContextOptions;
+
+/// `LLAMA_ATTENTION_TYPE_NON_CAUSAL`.
+const NON_CAUSAL: i32 = 1;
 
 self_cell!(
     /// The native context, borrowing the model it owns an `Arc` of.
@@ -33,30 +44,54 @@ self_cell!(
 );
 
 /// Everything behind the context's lock.
+///
+/// Field order matters: `cell` (the llama.cpp context) is dropped first, so everything after
+/// it that llama.cpp holds pointers to (abort flags, samplers, adapter, pools) outlives it.
 pub struct Native {
     cell: ContextCell,
+    abort_flags: Box<AbortFlags>,
+    /// Copies given to `llama_set_sampler`, by sequence.
+    backend_samplers: BTreeMap<i32, LlamaSampler>,
+    lora: Option<AdapterLease>,
+    pools: Vec<PoolLease>,
     /// Batch indices of the rows that hold logits now. The crate keeps the same list
     /// privately and panics on a row outside it; ours is also emptied when a state restore
     /// leaves llama.cpp without outputs, which the crate does not track.
     logit_rows: Vec<i32>,
+    /// Sequences of the last successful batch (their pooled embeddings are current).
+    output_seqs: Vec<i32>,
     n_vocab: i32,
     n_seq_max: u32,
     n_batch: u32,
     n_ubatch: u32,
     embeddings: bool,
+    causal_attn: bool,
+    has_encoder: bool,
     /// False for models without a KV cache (BERT-style): llama.cpp's memory calls would
     /// dereference null.
     has_memory: bool,
 }
 
-// SAFETY: `LlamaContext` is `!Send` only because it holds raw pointers to the llama.cpp
-// context and model. llama.cpp keeps no thread-local state in a context: it may be used from
+// SAFETY: `LlamaContext` and `LlamaSampler` are `!Send` only because they hold raw pointers
+// to llama.cpp objects. llama.cpp keeps no thread-local state in a context: it may be used from
 // any thread, one at a time. `Native` is only reachable through the `Mutex` in
 // `PyLlamaContext`, which gives exactly that: one thread at a time. The model it points to
 // is `Send + Sync` and owned by the same cell through an `Arc`.
 unsafe impl Send for Native {}
 
 impl Native {
+    /// The model this context runs.
+    pub fn model(&self) -> &Arc<LlamaModel> {
+        self.cell.borrow_owner()
+    }
+
+    fn detach_pools(&mut self) {
+        if !self.pools.is_empty() {
+            self.with_mut(|context| context.detach_threadpool());
+            self.pools.clear();
+        }
+    }
+
     pub fn with<T>(&self, read: impl for<'a> FnOnce(&LlamaContext<'a>) -> T) -> T {
         self.cell.with_dependent(|_, context| read(context))
     }
@@ -84,6 +119,7 @@ impl PyLlamaContext {
             let params = options.to_params()?;
             let backend = backend()?;
             let n_vocab = native_model.n_vocab();
+            let has_encoder = native_model.has_encoder();
             let cell = ContextCell::try_new(native_model, |model| model.new_context(backend, params))?;
             let (n_seq_max, n_batch, n_ubatch, has_memory) = cell.with_dependent(|_, context| {
                 // SAFETY: `as_ptr` is the live context this cell owns; `llama_get_memory` only
@@ -98,12 +134,19 @@ impl PyLlamaContext {
             });
             Ok(Native {
                 cell,
+                abort_flags: Box::default(),
+                backend_samplers: BTreeMap::new(),
+                lora: None,
+                pools: Vec::new(),
                 logit_rows: Vec::new(),
+                output_seqs: Vec::new(),
                 n_vocab,
                 n_seq_max,
                 n_batch,
                 n_ubatch,
                 embeddings: options.embeddings.unwrap_or(false),
+                causal_attn: options.attention_type != Some(NON_CAUSAL),
+                has_encoder,
                 has_memory,
             })
         })?;

@@ -1,15 +1,28 @@
-//! Reading what the last decode produced: logits, as new numpy arrays.
+//! Reading what the last decode produced: logits, candidates, embeddings and backend-sampled
+//! results, always as new numpy arrays (llama.cpp overwrites its buffers on the next decode).
 
-use numpy::PyArray1;
+use llama_cpp_4::context::params::LlamaPoolingType;
+use llama_cpp_4::context::LlamaContext;
+use numpy::{PyArray1, PyArray2};
 use pyo3::prelude::*;
 
 use super::{Native, PyLlamaContext};
-use crate::arrays::f32_vector;
-use crate::errors::{Error, Result};
+use crate::arrays::{f32_matrix, f32_vector};
+use crate::errors::{Error, ExcClass, Result};
+use crate::token_data::PyLlamaTokenDataArray;
+
+fn embeddings_error(kind: &str, message: impl Into<String>) -> Error {
+    Error::Llama {
+        class: ExcClass::EmbeddingsError,
+        kind: kind.to_owned(),
+        code: None,
+        message: message.into(),
+    }
+}
 
 impl Native {
     /// The batch index of output row `i` (negative counts from the last output), or
-    /// `IndexError` when that row has no logits.
+    /// `IndexError` when that row has no outputs.
     pub fn logit_row(&self, i: i32) -> Result<i32> {
         if self.logit_rows.is_empty() {
             return Err(Error::index(
@@ -32,9 +45,49 @@ impl Native {
         })
     }
 
+    /// Like `logit_row`, for reading a full row of `n_vocab` logits: with a backend sampler
+    /// set, llama.cpp's logits buffer may be shorter than that.
+    pub fn full_logits_row(&self, i: i32) -> Result<i32> {
+        if !self.backend_samplers.is_empty() {
+            return Err(Error::index(
+                "a backend sampler is set (set_sampler): full logits are not kept; use the get_sampled_* methods",
+            ));
+        }
+        self.logit_row(i)
+    }
+
+    fn read_row<T: Send>(&self, i: i32, read: impl for<'a> FnOnce(&LlamaContext<'a>, i32) -> T) -> Result<T> {
+        let row = self.full_logits_row(i)?;
+        Ok(self.with(|context| read(context, row)))
+    }
+
     fn logits_of_row(&self, i: i32) -> Result<Vec<f32>> {
-        let row = self.logit_row(i)?;
-        Ok(self.with(|context| context.get_logits_ith(row).to_vec()))
+        self.read_row(i, |context, row| context.get_logits_ith(row).to_vec())
+    }
+
+    fn first_output(&self) -> i32 {
+        self.logit_rows.first().copied().unwrap_or(0)
+    }
+
+    /// Token embeddings exist only without pooling; pooled contexts write per-sequence ones.
+    fn token_embeddings_row(&self, i: i32) -> Result<Vec<f32>> {
+        if self.with(|context| context.pooling_type()) != LlamaPoolingType::None {
+            return Err(embeddings_error(
+                "LogitsNotEnabled",
+                "this context pools embeddings per sequence: use embeddings_seq_ith",
+            ));
+        }
+        let row = self
+            .logit_row(i)
+            .map_err(|_| embeddings_error("LogitsNotEnabled", format!("row {i} has no output")))?;
+        self.with(|context| Ok(context.embeddings_ith(row)?.to_vec()))
+    }
+
+    fn sampled_row(&self, i: i32) -> Result<i32> {
+        if self.backend_samplers.is_empty() {
+            return Err(Error::index("no backend sampler is set: use set_sampler first"));
+        }
+        self.logit_row(i)
     }
 }
 
@@ -43,10 +96,7 @@ impl PyLlamaContext {
     /// Logits of the first output row, a new float32 array of shape `(n_vocab,)`.
     /// `IndexError` when no row has logits.
     fn get_logits<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f32>>> {
-        let logits = self.run(py, |native| {
-            let first = native.logit_rows.first().copied().unwrap_or(0);
-            native.logits_of_row(first)
-        })?;
+        let logits = self.run(py, |native| native.logits_of_row(native.first_output()))?;
         Ok(f32_vector(py, logits))
     }
 
@@ -55,5 +105,136 @@ impl PyLlamaContext {
     fn get_logits_ith<'py>(&self, py: Python<'py>, i: i32) -> PyResult<Bound<'py, PyArray1<f32>>> {
         let logits = self.run(py, |native| native.logits_of_row(i))?;
         Ok(f32_vector(py, logits))
+    }
+
+    /// Every token of the first output row as a `LlamaTokenDataArray` (unsorted, p = 0).
+    fn candidates(&self, py: Python<'_>) -> PyResult<PyLlamaTokenDataArray> {
+        self.run(py, |native| {
+            native.read_row(native.first_output(), |context, row| {
+                PyLlamaTokenDataArray::from_logits(context.get_logits_ith(row))
+            })
+        })
+    }
+
+    /// Every token of batch row `i` as a `LlamaTokenDataArray`. `IndexError` if row `i` has
+    /// no logits.
+    fn candidates_ith(&self, py: Python<'_>, i: i32) -> PyResult<PyLlamaTokenDataArray> {
+        self.run(py, |native| {
+            native.read_row(i, |context, row| {
+                PyLlamaTokenDataArray::from_logits(context.get_logits_ith(row))
+            })
+        })
+    }
+
+    /// The crate's `token_data_array`: the candidates of the first output row.
+    fn token_data_array(&self, py: Python<'_>) -> PyResult<PyLlamaTokenDataArray> {
+        self.candidates(py)
+    }
+
+    /// Token embeddings of every output row, a new float32 array `(n_outputs, n_embd)`.
+    /// `EmbeddingsError` when embeddings are off, the context pools them, or no row has outputs.
+    fn get_embeddings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let (values, rows) = self.run(py, |native| {
+            if native.logit_rows.is_empty() {
+                return Err(embeddings_error(
+                    "LogitsNotEnabled",
+                    "no output row: decode a batch with outputs first",
+                ));
+            }
+            let rows = i32::try_from(native.logit_rows.len()).map_err(|_| Error::value("too many outputs"))?;
+            let mut values = Vec::new();
+            for k in 0..rows {
+                values.extend(native.token_embeddings_row(k - rows)?);
+            }
+            Ok((values, native.logit_rows.len()))
+        })?;
+        f32_matrix(py, values, rows)
+    }
+
+    /// Token embedding of batch row `i` (negative counts from the last output), a new float32
+    /// array `(n_embd,)`. `EmbeddingsError` when embeddings are off, pooled, or the row has
+    /// no output.
+    fn embeddings_ith<'py>(&self, py: Python<'py>, i: i32) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let values = self.run(py, |native| native.token_embeddings_row(i))?;
+        Ok(f32_vector(py, values))
+    }
+
+    /// Pooled embedding of sequence `seq` from the last batch (for RANK pooling: its scores),
+    /// a new float32 array. `EmbeddingsError` when embeddings are off, the context does not
+    /// pool, or `seq` was not in the last batch.
+    fn embeddings_seq_ith<'py>(&self, py: Python<'py>, seq: i64) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let values = self.run(py, |native| {
+            let seq = native.seq(seq)?;
+            if !native.output_seqs.contains(&seq) {
+                return Err(embeddings_error(
+                    "NonePoolType",
+                    format!("sequence {seq} was not in the last batch"),
+                ));
+            }
+            native.with(|context| Ok(context.embeddings_seq_ith(seq)?.to_vec()))
+        })?;
+        Ok(f32_vector(py, values))
+    }
+
+    /// The token the backend sampler picked for batch row `i`. `IndexError` without a backend
+    /// sampler, for a row without output, or when that row's sequence has no sampler.
+    fn get_sampled_token_ith(&self, py: Python<'_>, i: i32) -> PyResult<i32> {
+        let token = self.run(py, |native| {
+            let row = native.sampled_row(i)?;
+            Ok(native.with(|context| context.get_sampled_token_ith(row)).0)
+        })?;
+        if token < 0 {
+            return Err(Error::index(format!("row {i} has no backend-sampled token")).into());
+        }
+        Ok(token)
+    }
+
+    /// The candidate token ids the backend sampler kept for row `i`, a new int32 array.
+    fn get_sampled_candidates_ith<'py>(&self, py: Python<'py>, i: i32) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let ids = self.run(py, |native| {
+            let row = native.sampled_row(i)?;
+            Ok(native.with(|context| {
+                context
+                    .get_sampled_candidates_ith(row)
+                    .iter()
+                    .map(|t| t.0)
+                    .collect::<Vec<_>>()
+            }))
+        })?;
+        Ok(PyArray1::from_vec(py, ids))
+    }
+
+    /// Number of logits the backend sampler kept for row `i`.
+    fn get_sampled_logits_count_ith(&self, py: Python<'_>, i: i32) -> PyResult<u32> {
+        self.run(py, |native| {
+            let row = native.sampled_row(i)?;
+            Ok(native.with(|context| context.get_sampled_logits_count_ith(row)))
+        })
+    }
+
+    /// The logits the backend sampler kept for row `i`, a new float32 array.
+    fn get_sampled_logits_ith<'py>(&self, py: Python<'py>, i: i32) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let values = self.run(py, |native| {
+            let row = native.sampled_row(i)?;
+            Ok(native.with(|context| context.get_sampled_logits_ith(row).to_vec()))
+        })?;
+        Ok(f32_vector(py, values))
+    }
+
+    /// Number of probabilities the backend sampler kept for row `i`.
+    fn get_sampled_probs_count_ith(&self, py: Python<'_>, i: i32) -> PyResult<u32> {
+        self.run(py, |native| {
+            let row = native.sampled_row(i)?;
+            Ok(native.with(|context| context.get_sampled_probs_count_ith(row)))
+        })
+    }
+
+    /// The probabilities the backend sampler kept for row `i`, a new float32 array.
+    fn get_sampled_probs_ith<'py>(&self, py: Python<'py>, i: i32) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let values = self.run(py, |native| {
+            let row = native.sampled_row(i)?;
+            Ok(native.with(|context| context.get_sampled_probs_ith(row).to_vec()))
+        })?;
+        Ok(f32_vector(py, values))
     }
 }

@@ -1,0 +1,185 @@
+//! What the context hands to llama.cpp and must keep alive: the abort callback, thread pools
+//! and backend samplers; plus performance counters, memory breakdown and raw pointers.
+
+use std::ffi::c_void;
+
+use llama_cpp_4::sampling::LlamaSampler;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::abort::{poll_abort, AbortFlags};
+use super::PyLlamaContext;
+use crate::errors::Error;
+use crate::perf::PyPerfContextData;
+use crate::sampler::PyLlamaSampler;
+use crate::threadpool::{PoolLease, PyThreadPool};
+
+#[pymethods]
+impl PyLlamaContext {
+    /// Sets `callback()` to be polled while llama.cpp computes (about every 5 ms, on the
+    /// decoding thread); a truthy result stops the decode, which then raises `DecodeAborted`
+    /// and leaves nothing of the batch in the KV cache. An exception in the callback also
+    /// stops it and is re-raised. `None` removes the callback.
+    fn set_abort_callback(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<()> {
+        if let Some(callback) = &callback {
+            if !callback.bind(py).is_callable() {
+                return Err(Error::Type("the abort callback must be callable or None".to_owned()).into());
+            }
+        }
+        self.run(py, |native| {
+            let install = callback.is_some();
+            native.abort_flags.set_callback(callback)?;
+            let data = std::ptr::from_ref::<AbortFlags>(&native.abort_flags)
+                .cast_mut()
+                .cast::<c_void>();
+            let function = if install {
+                Some(poll_abort as unsafe extern "C" fn(*mut c_void) -> bool)
+            } else {
+                None
+            };
+            // SAFETY: `data` points into the `Box<AbortFlags>` owned by `native`, which is
+            // dropped after the llama.cpp context (field order of `Native`), so it outlives
+            // every call llama.cpp makes with it.
+            native.with_mut(|context| unsafe { context.set_abort_callback(function, data) });
+            Ok(())
+        })
+    }
+
+    /// Runs computation on `threadpool` (and batches on `threadpool_batch`, default the same
+    /// pool). The context keeps the pools alive until `detach_threadpool` or close; a pool
+    /// serves one context at a time.
+    #[pyo3(signature = (threadpool, threadpool_batch=None))]
+    fn attach_threadpool(
+        &self,
+        py: Python<'_>,
+        threadpool: Py<PyThreadPool>,
+        threadpool_batch: Option<Py<PyThreadPool>>,
+    ) -> PyResult<()> {
+        let batch_pool = threadpool_batch.filter(|batch| !batch.is(&threadpool));
+        self.run(py, |native| {
+            native.detach_pools();
+            let (lease, raw) = PoolLease::attach(threadpool)?;
+            let mut leases = vec![lease];
+            let raw_batch = match batch_pool {
+                Some(pool) => {
+                    let (lease, raw_batch) = PoolLease::attach(pool)?;
+                    leases.push(lease);
+                    raw_batch
+                }
+                None => raw,
+            };
+            // SAFETY: the pools stay alive while `native.pools` holds their leases, which are
+            // dropped only after `detach_threadpool` or after the context itself is freed.
+            native.with_mut(|context| unsafe { context.attach_threadpool(raw, raw_batch) });
+            native.pools = leases;
+            Ok(())
+        })
+    }
+
+    /// Goes back to the context's own threads and releases the attached pools.
+    fn detach_threadpool(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |native| {
+            native.detach_pools();
+            Ok(())
+        })
+    }
+
+    /// Samples sequence `seq_id` inside llama.cpp's graph (backend sampling) with a copy of
+    /// `sampler` (wrapped in a chain if it is not one), kept by the context; `None` removes
+    /// it. Returns True; `StateError` when llama.cpp cannot run that sampler on the backend.
+    /// While any backend sampler is set, read results with the `get_sampled_*` methods:
+    /// full logits rows are not available.
+    fn set_sampler(&self, py: Python<'_>, seq_id: i64, sampler: Option<Py<PyLlamaSampler>>) -> PyResult<bool> {
+        let copy = match &sampler {
+            Some(sampler) => Some(sampler.get().backend_copy(py)?),
+            None => None,
+        };
+        self.run(py, |native| {
+            let seq_id = native.seq(seq_id)?;
+            let accepted = match copy {
+                Some(copy) => {
+                    let mut copy: LlamaSampler = copy.0;
+                    let accepted = native.with_mut(|context| context.set_sampler(seq_id, &mut copy));
+                    // llama.cpp dropped its pointer to the previous sampler either way.
+                    if accepted {
+                        native.backend_samplers.insert(seq_id, copy);
+                    } else {
+                        native.backend_samplers.remove(&seq_id);
+                    }
+                    accepted
+                }
+                None => {
+                    // SAFETY: a null sampler removes the sequence's sampler; the live context
+                    // pointer comes from the cell.
+                    let removed = native.with_mut(|context| unsafe {
+                        llama_cpp_sys_4::llama_set_sampler(context.as_ptr(), seq_id, std::ptr::null_mut())
+                    });
+                    native.backend_samplers.remove(&seq_id);
+                    removed
+                }
+            };
+            if accepted {
+                Ok(true)
+            } else {
+                Err(Error::state(
+                    "SetSampler",
+                    "llama.cpp cannot run this sampler on the backend",
+                ))
+            }
+        })
+    }
+
+    /// Performance counters since the context started or since `perf_context_reset`.
+    fn timings(&self, py: Python<'_>) -> PyResult<PyPerfContextData> {
+        self.run(py, |native| Ok(native.with_mut(|context| context.timings()).into()))
+    }
+
+    /// Resets ggml's clock (the crate's `reset_timings`).
+    fn reset_timings(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |native| {
+            native.with_mut(|context| context.reset_timings());
+            Ok(())
+        })
+    }
+
+    /// Zeroes the performance counters.
+    fn perf_context_reset(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |native| {
+            native.with_mut(|context| context.perf_context_reset());
+            Ok(())
+        })
+    }
+
+    /// Logs the memory each buffer type uses (to the `llamactx` logger).
+    fn memory_breakdown_print(&self, py: Python<'_>) -> PyResult<()> {
+        self.read(py, |context| context.memory_breakdown_print())
+    }
+
+    /// Memory per buffer type: a list of dicts with `buft_name`, `model`, `context`,
+    /// `compute` and `total` (bytes).
+    fn memory_breakdown<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let entries = self.read(py, |context| context.memory_breakdown())?;
+        entries
+            .into_iter()
+            .map(|entry| {
+                let record = PyDict::new(py);
+                record.set_item("buft_name", &entry.buft_name)?;
+                record.set_item("model", entry.model)?;
+                record.set_item("context", entry.context)?;
+                record.set_item("compute", entry.compute)?;
+                record.set_item("total", entry.total())?;
+                Ok(record)
+            })
+            .collect()
+    }
+
+    /// Address of the native `llama_model`, for FFI interop only.
+    fn get_model_ptr(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |context| context.get_model_ptr() as usize)
+    }
+
+    /// Address of the native `llama_context`, for FFI interop only: valid until `close()`.
+    fn as_ptr(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |context| context.as_ptr() as usize)
+    }
+}
