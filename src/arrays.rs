@@ -12,6 +12,6 @@ pub fn f32_vector(py: Python<'_>, values: Vec<f32>) -> Bound<'_, PyArray1<f32>> 
 
 /// A new C-contiguous `(rows, values.len() / rows)` float32 array.
 pub fn f32_matrix(py: Python<'_>, values: Vec<f32>, rows: usize) -> PyResult<Bound<'_, numpy::PyArray2<f32>>> {
-    let cols = if rows == 0 { 0 } else { values.len() / rows };
+    let cols = values.len().checked_div(rows).unwrap_or(0);
     f32_vector(py, values).reshape([rows, cols])
 }

@@ -102,7 +102,7 @@ impl PyLlamaLoraAdapter {
     /// Whether `close()` was called.
     #[getter]
     fn closed(&self) -> bool {
-        self.adapter.try_lock().map_or(false, |guard| guard.is_none())
+        self.adapter.try_lock().is_ok_and(|guard| guard.is_none())
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

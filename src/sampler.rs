@@ -330,7 +330,8 @@ impl PyLlamaSampler {
     }
 
     /// Samples a token from output row `idx` of `ctx` (negative counts from the last output)
-    /// and returns its id. `IndexError` if that row has no logits.
+    /// and returns its id; like llama.cpp's `llama_sampler_sample`, this also accepts the
+    /// token (do not `accept` it again). `IndexError` if that row has no logits.
     #[pyo3(signature = (ctx, idx=-1), text_signature = "(self, ctx, idx=-1)")]
     fn sample(&self, py: Python<'_>, ctx: &Bound<'_, PyLlamaContext>, idx: i32) -> PyResult<i32> {
         ctx.get().run(py, |native| {
@@ -360,12 +361,8 @@ impl PyLlamaSampler {
 
     /// Tells the sampler that `token` was chosen (updates penalties, grammar state, ...).
     fn accept(&self, py: Python<'_>, token: i32) -> PyResult<()> {
-        if token < 0 {
-            return Err(Error::value(format!("token id {token} is negative")).into());
-        }
-        self.with_sampler(py, |sampler| {
-            sampler.try_accept(LlamaToken::new(token)).map_err(shim_error)
-        })
+        let token = self.check_token(token)?;
+        self.with_sampler(py, |sampler| sampler.try_accept(token).map_err(shim_error))
     }
 
     /// Forgets what was accepted so far.

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import synthetic
 
 import llamactx
 
@@ -23,6 +24,16 @@ def model_path() -> Path:
 @pytest.fixture(scope="session")
 def model(model_path: Path) -> llamactx.LlamaModel:
     return llamactx.LlamaModel.load_from_file(model_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synthetic.write_tiny_bert(tmp_path_factory.mktemp("models") / "tiny-bert.gguf")
+
+
+@pytest.fixture(scope="session")
+def lora_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synthetic.write_lora_for_smollm2(tmp_path_factory.mktemp("adapters") / "lora.gguf")
 
 
 @pytest.fixture

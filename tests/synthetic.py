@@ -12,7 +12,7 @@ BERT_WIDTH = 32
 BERT_LAYERS = 2
 BERT_CONTEXT = 128
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = "the a cat dog sat on mat ran in park sun is hot cold day night".split()
+WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "in", "park", "sun", "is", "hot", "cold", "day", "night"]
 WORD_START = "\u2581"  # llama.cpp's WPM vocabulary marks word-initial pieces with it
 
 

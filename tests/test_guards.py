@@ -46,6 +46,29 @@ CASES = {
     ),
     "metadata key with a NUL byte": ("model.meta_val_str('general\\0name')", "ValueError"),
     "huge batch allocation": ("llamactx.LlamaBatch(2**40, 2**10)", "ValueError"),
+    "encode on a decoder-only model": (SETUP + "batch.add(1, 0, [0], True); ctx.encode(batch)", "ValueError"),
+    "partial copy between per-sequence KV streams": (
+        SETUP + "batch.add_sequence([1, 2, 3, 4], 0, False); ctx.decode(batch); ctx.copy_cache(0, 1, 2)",
+        "ValueError",
+    ),
+    "grammar accept past the vocabulary": (
+        "llamactx.LlamaSampler.grammar(model, 'root ::= \"a\"').accept(model.n_vocab())",
+        "ValueError",
+    ),
+    "a backend sampler that is not a chain": (
+        SETUP + "ctx.set_sampler(0, llamactx.LlamaSampler.greedy()); batch.add(1, 0, [0], True); "
+        "ctx.decode(batch); assert ctx.get_sampled_token_ith(-1) >= 0",
+        "none",
+    ),
+    "device-only sequence state flag": (SETUP + "ctx.state_seq_get_data_ext(0, 2)", "ValueError"),
+    "sequence state past n_seq_max": (SETUP + "ctx.state_seq_get_size(9)", "ValueError"),
+    "huge token capacity on load": (SETUP + "ctx.state_load_file(MODEL_PATH, 2**40)", "ValueError"),
+    "control vector of the wrong width": (SETUP + "ctx.set_adapter_cvec([1.0] * 10, 7, 1, 2)", "ValueError"),
+    "logits after a state restore": (
+        SETUP + "batch.add(1, 0, [0], True); ctx.decode(batch); ctx.state_set_data(ctx.state_get_data()); "
+        "ctx.get_logits()",
+        "IndexError",
+    ),
     "zero-sized batch": ("llamactx.LlamaBatch(0)", "ValueError"),
 }
 

@@ -91,8 +91,7 @@ def stream(
     stops = _StopFilter(stop)
     pos = len(tokens)
     for _ in range(max_tokens):
-        token = sampler.sample(ctx, -1)
-        sampler.accept(token)
+        token = sampler.sample(ctx, -1)  # also accepts the token into the sampler's state
         if model.is_eog_token(token):
             break
         text, stopped = stops.push(decoder.decode(model.token_to_bytes(token, False)))

@@ -80,23 +80,23 @@ impl PyLlamaContext {
             if values.is_some() && n_embd != model_embd {
                 return Err(Error::value(format!("n_embd is {n_embd}, the model's is {model_embd}")));
             }
-            let code = native.with_mut(|context| match &values {
-                Some(values) => context.set_adapter_cvec(values, n_embd, il_start, il_end).err(),
+            let code = native.with_mut(|context| {
+                if let Some(values) = &values {
+                    return context.set_adapter_cvec(values, n_embd, il_start, il_end).err();
+                }
                 // SAFETY: a null buffer tells llama.cpp to switch the control vector off; the
                 // context pointer is the live one of this cell.
-                None => {
-                    let code = unsafe {
-                        llama_cpp_sys_4::llama_set_adapter_cvec(
-                            context.as_ptr(),
-                            std::ptr::null(),
-                            0,
-                            n_embd,
-                            il_start,
-                            il_end,
-                        )
-                    };
-                    (code != 0).then_some(code)
-                }
+                let code = unsafe {
+                    llama_cpp_sys_4::llama_set_adapter_cvec(
+                        context.as_ptr(),
+                        std::ptr::null(),
+                        0,
+                        n_embd,
+                        il_start,
+                        il_end,
+                    )
+                };
+                (code != 0).then_some(code)
             });
             match code {
                 None => Ok(()),

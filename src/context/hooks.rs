@@ -96,27 +96,24 @@ impl PyLlamaContext {
         };
         self.run(py, |native| {
             let seq_id = native.seq(seq_id)?;
-            let accepted = match copy {
-                Some(copy) => {
-                    let mut copy: LlamaSampler = copy.0;
-                    let accepted = native.with_mut(|context| context.set_sampler(seq_id, &mut copy));
-                    // llama.cpp dropped its pointer to the previous sampler either way.
-                    if accepted {
-                        native.backend_samplers.insert(seq_id, copy);
-                    } else {
-                        native.backend_samplers.remove(&seq_id);
-                    }
-                    accepted
-                }
-                None => {
-                    // SAFETY: a null sampler removes the sequence's sampler; the live context
-                    // pointer comes from the cell.
-                    let removed = native.with_mut(|context| unsafe {
-                        llama_cpp_sys_4::llama_set_sampler(context.as_ptr(), seq_id, std::ptr::null_mut())
-                    });
+            let accepted = if let Some(copy) = copy {
+                let mut copy: LlamaSampler = copy.0;
+                let accepted = native.with_mut(|context| context.set_sampler(seq_id, &mut copy));
+                // llama.cpp dropped its pointer to the previous sampler either way.
+                if accepted {
+                    native.backend_samplers.insert(seq_id, copy);
+                } else {
                     native.backend_samplers.remove(&seq_id);
-                    removed
                 }
+                accepted
+            } else {
+                // SAFETY: a null sampler removes the sequence's sampler; the live context
+                // pointer comes from the cell.
+                let removed = native.with_mut(|context| unsafe {
+                    llama_cpp_sys_4::llama_set_sampler(context.as_ptr(), seq_id, std::ptr::null_mut())
+                });
+                native.backend_samplers.remove(&seq_id);
+                removed
             };
             if accepted {
                 Ok(true)

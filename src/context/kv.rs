@@ -56,6 +56,23 @@ impl Native {
         }
     }
 
+    /// With one KV stream per sequence, llama.cpp copies between sequences by copying whole
+    /// buffers and asserts on a partial range; refuse those copies first.
+    fn check_copy(&self, src: i32, dest: i32, p0: i64, p1: i64) -> Result<()> {
+        if self.kv_unified || src == dest {
+            return Ok(());
+        }
+        let size = i64::from(self.with(|context| context.n_ctx_seq()));
+        let partial = |p: i64| p > 0 && p + 1 < size;
+        if partial(p0) || partial(p1) {
+            return Err(Error::value(
+                "with a KV stream per sequence (kv_unified=False) only whole sequences can be copied: \
+                 use p0=None, p1=None, or create the context with kv_unified=True",
+            ));
+        }
+        Ok(())
+    }
+
     fn require_shift(&self) -> Result<()> {
         self.require_memory()?;
         if self.with(|context| context.memory_can_shift()) {
@@ -86,6 +103,7 @@ impl PyLlamaContext {
         self.run(py, |native| {
             native.require_memory()?;
             let (src, dest) = (native.seq(src)?, native.seq(dest)?);
+            native.check_copy(src, dest, 0, i64::from(size))?;
             native.with_mut(|context| context.copy_cache(src, dest, size));
             Ok(())
         })
@@ -98,8 +116,10 @@ impl PyLlamaContext {
         self.run(py, |native| {
             native.require_memory()?;
             let (src, dest) = (native.seq(src)?, native.seq(dest)?);
+            let (start, end) = (p0.unwrap_or(-1), p1.unwrap_or(-1));
             let p0 = position(p0, KvCacheConversionError::P0TooLarge)?;
             let p1 = position(p1, KvCacheConversionError::P1TooLarge)?;
+            native.check_copy(src, dest, start, end)?;
             Ok(native.with_mut(|context| context.copy_kv_cache_seq(src, dest, p0, p1))?)
         })
     }
@@ -112,12 +132,19 @@ impl PyLlamaContext {
         self.run(py, |native| native.clear_seq(src, p0, p1))
     }
 
-    /// Removes every sequence except `seq_id`.
+    /// Removes every sequence except `seq_id`. (With a KV stream per sequence, llama.cpp's
+    /// own call only reaches `seq_id`'s stream; the other sequences are cleared as well, so
+    /// the result is the same in both layouts.)
     fn llama_kv_cache_seq_keep(&self, py: Python<'_>, seq_id: i64) -> PyResult<()> {
         self.run(py, |native| {
             native.require_memory()?;
             let seq_id = native.seq(seq_id)?;
             native.with_mut(|context| context.llama_kv_cache_seq_keep(seq_id));
+            if !native.kv_unified {
+                for other in (0..native.n_seq_max).filter(|&other| i64::from(other) != i64::from(seq_id)) {
+                    native.clear_seq(Some(i64::from(other)), None, None)?;
+                }
+            }
             Ok(())
         })
     }

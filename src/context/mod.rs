@@ -47,6 +47,8 @@ self_cell!(
 ///
 /// Field order matters: `cell` (the llama.cpp context) is dropped first, so everything after
 /// it that llama.cpp holds pointers to (abort flags, samplers, adapter, pools) outlives it.
+// The flags mirror independent llama.cpp settings; an enum would not make them clearer.
+#[allow(clippy::struct_excessive_bools)]
 pub struct Native {
     cell: ContextCell,
     abort_flags: Box<AbortFlags>,
@@ -67,6 +69,8 @@ pub struct Native {
     embeddings: bool,
     causal_attn: bool,
     has_encoder: bool,
+    /// One KV stream for all sequences (`kv_unified=True`) instead of one per sequence.
+    kv_unified: bool,
     /// False for models without a KV cache (BERT-style): llama.cpp's memory calls would
     /// dereference null.
     has_memory: bool,
@@ -147,6 +151,7 @@ impl PyLlamaContext {
                 embeddings: options.embeddings.unwrap_or(false),
                 causal_attn: options.attention_type != Some(NON_CAUSAL),
                 has_encoder,
+                kv_unified: options.kv_unified.unwrap_or(false),
                 has_memory,
             })
         })?;
