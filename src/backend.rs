@@ -13,6 +13,7 @@ use std::sync::{Mutex, OnceLock};
 
 use llama_cpp_4::llama_backend::LlamaBackend;
 use llama_cpp_sys_4::ggml_log_level;
+use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
@@ -97,24 +98,31 @@ fn python_level(level: u32) -> u8 {
 static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// Emits every queued llama.cpp log line on the `llamactx` logger. Cheap when none is queued.
-pub fn flush_logs(py: Python<'_>) {
+///
+/// A failing log handler must not fail the call that logged, so its exceptions are dropped,
+/// except `KeyboardInterrupt`/`SystemExit` (a pending Ctrl-C runs its Python handler inside
+/// the first log call): those are returned for the caller to raise.
+pub fn flush_logs(py: Python<'_>) -> Option<PyErr> {
     if !LOGS_PENDING.swap(false, Ordering::AcqRel) {
-        return;
+        return None;
     }
-    let lines: Vec<(u32, String)> = match LOG_QUEUE.lock() {
-        Ok(mut queue) => queue.lines.drain(..).collect(),
-        Err(_) => return,
-    };
-    let logger = LOGGER.get_or_try_init(py, || {
-        py.import("logging")?
-            .call_method1("getLogger", ("llamactx",))
-            .map(Bound::unbind)
-    });
-    let Ok(logger) = logger else { return };
+    let lines: Vec<(u32, String)> = LOG_QUEUE.lock().ok()?.lines.drain(..).collect();
+    let logger = LOGGER
+        .get_or_try_init(py, || {
+            py.import("logging")?
+                .call_method1("getLogger", ("llamactx",))
+                .map(Bound::unbind)
+        })
+        .ok()?;
+    let mut interrupt = None;
     for (level, line) in lines {
-        // A failing handler is the logging module's business; it must not fail our call.
-        let _ = logger.bind(py).call_method1("log", (python_level(level), line));
+        if let Err(err) = logger.bind(py).call_method1("log", (python_level(level), line)) {
+            if !err.is_instance_of::<PyException>(py) && interrupt.is_none() {
+                interrupt = Some(err);
+            }
+        }
     }
+    interrupt
 }
 
 #[cfg(test)]

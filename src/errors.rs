@@ -17,8 +17,7 @@ use llama_cpp_4::{
     NewLlamaChatMessageError, StringFromModelError, StringToTokenError, TokenToStringError,
 };
 use pyo3::exceptions::{
-    PyException, PyFileNotFoundError, PyIndexError, PyKeyboardInterrupt, PyOverflowError, PyRuntimeError, PyTypeError,
-    PyValueError,
+    PyException, PyFileNotFoundError, PyIndexError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -314,7 +313,19 @@ impl From<Error> for PyErr {
                 code,
                 message,
             } => Python::attach(|py| instance(py, class, &kind, code, &message)),
-            Error::Aborted { interrupted: true } => PyKeyboardInterrupt::new_err("decode interrupted"),
+            // Python's own handler saw the SIGINT too: running it raises `KeyboardInterrupt`
+            // (or whatever the program's handler does; if it raises nothing, the decode was
+            // still aborted).
+            Error::Aborted { interrupted: true } => Python::attach(|py| match py.check_signals() {
+                Err(raised) => raised,
+                Ok(()) => instance(
+                    py,
+                    ExcClass::DecodeAborted,
+                    "Interrupted",
+                    Some(2),
+                    "decode interrupted by SIGINT",
+                ),
+            }),
             Error::Aborted { interrupted: false } => Python::attach(|py| {
                 instance(
                     py,

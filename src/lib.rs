@@ -5,6 +5,7 @@ mod backend;
 mod batch;
 mod context;
 mod errors;
+mod interrupt;
 mod lora;
 mod metadata;
 mod model;

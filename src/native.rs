@@ -16,7 +16,9 @@ where
     T: Send,
 {
     let result = py.detach(|| catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|p| Err(panic_error(&p))));
-    flush_logs(py);
+    if let Some(interrupt) = flush_logs(py) {
+        return Err(interrupt);
+    }
     result.map_err(PyErr::from)
 }
 

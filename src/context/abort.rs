@@ -1,8 +1,9 @@
-//! The abort callback: a Python callable polled while llama.cpp computes a graph.
+//! The abort callback: Ctrl-C, and a Python callable, polled while llama.cpp computes a graph.
 //!
 //! llama.cpp calls the C function below after each graph node, on the thread that called
-//! decode (which has released the GIL). Calling Python that often would slow decoding down, so
-//! the callable runs at most once per `POLL_INTERVAL`, and always at the first node.
+//! decode (which has released the GIL). It is registered for the whole life of the context:
+//! checking for Ctrl-C is one atomic load. Calling Python that often would slow decoding down,
+//! so a Python callable runs at most once per `POLL_INTERVAL`, and always at the first node.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 use pyo3::prelude::*;
 
 use crate::errors::Error;
+use crate::interrupt;
 
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
 
@@ -20,6 +22,8 @@ const POLL_INTERVAL: Duration = Duration::from_millis(5);
 #[derive(Default)]
 pub struct AbortFlags {
     callback: Mutex<Option<Py<PyAny>>>,
+    /// Whether `callback` holds one, readable without the lock on every graph node.
+    has_callback: AtomicBool,
     last_poll: Mutex<Option<Instant>>,
     /// Set when the callback asked to abort (or raised) during the current computation.
     fired: AtomicBool,
@@ -30,6 +34,7 @@ pub struct AbortFlags {
 impl AbortFlags {
     pub fn set_callback(&self, callback: Option<Py<PyAny>>) -> Result<(), Error> {
         let mut slot = self.callback.lock().map_err(|_| Error::Poisoned("abort callback"))?;
+        self.has_callback.store(callback.is_some(), Ordering::Release);
         *slot = callback;
         Ok(())
     }
@@ -47,6 +52,9 @@ impl AbortFlags {
     pub fn explain(&self, error: Error) -> Error {
         if !self.fired.load(Ordering::Acquire) {
             return error;
+        }
+        if interrupt::interrupted() {
+            return Error::Aborted { interrupted: true };
         }
         match self.raised.lock().ok().and_then(|mut raised| raised.take()) {
             Some(exception) => Error::Python(exception),
@@ -70,7 +78,11 @@ impl AbortFlags {
         if self.fired.load(Ordering::Acquire) {
             return true;
         }
-        if !self.due() {
+        if interrupt::interrupted() {
+            self.fired.store(true, Ordering::Release);
+            return true;
+        }
+        if !self.has_callback.load(Ordering::Acquire) || !self.due() {
             return false;
         }
         let abort = Python::attach(|py| {

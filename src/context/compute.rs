@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use super::{Native, PyLlamaContext};
 use crate::batch::PyLlamaBatch;
 use crate::errors::{Error, Result};
+use crate::interrupt::SigintWatch;
 
 impl Native {
     /// The most tokens one call may submit: llama.cpp asserts when a decode exceeds `n_batch`,
@@ -34,7 +35,9 @@ impl Native {
         let (limit, limit_name) = self.batch_limit(encoding);
         state.check_for(self.n_vocab, self.n_seq_max, limit, limit_name)?;
         self.abort_flags.arm();
+        let watch = SigintWatch::start();
         let outcome = self.with_mut(|context| run(context, &mut state.batch));
+        drop(watch);
         // A failed decode leaves llama.cpp's outputs in no state worth reading.
         let (rows, seqs) = match outcome {
             Ok(()) => (state.logit_rows.clone(), state.seq_ids()),

@@ -1,13 +1,10 @@
 //! What the context hands to llama.cpp and must keep alive: the abort callback, thread pools
 //! and backend samplers; plus performance counters, memory breakdown and raw pointers.
 
-use std::ffi::c_void;
-
 use llama_cpp_4::sampling::LlamaSampler;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::abort::{poll_abort, AbortFlags};
 use super::PyLlamaContext;
 use crate::errors::Error;
 use crate::perf::PyPerfContextData;
@@ -19,30 +16,14 @@ impl PyLlamaContext {
     /// Sets `callback()` to be polled while llama.cpp computes (about every 5 ms, on the
     /// decoding thread); a truthy result stops the decode, which then raises `DecodeAborted`
     /// and leaves nothing of the batch in the KV cache. An exception in the callback also
-    /// stops it and is re-raised. `None` removes the callback.
+    /// stops it and is re-raised. `None` removes the callback (Ctrl-C still interrupts).
     fn set_abort_callback(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<()> {
         if let Some(callback) = &callback {
             if !callback.bind(py).is_callable() {
                 return Err(Error::Type("the abort callback must be callable or None".to_owned()).into());
             }
         }
-        self.run(py, |native| {
-            let install = callback.is_some();
-            native.abort_flags.set_callback(callback)?;
-            let data = std::ptr::from_ref::<AbortFlags>(&native.abort_flags)
-                .cast_mut()
-                .cast::<c_void>();
-            let function = if install {
-                Some(poll_abort as unsafe extern "C" fn(*mut c_void) -> bool)
-            } else {
-                None
-            };
-            // SAFETY: `data` points into the `Box<AbortFlags>` owned by `native`, which is
-            // dropped after the llama.cpp context (field order of `Native`), so it outlives
-            // every call llama.cpp makes with it.
-            native.with_mut(|context| unsafe { context.set_abort_callback(function, data) });
-            Ok(())
-        })
+        self.run(py, |native| native.abort_flags.set_callback(callback))
     }
 
     /// Runs computation on `threadpool` (and batches on `threadpool_batch`, default the same

@@ -89,6 +89,18 @@ impl Native {
         self.cell.borrow_owner()
     }
 
+    /// Registers the abort callback for the life of the context (Ctrl-C needs it even
+    /// without a Python callback).
+    fn register_abort_flags(&mut self) {
+        let data = std::ptr::from_ref::<AbortFlags>(&self.abort_flags)
+            .cast_mut()
+            .cast::<std::ffi::c_void>();
+        // SAFETY: `data` points into the `Box<AbortFlags>` owned by this `Native`, which is
+        // dropped after the llama.cpp context (field order), so it outlives every call
+        // llama.cpp makes with it; `poll_abort` has the signature llama.cpp expects.
+        self.with_mut(|context| unsafe { context.set_abort_callback(Some(abort::poll_abort), data) });
+    }
+
     fn detach_pools(&mut self) {
         if !self.pools.is_empty() {
             self.with_mut(|context| context.detach_threadpool());
@@ -119,7 +131,7 @@ impl PyLlamaContext {
     pub fn create(model: &Bound<'_, PyLlamaModel>, options: ContextOptions) -> PyResult<Self> {
         let py = model.py();
         let native_model = model.get().native()?;
-        let native = detached(py, move || {
+        let mut native = detached(py, move || {
             let params = options.to_params()?;
             let backend = backend()?;
             let n_vocab = native_model.n_vocab();
@@ -155,6 +167,7 @@ impl PyLlamaContext {
                 has_memory,
             })
         })?;
+        native.register_abort_flags();
         Ok(Self {
             native: Mutex::new(Some(native)),
             model: model.clone().unbind(),
