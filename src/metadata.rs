@@ -5,6 +5,7 @@
 //! scalars and strings (arrays are skipped), so the longest string in the file's header bounds
 //! them all: we read that bound from the header once and size every buffer by it.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
@@ -13,13 +14,14 @@ use std::sync::Mutex;
 use llama_cpp_4::model::LlamaModel;
 use llama_cpp_4::{ChatTemplateError, StringFromModelError};
 
-use crate::errors::{Error, Result};
+use crate::errors::{Error, ExcClass, Result};
 
 /// Longest text llama.cpp gives a scalar (a float printed with `%f`).
 const SCALAR_TEXT_LEN: usize = 64;
 
 const GGUF_TYPE_STRING: u32 = 8;
 const GGUF_TYPE_ARRAY: u32 = 9;
+const TOKEN_LIST_KEY: &[u8] = b"tokenizer.ggml.tokens";
 
 fn fixed_size(gguf_type: u32) -> Option<u64> {
     match gguf_type {
@@ -34,9 +36,19 @@ fn fixed_size(gguf_type: u32) -> Option<u64> {
 struct Header<R> {
     reader: R,
     longest: u64,
+    /// A token that `tokenizer.ggml.tokens` lists twice: llama.cpp asserts (aborts) on those.
+    duplicate_token: Option<String>,
 }
 
 impl<R: Read> Header<R> {
+    fn new(reader: R) -> Self {
+        Self {
+            reader,
+            longest: 0,
+            duplicate_token: None,
+        }
+    }
+
     fn u32(&mut self) -> std::io::Result<u32> {
         let mut bytes = [0; 4];
         self.reader.read_exact(&mut bytes)?;
@@ -58,25 +70,43 @@ impl<R: Read> Header<R> {
         }
     }
 
-    fn string(&mut self, counted: bool) -> std::io::Result<()> {
+    fn string_len(&mut self, counted: bool) -> std::io::Result<u64> {
         let len = self.u64()?;
         if counted {
             self.longest = self.longest.max(len);
         }
-        self.skip(len)
+        Ok(len)
     }
 
-    fn value(&mut self, gguf_type: u32) -> std::io::Result<()> {
+    fn read_string(&mut self) -> std::io::Result<Vec<u8>> {
+        let len = self.string_len(true)?;
+        let mut text = Vec::new();
+        (&mut self.reader).take(len).read_to_end(&mut text)?;
+        if text.len() as u64 == len {
+            Ok(text)
+        } else {
+            Err(std::io::ErrorKind::UnexpectedEof.into())
+        }
+    }
+
+    fn value(&mut self, gguf_type: u32, key: &[u8]) -> std::io::Result<()> {
         match (gguf_type, fixed_size(gguf_type)) {
             (_, Some(size)) => self.skip(size),
-            (GGUF_TYPE_STRING, None) => self.string(true),
+            (GGUF_TYPE_STRING, None) => {
+                let len = self.string_len(true)?;
+                self.skip(len)
+            }
             (GGUF_TYPE_ARRAY, None) => {
                 let item_type = self.u32()?;
                 let count = self.u64()?;
                 match fixed_size(item_type) {
                     Some(size) => self.skip(size.saturating_mul(count)),
+                    None if item_type == GGUF_TYPE_STRING && key == TOKEN_LIST_KEY => self.token_list(count),
                     // Array items never reach llama.cpp's metadata strings.
-                    None if item_type == GGUF_TYPE_STRING => (0..count).try_for_each(|_| self.string(false)),
+                    None if item_type == GGUF_TYPE_STRING => (0..count).try_for_each(|_| {
+                        let len = self.string_len(false)?;
+                        self.skip(len)
+                    }),
                     None => Err(std::io::ErrorKind::InvalidData.into()),
                 }
             }
@@ -84,8 +114,24 @@ impl<R: Read> Header<R> {
         }
     }
 
-    /// The longest key or string value of the header.
-    fn longest_text(mut self) -> std::io::Result<u64> {
+    fn token_list(&mut self, count: u64) -> std::io::Result<()> {
+        let mut seen = HashSet::new();
+        for _ in 0..count {
+            let len = self.string_len(false)?;
+            let mut token = Vec::new();
+            (&mut self.reader).take(len).read_to_end(&mut token)?;
+            if token.len() as u64 != len {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            if self.duplicate_token.is_none() && !seen.insert(token.clone()) {
+                self.duplicate_token = Some(String::from_utf8_lossy(&token).into_owned());
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the key-value section of the header.
+    fn scan(mut self) -> std::io::Result<Self> {
         if self.u32()? != u32::from_le_bytes(*b"GGUF") {
             return Err(std::io::ErrorKind::InvalidData.into());
         }
@@ -93,35 +139,62 @@ impl<R: Read> Header<R> {
         let _n_tensors = self.u64()?;
         let n_kv = self.u64()?;
         for _ in 0..n_kv {
-            self.string(true)?;
+            let key = self.read_string()?;
             let value_type = self.u32()?;
-            self.value(value_type)?;
+            self.value(value_type, &key)?;
         }
-        Ok(self.longest)
+        Ok(self)
     }
 }
 
 static BOUNDS: Mutex<Vec<(std::path::PathBuf, usize)>> = Mutex::new(Vec::new());
 
-/// A buffer size that holds every key and value llama.cpp reports for the model at `path`.
-fn buffer_size(path: &Path) -> Result<usize> {
-    let mut bounds = BOUNDS.lock().map_err(|_| Error::Poisoned("metadata cache"))?;
-    if let Some((_, size)) = bounds.iter().find(|(known, _)| known == path) {
-        return Ok(*size);
-    }
-    let file = File::open(path).map_err(|err| Error::value(format!("cannot read {}: {err}", path.display())))?;
-    let longest = Header {
-        reader: BufReader::new(file),
-        longest: 0,
-    }
-    .longest_text()
-    .map_err(|err| Error::value(format!("cannot read the GGUF header of {}: {err}", path.display())))?;
+fn scan_file(path: &Path) -> std::io::Result<Header<BufReader<File>>> {
+    Header::new(BufReader::new(File::open(path)?)).scan()
+}
+
+fn remember_bound(path: &Path, longest: u64) -> Result<usize> {
     let size = usize::try_from(longest)
         .unwrap_or(usize::MAX)
         .max(SCALAR_TEXT_LEN)
         .saturating_add(1);
+    let mut bounds = BOUNDS.lock().map_err(|_| Error::Poisoned("metadata cache"))?;
+    bounds.retain(|(known, _)| known != path);
     bounds.push((path.to_owned(), size));
     Ok(size)
+}
+
+/// Checks a GGUF file for what makes llama.cpp abort instead of failing (a vocabulary that
+/// lists a token twice), and notes the bound for its metadata buffers. A file that is not
+/// readable GGUF passes: llama.cpp refuses it with an error of its own.
+pub fn check_model_file(path: &Path) -> Result<()> {
+    let Ok(header) = scan_file(path) else { return Ok(()) };
+    if let Some(token) = header.duplicate_token {
+        return Err(Error::Llama {
+            class: ExcClass::LlamaModelLoadError,
+            kind: "InvalidVocabulary".to_owned(),
+            code: None,
+            message: format!("the vocabulary lists the token {token:?} twice; llama.cpp cannot load it"),
+        });
+    }
+    remember_bound(path, header.longest)?;
+    Ok(())
+}
+
+/// A buffer size that holds every key and value llama.cpp reports for the model at `path`.
+fn buffer_size(path: &Path) -> Result<usize> {
+    let known = BOUNDS
+        .lock()
+        .map_err(|_| Error::Poisoned("metadata cache"))?
+        .iter()
+        .find(|(known, _)| known == path)
+        .map(|(_, size)| *size);
+    if let Some(size) = known {
+        return Ok(size);
+    }
+    let header = scan_file(path)
+        .map_err(|err| Error::value(format!("cannot read the GGUF header of {}: {err}", path.display())))?;
+    remember_bound(path, header.longest)
 }
 
 /// The value of `key`.
@@ -160,7 +233,7 @@ mod tests {
     }
 
     #[test]
-    fn longest_text_skips_arrays() {
+    fn longest_string_skips_arrays() {
         let mut file = b"GGUF".to_vec();
         file.extend(3u32.to_le_bytes());
         file.extend(0u64.to_le_bytes());
@@ -176,21 +249,30 @@ mod tests {
         file.extend(text("n"));
         file.extend(4u32.to_le_bytes());
         file.extend(7u32.to_le_bytes());
-        let longest = Header {
-            reader: file.as_slice(),
-            longest: 0,
+        let header = Header::new(file.as_slice()).scan().unwrap();
+        assert_eq!(header.longest, "general.name".len() as u64);
+        assert_eq!(header.duplicate_token, None);
+    }
+
+    #[test]
+    fn finds_a_token_listed_twice() {
+        let mut file = b"GGUF".to_vec();
+        file.extend(3u32.to_le_bytes());
+        file.extend(0u64.to_le_bytes());
+        file.extend(1u64.to_le_bytes());
+        file.extend(text("tokenizer.ggml.tokens"));
+        file.extend(GGUF_TYPE_ARRAY.to_le_bytes());
+        file.extend(GGUF_TYPE_STRING.to_le_bytes());
+        file.extend(3u64.to_le_bytes());
+        for token in ["a", "b", "a"] {
+            file.extend(text(token));
         }
-        .longest_text()
-        .unwrap();
-        assert_eq!(longest, "general.name".len() as u64);
+        let header = Header::new(file.as_slice()).scan().unwrap();
+        assert_eq!(header.duplicate_token.as_deref(), Some("a"));
     }
 
     #[test]
     fn truncated_header_is_an_error() {
-        let header = Header {
-            reader: &b"GGUF\x03\x00"[..],
-            longest: 0,
-        };
-        assert!(header.longest_text().is_err());
+        assert!(Header::new(&b"GGUF\x03\x00"[..]).scan().is_err());
     }
 }

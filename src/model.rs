@@ -44,6 +44,23 @@ impl PyLlamaModel {
         Ok(LlamaToken::new(id))
     }
 
+    /// llama.cpp asserts (aborts) when asked to add special tokens the vocabulary lacks, e.g.
+    /// a BOS it is configured to add but whose id was out of range in the file.
+    fn check_special_tokens(model: &LlamaModel) -> Result<()> {
+        let wpm = model.get_vocab().vocab_type() == llama_cpp_sys_4::LLAMA_VOCAB_TYPE_WPM;
+        let needed = [
+            ("BOS", model.token_bos(), wpm || model.add_bos_token()),
+            ("EOS", model.token_eos(), !wpm && model.add_eos_token()),
+            ("SEP", model.token_sep(), wpm),
+        ];
+        match needed.iter().find(|(_, token, needed)| *needed && token.0 < 0) {
+            Some((name, _, _)) => Err(Error::value(format!(
+                "the tokenizer is set to add a {name} token the vocabulary does not have; use add_bos=False"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// The piece llama.cpp renders for `id`. The crate's `token_to_bytes` blanks some
     /// tokens by attribute and fails on pieces over 32 bytes; `token_to_raw_bytes` is
     /// `llama_token_to_piece` itself, whose only "error" is an empty piece.
@@ -85,6 +102,7 @@ impl PyLlamaModel {
         use_mlock: bool,
     ) -> PyResult<Self> {
         let path = existing_file(path)?;
+        py.detach(|| metadata::check_model_file(&path))?;
         let load_mode = match (use_mmap, use_mlock) {
             (true, false) => LlamaLoadMode::Mmap,
             (true, true) => LlamaLoadMode::MmapMlock,
@@ -176,6 +194,9 @@ impl PyLlamaModel {
     fn str_to_token(&self, text: &str, add_bos: bool, special: bool) -> PyResult<Vec<i32>> {
         let add_bos = if add_bos { AddBos::Always } else { AddBos::Never };
         self.with_model(|model| {
+            if add_bos == AddBos::Always {
+                Self::check_special_tokens(model)?;
+            }
             Ok(to_ids(&model.str_to_token_with_special(
                 text,
                 add_bos,

@@ -23,10 +23,13 @@ def bert_vocabulary() -> list[str]:
     return SPECIALS + list(dict.fromkeys(pieces))
 
 
-def write_tiny_bert(path: Path, seed: int = 0) -> Path:
-    """A 2-layer, 32-wide BERT with random weights, MEAN pooling and a WordPiece vocabulary."""
+def write_tiny_bert(path: Path, seed: int = 0, duplicate_token: bool = False) -> Path:
+    """A 2-layer, 32-wide BERT with random weights, MEAN pooling and a WordPiece vocabulary
+    (with ``duplicate_token``, one that lists a token twice: llama.cpp aborts on those)."""
     rng = np.random.default_rng(seed)
     vocab = bert_vocabulary()
+    if duplicate_token:
+        vocab[-1] = vocab[-2]
     writer = gguf.GGUFWriter(str(path), "bert")
     writer.add_name("tiny-bert")
     writer.add_context_length(BERT_CONTEXT)

@@ -90,6 +90,38 @@ fn read_state(size: usize, get: impl FnOnce(&mut [u8]) -> usize) -> Result<Vec<u
     Ok(buffer)
 }
 
+/// llama.cpp's `io_magic` (llama-context.cpp), the first word of in-memory sequence states.
+/// Pinned with llama-cpp-4 0.11.0; `test_sequence_state_file_round_trip` fails if it moves.
+const SEQ_STATE_IO_MAGIC: u32 = 0xaf14_3cd8;
+
+/// Splits a sequence state file (`LLAMA_STATE_SEQ_MAGIC`, version, token count, tokens, state)
+/// into its tokens and its state bytes.
+fn parse_seq_state_file(file: &[u8], capacity: usize) -> Result<(Vec<i32>, &[u8])> {
+    let invalid = |why: &str| Error::state("SeqLoadFile", format!("not a valid sequence state file: {why}"));
+    let word = |at: usize| -> Result<u32> {
+        file.get(at..at + 4)
+            .and_then(|bytes| bytes.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(|| invalid("truncated header"))
+    };
+    if word(0)? != llama_cpp_sys_4::LLAMA_STATE_SEQ_MAGIC || word(4)? != llama_cpp_sys_4::LLAMA_STATE_SEQ_VERSION {
+        return Err(invalid("unknown magic or version"));
+    }
+    let count = usize::try_from(word(8)?).map_err(|_| invalid("token count"))?;
+    if count > capacity {
+        return Err(Error::state(
+            "SeqLoadFile",
+            format!("the file holds {count} tokens, more than {capacity}"),
+        ));
+    }
+    let state_at = 12 + 4 * count;
+    let tokens = file.get(12..state_at).ok_or_else(|| invalid("truncated token list"))?;
+    let tokens = tokens
+        .chunks_exact(4)
+        .map(|chunk| i32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]));
+    Ok((tokens.collect(), &file[state_at..]))
+}
+
 impl Native {
     /// Restoring state leaves llama.cpp without outputs (see the module comment).
     fn forget_outputs(&mut self) {
@@ -306,6 +338,9 @@ impl PyLlamaContext {
 
     /// Restores a sequence state file into `dest_seq_id`; returns its tokens (at most
     /// `n_token_capacity`). No row has logits afterwards. `StateError` on failure.
+    ///
+    /// The file is parsed here and its state handed to `state_seq_set_data`: llama.cpp's own
+    /// file loader asserts (aborts) on some truncated files, its buffer loader reports them.
     fn state_seq_load_file(
         &self,
         py: Python<'_>,
@@ -317,17 +352,45 @@ impl PyLlamaContext {
         let capacity = check_capacity(n_token_capacity)?;
         self.run(py, |native| {
             let dest_seq_id = native.seq(dest_seq_id)?;
-            let mut tokens = Vec::new();
-            let read =
-                native.with_mut(|context| context.state_seq_load_file(&path, dest_seq_id, &mut tokens, capacity));
-            native.forget_outputs();
-            if read == 0 {
+            let file = std::fs::read(&path).map_err(|err| Error::state("SeqLoadFile", err.to_string()))?;
+            let (tokens, state) = parse_seq_state_file(&file, capacity)?;
+            // The in-memory form is the file's state behind llama.cpp's `io_magic` and a
+            // sequence id (which the reader skips).
+            let mut buffer = Vec::with_capacity(state.len() + 8);
+            buffer.extend_from_slice(&SEQ_STATE_IO_MAGIC.to_le_bytes());
+            buffer.extend_from_slice(&dest_seq_id.to_le_bytes());
+            buffer.extend_from_slice(state);
+            let read = native.set_seq_state_bytes(&buffer, dest_seq_id, 0)?;
+            if read != buffer.len() {
                 return Err(Error::state(
                     "SeqLoadFile",
-                    format!("llama.cpp could not restore {}", path.display()),
+                    "the sequence state file has trailing bytes",
                 ));
             }
-            Ok(to_ids(&tokens))
+            Ok(tokens)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(words: &[u32], state: &[u8]) -> Vec<u8> {
+        let mut bytes: Vec<u8> = words.iter().flat_map(|word| word.to_le_bytes()).collect();
+        bytes.extend_from_slice(state);
+        bytes
+    }
+
+    #[test]
+    fn parses_a_sequence_state_file() {
+        let magic = llama_cpp_sys_4::LLAMA_STATE_SEQ_MAGIC;
+        let version = llama_cpp_sys_4::LLAMA_STATE_SEQ_VERSION;
+        let good = file(&[magic, version, 2, 7, 9], b"state");
+        let (tokens, state) = parse_seq_state_file(&good, 8).unwrap();
+        assert_eq!((tokens, state), (vec![7, 9], &b"state"[..]));
+        assert!(parse_seq_state_file(&good, 1).is_err());
+        assert!(parse_seq_state_file(&good[..14], 8).is_err());
+        assert!(parse_seq_state_file(&file(&[magic, version + 1, 0], b""), 8).is_err());
     }
 }

@@ -1,0 +1,76 @@
+"""Threads: contexts sharing one model, and threads sharing one context, give the results of a
+single-threaded run (each sequence lives in its own KV stream, so its state is exact)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import llamactx
+
+STEPS = 50
+PROMPTS = [f"Thread {n} counts: one, two, three, four, five, six, seven, eight, nine, ten." for n in range(8)]
+
+
+def tokens_for(model: llamactx.LlamaModel, n: int) -> list[int]:
+    tokens = model.str_to_token(PROMPTS[n] * 4, False)
+    assert len(tokens) >= STEPS
+    return tokens[:STEPS]
+
+
+def decode_one_by_one(ctx: llamactx.LlamaContext, tokens: list[int], seq: int) -> None:
+    batch = llamactx.LlamaBatch(1)
+    for pos, token in enumerate(tokens):
+        batch.clear()
+        batch.add(token, pos, [seq], True)
+        ctx.decode(batch)
+
+
+def reference_state(model: llamactx.LlamaModel, tokens: list[int], n_ctx: int, n_seq_max: int, seq: int) -> bytes:
+    """The state of ``seq`` after decoding ``tokens`` alone, in a context of the same shape."""
+    with model.new_context(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=1) as ctx:
+        decode_one_by_one(ctx, tokens, seq)
+        return ctx.state_seq_get_data(seq)
+
+
+def run_threads(jobs: list[Callable[[], None]]) -> None:
+    errors: list[BaseException] = []
+
+    def guarded(job: Callable[[], None]) -> None:
+        try:
+            job()
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=guarded, args=(job,)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not any(thread.is_alive() for thread in threads), "a thread hung"
+    assert not errors, errors
+
+
+def test_eight_threads_on_four_contexts_sharing_one_model(model: llamactx.LlamaModel) -> None:
+    contexts = [model.new_context(n_ctx=512, n_seq_max=2, n_threads=1) for _ in range(4)]
+    work = [(contexts[n % 4], n // 4, tokens_for(model, n)) for n in range(8)]
+    run_threads([lambda c=c, s=s, t=t: decode_one_by_one(c, t, s) for c, s, t in work])
+    for n, (ctx, seq, tokens) in enumerate(work):
+        assert ctx.state_seq_get_data(seq) == reference_state(model, tokens, 512, 2, seq), f"thread {n}"
+    for ctx in contexts:
+        ctx.close()
+
+
+def test_four_threads_hammering_one_context(model: llamactx.LlamaModel) -> None:
+    ctx = model.new_context(n_ctx=1024, n_seq_max=4, n_threads=1)
+    work = [(seq, tokens_for(model, seq)) for seq in range(4)]
+
+    def hammer(seq: int, tokens: list[int]) -> None:
+        decode_one_by_one(ctx, tokens, seq)
+        assert ctx.kv_cache_seq_pos_max(seq) == STEPS - 1
+        assert model.detokenize(model.str_to_token(PROMPTS[seq], False)) == PROMPTS[seq]
+
+    run_threads([lambda s=s, t=t: hammer(s, t) for s, t in work])
+    for seq, tokens in work:
+        assert ctx.state_seq_get_data(seq) == reference_state(model, tokens, 1024, 4, seq), f"sequence {seq}"
+    ctx.close()
