@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/llamactx/target
 PROMPT ?= The capital of France is
 
-.PHONY: help demo test lint build model system-deps clean
+.PHONY: help demo test lint fuzz build model system-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -20,6 +20,9 @@ test: build model ## set up, then run the Rust unit tests, the Python tests and 
 	cargo test --release --lib
 	$(PY) -m pytest
 	$(PY) -m mypy.stubtest llamactx._llamactx --allowlist .mypy-stubtest-allowlist
+
+fuzz: build model ## the property-based API fuzzer with 20,000 examples (2,000 run in `make test`)
+	LLAMACTX_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/test_fuzz.py --timeout=7200
 
 lint: build ## rustfmt, clippy, ruff and mypy --strict
 	cargo fmt --check

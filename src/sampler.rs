@@ -4,11 +4,13 @@ use std::sync::{Arc, Mutex};
 
 use llama_cpp_4::model::LlamaModel;
 use llama_cpp_4::sampling::LlamaSampler;
+use llama_cpp_4::token::data::LlamaTokenData;
+use llama_cpp_4::token::data_array::LlamaTokenDataArray;
 use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 
 use crate::context::PyLlamaContext;
-use crate::errors::{shim_error, Error, Result};
+use crate::errors::{shim_error, Error, ExcClass, Result};
 use crate::model::PyLlamaModel;
 use crate::native::detached;
 use crate::token_data::PyLlamaTokenDataArray;
@@ -84,6 +86,21 @@ impl PyLlamaSampler {
         }
         Ok(LlamaToken::new(token))
     }
+}
+
+/// Whether `sampler` would rule `token` out now, tried on a copy (samplers have state).
+///
+/// A grammar that is not complete aborts the process (`GGML_ABORT`, not an exception) when it
+/// is made to accept an end-of-generation token; applied to candidates, it just masks the
+/// token. So end-of-generation tokens are tried on a clone before they are accepted.
+fn rejects(sampler: &LlamaSampler, token: LlamaToken) -> bool {
+    let mut probe = sampler.clone_sampler();
+    let mut candidates = LlamaTokenDataArray::new(vec![LlamaTokenData::new(token, 0.0, 0.0)], false);
+    candidates.apply_sampler(&mut probe);
+    candidates
+        .data
+        .first()
+        .is_none_or(|data| data.logit() == f32::NEG_INFINITY)
 }
 
 fn probability(name: &str, p: f32) -> Result<f32> {
@@ -362,7 +379,21 @@ impl PyLlamaSampler {
     /// Tells the sampler that `token` was chosen (updates penalties, grammar state, ...).
     fn accept(&self, py: Python<'_>, token: i32) -> PyResult<()> {
         let token = self.check_token(token)?;
-        self.with_sampler(py, |sampler| sampler.try_accept(token).map_err(shim_error))
+        let end_of_generation = self.models.iter().any(|model| model.is_eog_token(token));
+        self.with_sampler(py, |sampler| {
+            if end_of_generation && rejects(sampler, token) {
+                return Err(Error::Llama {
+                    class: ExcClass::ShimError,
+                    kind: "Failed".to_owned(),
+                    code: None,
+                    message: format!(
+                        "the grammar does not accept the end-of-generation token {} here",
+                        token.0
+                    ),
+                });
+            }
+            sampler.try_accept(token).map_err(shim_error)
+        })
     }
 
     /// Forgets what was accepted so far.

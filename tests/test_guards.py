@@ -51,6 +51,10 @@ CASES = {
         SETUP + "batch.add_sequence([1, 2, 3, 4], 0, False); ctx.decode(batch); ctx.copy_cache(0, 1, 2)",
         "ValueError",
     ),
+    "end-of-generation accepted by an unfinished grammar": (
+        "llamactx.LlamaSampler.grammar(model, 'root ::= \"a\"').accept(model.token_eos())",
+        "ShimError",
+    ),
     "grammar accept past the vocabulary": (
         "llamactx.LlamaSampler.grammar(model, 'root ::= \"a\"').accept(model.n_vocab())",
         "ValueError",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,22 +29,23 @@ def _sampler(arguments: argparse.Namespace) -> LlamaSampler:
 
 def _generate(arguments: argparse.Namespace) -> int:
     model = LlamaModel.load_from_file(_model_path(arguments))
-    ctx = model.new_context(n_ctx=arguments.n_ctx, n_threads=arguments.threads, n_threads_batch=arguments.threads)
-    started = time.perf_counter()
-    first_piece_at = None
-    pieces = 0
+    threads = arguments.threads
+    ctx = model.new_context(
+        n_ctx=arguments.n_ctx, n_threads=threads, n_threads_batch=threads, no_perf=not arguments.stats
+    )
     for piece in stream(ctx, arguments.prompt, max_tokens=arguments.max_tokens, sampler=_sampler(arguments)):
-        if first_piece_at is None:
-            first_piece_at = time.perf_counter()
-        pieces += 1
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    if arguments.stats and first_piece_at is not None:
-        elapsed = time.perf_counter() - first_piece_at
-        rate = (pieces - 1) / elapsed if elapsed > 0 and pieces > 1 else float("nan")
-        prompt_s = first_piece_at - started
-        print(f"llamactx: first text after {prompt_s:.3f} s, then {rate:.1f} pieces/s", file=sys.stderr)
+    if arguments.stats:
+        timings = ctx.timings()
+        prompt_rate = 1000 * timings.n_p_eval / timings.t_p_eval_ms if timings.t_p_eval_ms else float("nan")
+        rate = 1000 * timings.n_eval / timings.t_eval_ms if timings.t_eval_ms else float("nan")
+        print(
+            f"llamactx: prompt {timings.n_p_eval} tokens at {prompt_rate:.1f} tokens/s, "
+            f"generation {timings.n_eval} tokens at {rate:.1f} tokens/s",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -63,7 +63,8 @@ impl Native {
             return Ok(());
         }
         let size = i64::from(self.with(|context| context.n_ctx_seq()));
-        let partial = |p: i64| p > 0 && p + 1 < size;
+        // llama.cpp computes `p + 1` in 32 bits: `i32::MAX` wraps negative and counts as partial.
+        let partial = |p: i64| p > 0 && (p + 1 < size || p >= i64::from(i32::MAX));
         if partial(p0) || partial(p1) {
             return Err(Error::value(
                 "with a KV stream per sequence (kv_unified=False) only whole sequences can be copied: \

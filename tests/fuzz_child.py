@@ -1,0 +1,143 @@
+"""Property-based fuzzing of the API: random programs of calls with random and hostile
+arguments against one context on the real model. Runs as a child process (see test_fuzz.py):
+every call is printed before it runs, so if llama.cpp crashes the process, the parent reports
+the call. A call may return or raise one of the documented exceptions; anything else (a panic,
+an internal error, a crash) fails.
+
+    python tests/fuzz_child.py MODEL_PATH EXAMPLES
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import llamactx
+
+ALLOWED = (llamactx.LlamaCppError, ValueError, IndexError, TypeError, OverflowError, FileNotFoundError)
+N_SEQ = 3
+
+model = llamactx.LlamaModel.load_from_file(sys.argv[1])
+N_VOCAB = model.n_vocab()
+ctx = model.new_context(n_ctx=256, n_batch=32, n_ubatch=16, n_seq_max=N_SEQ, n_threads=2)
+batches = [llamactx.LlamaBatch(32, 2), llamactx.LlamaBatch(4, 1)]
+
+hostile_ints = st.sampled_from([-(2**63), -(2**31) - 1, -(2**31), -2, -1, 2**31 - 1, 2**31, 2**32, 2**40, 2**63 - 1])
+small_ints = st.integers(-3, 40)
+ints = st.one_of(small_ints, small_ints, hostile_ints)
+tokens = st.one_of(st.integers(0, N_VOCAB - 1), st.integers(0, N_VOCAB - 1), ints, st.just(N_VOCAB))
+seqs = st.one_of(st.integers(0, N_SEQ), ints)
+positions = st.one_of(st.none(), small_ints, hostile_ints)
+token_lists = st.lists(tokens, max_size=12)
+blobs = st.one_of(st.binary(max_size=64), st.just(b""))
+
+
+def reset() -> None:
+    """Back to a plain context between examples (hostile calls may have changed settings)."""
+    ctx.set_embeddings(False)
+    ctx.set_causal_attn(True)
+    ctx.set_warmup(False)
+    ctx.set_abort_callback(None)
+    ctx.set_n_threads(2, 2)
+    ctx.detach_threadpool()
+    ctx.set_adapter_cvec(None, model.n_embd(), 0, 0)
+    for seq in range(N_SEQ):
+        ctx.set_sampler(seq, None)
+    ctx.clear_kv_cache()
+    for batch in batches:
+        batch.clear()
+
+
+def state_blob(mutation: int) -> bytes:
+    data = ctx.state_get_data()
+    return data[: mutation % (len(data) + 1)]
+
+
+OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = {
+    "batch.add": (
+        lambda b, t, p, s, logits: batches[b].add(t, p, s, logits),
+        st.tuples(st.integers(0, 1), tokens, ints, st.lists(seqs, max_size=3), st.booleans()),
+    ),
+    "batch.add_sequence": (
+        lambda b, ts, s, logits: batches[b].add_sequence(ts, s, logits),
+        st.tuples(st.integers(0, 1), token_lists, seqs, st.booleans()),
+    ),
+    "batch.clear": (lambda b: batches[b].clear(), st.tuples(st.integers(0, 1))),
+    "decode": (lambda b: ctx.decode(batches[b]), st.tuples(st.integers(0, 1))),
+    "encode": (lambda b: ctx.encode(batches[b]), st.tuples(st.integers(0, 1))),
+    "get_logits": (lambda: ctx.get_logits(), st.tuples()),
+    "get_logits_ith": (lambda i: ctx.get_logits_ith(i), st.tuples(ints)),
+    "candidates_ith": (lambda i: ctx.candidates_ith(i), st.tuples(ints)),
+    "embeddings_ith": (lambda i: ctx.embeddings_ith(i), st.tuples(ints)),
+    "embeddings_seq_ith": (lambda i: ctx.embeddings_seq_ith(i), st.tuples(seqs)),
+    "get_embeddings": (lambda: ctx.get_embeddings(), st.tuples()),
+    "get_sampled_token_ith": (lambda i: ctx.get_sampled_token_ith(i), st.tuples(ints)),
+    "get_sampled_logits_ith": (lambda i: ctx.get_sampled_logits_ith(i), st.tuples(ints)),
+    "clear_kv_cache_seq": (
+        lambda s, a, b: ctx.clear_kv_cache_seq(s, a, b),
+        st.tuples(st.none() | seqs, positions, positions),
+    ),
+    "copy_kv_cache_seq": (
+        lambda s, d, a, b: ctx.copy_kv_cache_seq(s, d, a, b),
+        st.tuples(seqs, seqs, positions, positions),
+    ),
+    "copy_cache": (lambda s, d, n: ctx.copy_cache(s, d, n), st.tuples(seqs, seqs, ints)),
+    "seq_keep": (lambda s: ctx.llama_kv_cache_seq_keep(s), st.tuples(seqs)),
+    "seq_add": (lambda s, a, b, d: ctx.kv_cache_seq_add(s, a, b, d), st.tuples(seqs, positions, positions, small_ints)),
+    "seq_div": (lambda s, a, b, d: ctx.kv_cache_seq_div(s, a, b, d), st.tuples(seqs, positions, positions, ints)),
+    "pos_max": (lambda s: ctx.kv_cache_seq_pos_max(s), st.tuples(seqs)),
+    "pos_min": (lambda s: ctx.memory_seq_pos_min(s), st.tuples(seqs)),
+    "state_roundtrip": (lambda m: ctx.state_set_data(state_blob(m)), st.tuples(st.integers(0, 10**7))),
+    "state_set_junk": (lambda data: ctx.state_set_data(data), st.tuples(blobs)),
+    "seq_state_set_junk": (lambda data, s: ctx.state_seq_set_data(data, s), st.tuples(blobs, seqs)),
+    "seq_state_move": (
+        lambda s, d, f: ctx.state_seq_set_data_ext(ctx.state_seq_get_data_ext(s, f), d, f),
+        st.tuples(seqs, seqs, st.integers(-1, 3)),
+    ),
+    "sample": (lambda i: llamactx.LlamaSampler.greedy().sample(ctx, i), st.tuples(ints)),
+    "grammar_accept": (
+        lambda t: llamactx.LlamaSampler.grammar(model, 'root ::= "a"').accept(t),
+        st.tuples(tokens),
+    ),
+    "set_sampler": (lambda s: ctx.set_sampler(s, llamactx.LlamaSampler.greedy()), st.tuples(seqs)),
+    "token_to_str": (lambda t: model.token_to_str(t), st.tuples(tokens)),
+    "detokenize": (lambda ts: model.detokenize(ts), st.tuples(token_lists)),
+    "str_to_token": (lambda text, bos: model.str_to_token(text, bos), st.tuples(st.text(max_size=20), st.booleans())),
+    "set_causal_attn": (lambda b: ctx.set_causal_attn(b), st.tuples(st.booleans())),
+    "set_embeddings": (lambda b: ctx.set_embeddings(b), st.tuples(st.booleans())),
+    "set_n_threads": (lambda a, b: ctx.set_n_threads(a, b), st.tuples(st.integers(-1, 3), st.integers(-1, 3))),
+    "set_warmup": (lambda b: ctx.set_warmup(b), st.tuples(st.booleans())),
+    "cvec": (
+        lambda n, e, a, b: ctx.set_adapter_cvec([0.01] * n, e, a, b),
+        st.tuples(st.integers(0, 600), st.sampled_from([model.n_embd(), 1, -1]), small_ints, small_ints),
+    ),
+    "abort_callback": (lambda flag: ctx.set_abort_callback(lambda: flag), st.tuples(st.booleans())),
+}
+
+calls = st.lists(st.sampled_from(sorted(OPS)).flatmap(lambda name: st.tuples(st.just(name), OPS[name][1])), max_size=8)
+
+
+@settings(
+    max_examples=int(sys.argv[2]),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(calls)
+def test_program(program: list[tuple[str, tuple[Any, ...]]]) -> None:
+    reset()
+    for name, args in program:
+        print("CALL", name, args, flush=True)
+        with contextlib.suppress(*ALLOWED):
+            OPS[name][0](*args)
+
+
+if __name__ == "__main__":
+    test_program()
+    print("FUZZ DONE", flush=True)

@@ -1,0 +1,28 @@
+"""Random programs of API calls with hostile arguments find no crash, panic or undocumented
+exception. The examples run in a child process (tests/fuzz_child.py): a crash fails this test
+and names the call that caused it. ``make fuzz`` runs more examples."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = int(os.environ.get("LLAMACTX_FUZZ_EXAMPLES", "2000"))
+CHILD = Path(__file__).with_name("fuzz_child.py")
+
+
+def test_random_api_programs_never_crash(model_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(CHILD), str(model_path), str(EXAMPLES)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    calls = [line for line in result.stdout.splitlines() if line.startswith("CALL ")]
+    tail = "\n".join(calls[-8:])
+    assert result.returncode == 0, f"exit {result.returncode} after:\n{tail}\n{result.stderr[-3000:]}"
+    assert "FUZZ DONE" in result.stdout
+    assert len(calls) > EXAMPLES, "the programs made too few calls to mean anything"
