@@ -14,7 +14,7 @@ EXAMPLES = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTAL
 @pytest.mark.parametrize("code", EXAMPLES)
 def test_readme_example_runs(code: str, capsys: pytest.CaptureFixture[str]) -> None:
     exec(compile(code, str(README), "exec"), {})
-    assert " Paris" in capsys.readouterr().out
+    assert "Paris" in capsys.readouterr().out
 
 
 def test_readme_has_python_examples() -> None:

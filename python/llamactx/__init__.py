@@ -41,12 +41,15 @@ from llamactx._llamactx import (
     TokenToStringError,
     __version__,
 )
-from llamactx.generate import generate, stream
+from llamactx.chat import ChatSession, chat
+from llamactx.embed import embed
+from llamactx.generate import generate, generate_batch, stream
 from llamactx.models import default_model_path
 
 __all__ = [
     "ApplyChatTemplateError",
     "BatchAddError",
+    "ChatSession",
     "ChatTemplateError",
     "DecodeAborted",
     "DecodeError",
@@ -81,7 +84,10 @@ __all__ = [
     "ThreadPool",
     "TokenToStringError",
     "__version__",
+    "chat",
     "default_model_path",
+    "embed",
     "generate",
+    "generate_batch",
     "stream",
 ]

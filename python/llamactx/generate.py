@@ -1,13 +1,14 @@
-"""Text generation on one sequence of a context: ``stream`` yields text as it is decoded."""
+"""Text generation: ``stream``/``generate`` on one sequence of a context, ``generate_batch`` on
+many sequences of one context at once."""
 
 from __future__ import annotations
 
 import codecs
 from collections.abc import Iterator, Sequence
 
-from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaSampler
+from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 
-__all__ = ["generate", "stream"]
+__all__ = ["generate", "generate_batch", "stream"]
 
 
 def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int]) -> list[int]:
@@ -15,6 +16,23 @@ def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int]) -> list[int]:
         model = ctx.model
         return model.str_to_token(prompt, model.add_bos_token())
     return [int(token) for token in prompt]
+
+
+class _TextDecoder:
+    """Token bytes to text, never cutting a UTF-8 character, holding back possible stop strings."""
+
+    def __init__(self, model: LlamaModel, stop: Sequence[str]) -> None:
+        self._model = model
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = _StopFilter(stop)
+
+    def push(self, token: int) -> tuple[str, bool]:
+        """The text now safe to emit after ``token``, and whether a stop string was reached."""
+        return self._stops.push(self._utf8.decode(self._model.token_to_bytes(token, False)))
+
+    def finish(self) -> str:
+        tail, stopped = self._stops.push(self._utf8.decode(b"", final=True))
+        return tail if stopped else tail + self._stops.flush()
 
 
 class _StopFilter:
@@ -49,6 +67,53 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
+def prefill(ctx: LlamaContext, tokens: Sequence[int], seq_id: int, start: int = 0) -> None:
+    """Decodes ``tokens[start:]`` into ``seq_id`` at their positions, in chunks of ``n_batch``,
+    with logits for the last token only."""
+    n_batch = ctx.n_batch()
+    batch = LlamaBatch(max(n_batch, 1))
+    for chunk_start in range(start, len(tokens), n_batch):
+        batch.clear()
+        for pos in range(chunk_start, min(chunk_start + n_batch, len(tokens))):
+            batch.add(tokens[pos], pos, [seq_id], pos == len(tokens) - 1)
+        ctx.decode(batch)
+
+
+def continue_sequence(
+    ctx: LlamaContext,
+    history: list[int],
+    *,
+    max_tokens: int,
+    sampler: LlamaSampler,
+    stop: Sequence[str] = (),
+    seq_id: int = 0,
+) -> Iterator[str]:
+    """Generates after ``history``, whose tokens ``seq_id`` already holds, the last with logits.
+    Each token decoded is appended to ``history``, which so keeps mirroring the KV cache."""
+    model = ctx.model
+    n_ctx = ctx.n_ctx_seq()
+    text = _TextDecoder(model, stop)
+    batch = LlamaBatch(1)
+    for _ in range(max_tokens):
+        token = sampler.sample(ctx, -1)  # also accepts the token into the sampler's state
+        if model.is_eog_token(token):
+            break
+        piece, stopped = text.push(token)
+        if piece:
+            yield piece
+        if stopped:
+            return
+        if len(history) >= n_ctx:
+            break
+        batch.clear()
+        batch.add(token, len(history), [seq_id], True)
+        ctx.decode(batch)
+        history.append(token)
+    tail = text.finish()
+    if tail:
+        yield tail
+
+
 def stream(
     ctx: LlamaContext,
     prompt: str | Sequence[int],
@@ -67,49 +132,16 @@ def stream(
     """
     if max_tokens < 0:
         raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-    model = ctx.model
     tokens = _prompt_tokens(ctx, prompt)
     if not tokens:
         raise ValueError("the prompt has no tokens")
     n_ctx = ctx.n_ctx_seq()
     if len(tokens) >= n_ctx:
         raise ValueError(f"the prompt has {len(tokens)} tokens; the context holds {n_ctx} per sequence")
-    sampler = sampler if sampler is not None else LlamaSampler.greedy()
     ctx.clear_kv_cache_seq(seq_id)
-
-    n_batch = ctx.n_batch()
-    batch = LlamaBatch(max(n_batch, 1))
-    for start in range(0, len(tokens), n_batch):
-        chunk = tokens[start : start + n_batch]
-        batch.clear()
-        for offset, token in enumerate(chunk):
-            pos = start + offset
-            batch.add(token, pos, [seq_id], pos == len(tokens) - 1)
-        ctx.decode(batch)
-
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    stops = _StopFilter(stop)
-    pos = len(tokens)
-    for _ in range(max_tokens):
-        token = sampler.sample(ctx, -1)  # also accepts the token into the sampler's state
-        if model.is_eog_token(token):
-            break
-        text, stopped = stops.push(decoder.decode(model.token_to_bytes(token, False)))
-        if text:
-            yield text
-        if stopped:
-            return
-        if pos >= n_ctx:
-            break
-        batch.clear()
-        batch.add(token, pos, [seq_id], True)
-        ctx.decode(batch)
-        pos += 1
-    tail, stopped = stops.push(decoder.decode(b"", final=True))
-    if not stopped:
-        tail += stops.flush()
-    if tail:
-        yield tail
+    prefill(ctx, tokens, seq_id)
+    sampler = sampler if sampler is not None else LlamaSampler.greedy()
+    yield from continue_sequence(ctx, tokens, max_tokens=max_tokens, sampler=sampler, stop=stop, seq_id=seq_id)
 
 
 def generate(
@@ -123,3 +155,141 @@ def generate(
 ) -> str:
     """The whole text ``stream`` yields for the same arguments (greedy when ``sampler`` is None)."""
     return "".join(stream(ctx, prompt, max_tokens=max_tokens, sampler=sampler, stop=stop, seq_id=seq_id))
+
+
+class _Sequence:
+    """One prompt of ``generate_batch`` while it generates."""
+
+    def __init__(self, seq_id: int, tokens: list[int], sampler: LlamaSampler, text: _TextDecoder) -> None:
+        self.seq_id = seq_id
+        self.tokens = tokens
+        self.sampler = sampler
+        self.text = text
+        self.pieces: list[str] = []
+        self.generated = 0
+
+
+def _common_prefix(token_lists: Sequence[list[int]]) -> int:
+    shortest = min(len(tokens) for tokens in token_lists)
+    n = 0
+    while n < shortest and all(tokens[n] == token_lists[0][n] for tokens in token_lists):
+        n += 1
+    return n
+
+
+def _decode_prompts(ctx: LlamaContext, group: list[_Sequence]) -> dict[int, int]:
+    """Decodes the prompts of ``group`` (a shared prefix once, copied to the others) and samples
+    each sequence's first token as soon as the decode holding its last prompt token is done.
+    Returns the first sampled token of each sequence."""
+    n_batch = ctx.n_batch()
+    prefix = _common_prefix([s.tokens for s in group]) if len(group) > 1 else 0
+    prefix = min(prefix, min(len(s.tokens) for s in group) - 1)  # each keeps a token to sample from
+    pending: list[tuple[_Sequence, int, int]] = []  # (sequence, position, token) left to decode
+    if prefix > 0:
+        leader = group[0]
+        for start in range(0, prefix, n_batch):
+            batch = LlamaBatch(n_batch)
+            for pos in range(start, min(start + n_batch, prefix)):
+                batch.add(leader.tokens[pos], pos, [leader.seq_id], False)
+            ctx.decode(batch)
+        for follower in group[1:]:
+            ctx.copy_kv_cache_seq(leader.seq_id, follower.seq_id)
+    for sequence in group:
+        pending += [(sequence, pos, sequence.tokens[pos]) for pos in range(prefix, len(sequence.tokens))]
+    first: dict[int, int] = {}
+    for start in range(0, len(pending), n_batch):
+        chunk = pending[start : start + n_batch]
+        batch = LlamaBatch(len(chunk), 1)
+        rows: list[tuple[_Sequence, int]] = []
+        for row, (sequence, pos, token) in enumerate(chunk):
+            last = pos == len(sequence.tokens) - 1
+            batch.add(token, pos, [sequence.seq_id], last)
+            if last:
+                rows.append((sequence, row))
+        ctx.decode(batch)
+        for sequence, row in rows:
+            first[sequence.seq_id] = sequence.sampler.sample(ctx, row)
+    return first
+
+
+def _take(sequence: _Sequence, token: int, model: LlamaModel, max_tokens: int, n_ctx: int) -> bool:
+    """Adds a sampled token to ``sequence`` as ``stream`` would; False once it is finished."""
+    sequence.generated += 1
+    if model.is_eog_token(token):
+        sequence.pieces.append(sequence.text.finish())
+        return False
+    piece, stopped = sequence.text.push(token)
+    sequence.pieces.append(piece)
+    if stopped:
+        return False
+    if sequence.generated >= max_tokens or len(sequence.tokens) >= n_ctx:
+        sequence.pieces.append(sequence.text.finish())
+        return False
+    sequence.tokens.append(token)
+    return True
+
+
+def _generate_group(ctx: LlamaContext, group: list[_Sequence], max_tokens: int) -> None:
+    if max_tokens == 0:
+        return
+    model = ctx.model
+    n_ctx = ctx.n_ctx_seq()
+    ctx.clear_kv_cache()
+    next_token = _decode_prompts(ctx, group)
+    live = group
+    while live:
+        running = [s for s in live if _take(s, next_token[s.seq_id], model, max_tokens, n_ctx)]
+        for finished in live:
+            if finished not in running:
+                ctx.clear_kv_cache_seq(finished.seq_id)  # frees its cells for the others
+        live = running
+        if not live:
+            break
+        batch = LlamaBatch(len(live), 1)
+        for sequence in live:
+            batch.add(sequence.tokens[-1], len(sequence.tokens) - 1, [sequence.seq_id], True)
+        ctx.decode(batch)
+        next_token = {s.seq_id: s.sampler.sample(ctx, row) for row, s in enumerate(live)}
+
+
+def generate_batch(
+    ctx: LlamaContext,
+    prompts: Sequence[str | Sequence[int]],
+    *,
+    max_tokens: int = 128,
+    sampler: LlamaSampler | None = None,
+    stop: Sequence[str] = (),
+) -> list[str]:
+    """Generates after every prompt at once, each in its own sequence of ``ctx``: one decode per
+    step for all sequences still running. A prompt prefix common to all is decoded once and
+    copied to the other sequences. Finished sequences leave the batch and free their KV cells.
+
+    Up to ``ctx.n_seq_max()`` prompts run together (more are done in groups). Each sequence
+    samples with its own copy of ``sampler`` (greedy when None). The whole KV cache of ``ctx``
+    is cleared. With greedy sampling the results equal ``generate`` called on each prompt.
+    """
+    if max_tokens < 0:
+        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+    model = ctx.model
+    token_lists = [_prompt_tokens(ctx, prompt) for prompt in prompts]
+    n_ctx = ctx.n_ctx_seq()
+    for tokens in token_lists:
+        if not tokens:
+            raise ValueError("a prompt has no tokens")
+        if len(tokens) >= n_ctx:
+            raise ValueError(f"a prompt has {len(tokens)} tokens; the context holds {n_ctx} per sequence")
+    results: list[str] = []
+    n_seq = ctx.n_seq_max()
+    for start in range(0, len(token_lists), n_seq):
+        group = [
+            _Sequence(
+                seq_id,
+                list(tokens),
+                LlamaSampler.greedy() if sampler is None else LlamaSampler.chain([sampler]),
+                _TextDecoder(model, stop),
+            )
+            for seq_id, tokens in enumerate(token_lists[start : start + n_seq])
+        ]
+        _generate_group(ctx, group, max_tokens)
+        results += ["".join(s.pieces) for s in group]
+    return results

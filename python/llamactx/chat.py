@@ -1,0 +1,60 @@
+"""Chat with the model's own chat template."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+from llamactx._llamactx import LlamaContext, LlamaSampler
+from llamactx.generate import continue_sequence, generate, prefill
+
+__all__ = ["ChatSession", "chat"]
+
+Message = Mapping[str, str] | tuple[str, str]
+
+
+def chat(
+    ctx: LlamaContext,
+    messages: Sequence[Message],
+    *,
+    max_tokens: int = 256,
+    sampler: LlamaSampler | None = None,
+    stop: Sequence[str] = (),
+    seq_id: int = 0,
+) -> str:
+    """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts or pairs), formatted
+    with the model's chat template; greedy when ``sampler`` is None."""
+    prompt = ctx.model.apply_chat_template(messages, None, True)
+    return generate(ctx, prompt, max_tokens=max_tokens, sampler=sampler, stop=stop, seq_id=seq_id)
+
+
+class ChatSession:
+    """A conversation whose history stays in the KV cache of sequence 0 between turns: each
+    turn decodes only the tokens that follow what the cache already holds."""
+
+    def __init__(self, ctx: LlamaContext, *, system: str | None = None, max_tokens: int = 256) -> None:
+        self.ctx = ctx
+        self.max_tokens = max_tokens
+        self.messages: list[tuple[str, str]] = [("system", system)] if system else []
+        self._cached: list[int] = []
+
+    def send(self, text: str, sampler: LlamaSampler | None = None) -> Iterator[str]:
+        """Adds the user's ``text`` and yields the reply as it is generated (greedy when
+        ``sampler`` is None)."""
+        model = self.ctx.model
+        self.messages.append(("user", text))
+        tokens = model.str_to_token(model.apply_chat_template(self.messages, None, True), False)
+        if len(tokens) >= self.ctx.n_ctx_seq():
+            raise ValueError("the conversation no longer fits the context")
+        keep = 0
+        while keep < min(len(tokens), len(self._cached)) - 1 and tokens[keep] == self._cached[keep]:
+            keep += 1
+        self.ctx.clear_kv_cache_seq(0, keep, None)
+        prefill(self.ctx, tokens, 0, start=keep)
+        self._cached = tokens
+        reply = []
+        for piece in continue_sequence(
+            self.ctx, self._cached, max_tokens=self.max_tokens, sampler=sampler or LlamaSampler.greedy()
+        ):
+            reply.append(piece)
+            yield piece
+        self.messages.append(("assistant", "".join(reply)))

@@ -1,0 +1,68 @@
+"""Sentence embeddings: many texts packed into few decodes, one sequence per text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from llamactx._enums import LlamaPoolingType
+from llamactx._llamactx import LlamaBatch, LlamaContext
+
+__all__ = ["embed"]
+
+
+def _pack(lengths: list[int], max_tokens: int, max_sequences: int) -> list[list[int]]:
+    """Groups text indices so each group fits one micro-batch and the context's sequences."""
+    groups: list[list[int]] = [[]]
+    used = 0
+    for index, length in enumerate(lengths):
+        if groups[-1] and (used + length > max_tokens or len(groups[-1]) == max_sequences):
+            groups.append([])
+            used = 0
+        groups[-1].append(index)
+        used += length
+    return groups
+
+
+def embed(ctx: LlamaContext, texts: Sequence[str], *, normalize: bool = True) -> npt.NDArray[np.float32]:
+    """Embeds ``texts``: a new float32 array of shape ``(len(texts), n_embd)``.
+
+    ``ctx`` must be made with ``embeddings=True``. With a pooling type (MEAN, CLS, LAST) the
+    model's pooled vector is used; without one (``LlamaPoolingType.NONE``) the token vectors
+    are averaged. Texts are packed several per decode, each in its own sequence, up to
+    ``n_ubatch`` tokens and ``n_seq_max`` sequences per decode (a text longer than ``n_ubatch``
+    raises ``ValueError``). The KV cache of ``ctx`` is cleared. ``normalize`` scales each row
+    to unit length.
+    """
+    model = ctx.model
+    pooled = ctx.pooling_type() not in (LlamaPoolingType.NONE, LlamaPoolingType.UNSPECIFIED)
+    token_lists = [model.str_to_token(text, True) for text in texts]
+    n_ubatch = ctx.n_ubatch()
+    for text, tokens in zip(texts, token_lists, strict=True):
+        if not tokens:
+            raise ValueError(f"text {text!r} has no tokens")
+        if len(tokens) > n_ubatch:
+            raise ValueError(f"a text has {len(tokens)} tokens, more than n_ubatch ({n_ubatch})")
+    out = np.empty((len(texts), model.n_embd()), dtype=np.float32)
+    for group in _pack([len(t) for t in token_lists], n_ubatch, ctx.n_seq_max()):
+        ctx.clear_kv_cache()
+        batch = LlamaBatch(sum(len(token_lists[i]) for i in group), 1)
+        rows: list[tuple[int, int, int]] = []  # (text, first row, end row)
+        for seq_id, index in enumerate(group):
+            first = batch.n_tokens()
+            for pos, token in enumerate(token_lists[index]):
+                batch.add(token, pos, [seq_id], True)
+            rows.append((index, first, batch.n_tokens()))
+        ctx.decode(batch)
+        for seq_id, (index, first, end) in enumerate(rows):
+            if pooled:
+                out[index] = ctx.embeddings_seq_ith(seq_id)
+            else:
+                out[index] = np.mean([ctx.embeddings_ith(row) for row in range(first, end)], axis=0)
+    ctx.clear_kv_cache()
+    if normalize:
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        out /= np.where(norms == 0, 1, norms)
+    return out
