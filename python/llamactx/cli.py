@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
