@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/llamactx/target
 PROMPT ?= The capital of France is
 
-.PHONY: help demo test lint fuzz build model system-deps clean
+.PHONY: help demo test lint fuzz bench build model system-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -23,6 +23,10 @@ test: build model ## set up, then run the Rust unit tests, the Python tests and 
 
 fuzz: build model ## the property-based API fuzzer with 20,000 examples (2,000 run in `make test`)
 	LLAMACTX_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/test_fuzz.py --timeout=7200
+
+bench: build model ## pp/tg and 8-sequence batched tokens/s, against llama-batched-bench from the same build
+	$(PY) benches/throughput.py
+	$(PY) benches/batched.py --batched-bench "$$(ls -d $(CARGO_TARGET_DIR)/llama-cmake-cache/*/build/bin | head -n 1)/llama-batched-bench"
 
 lint: build ## rustfmt, clippy, ruff and mypy --strict
 	cargo fmt --check
