@@ -43,3 +43,15 @@ def test_error_lines_reach_the_logger(ctx: llamactx.LlamaContext, caplog: pytest
     with caplog.at_level(logging.WARNING, logger="llamactx"), pytest.raises(llamactx.DecodeError):
         ctx.decode(llamactx.LlamaBatch(1))
     assert any(record.levelno == logging.ERROR and "n_tokens == 0" in record.getMessage() for record in caplog.records)
+
+
+def test_unconfigured_logging_prints_nothing(model_path: Path) -> None:
+    # n_ctx=300 with 2 sequences makes llama.cpp log a warning; the library's NullHandler keeps
+    # Python's "last resort" handler from printing it.
+    code = """
+    ctx = model.new_context(n_ctx=300, n_seq_max=2)
+    print("done")
+    """
+    result = run_isolated(model_path, code)
+    assert result.returncode == 0
+    assert result.stderr == ""

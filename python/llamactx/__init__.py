@@ -5,6 +5,8 @@ every crate error is a subclass of ``LlamaCppError``; logits come back as numpy 
 input can crash the interpreter: bad arguments raise exceptions.
 """
 
+import logging
+
 from llamactx._enums import LlamaAttentionType, LlamaFlashAttnType, LlamaPoolingType
 from llamactx._llamactx import (
     ApplyChatTemplateError,
@@ -45,6 +47,10 @@ from llamactx.chat import ChatSession, chat
 from llamactx.embed import embed
 from llamactx.generate import generate, generate_batch, stream
 from llamactx.models import default_model_path
+
+# A library's logger: silent unless the application configures logging (no "last resort"
+# printing of llama.cpp's warnings to stderr).
+logging.getLogger("llamactx").addHandler(logging.NullHandler())
 
 __all__ = [
     "ApplyChatTemplateError",
