@@ -11,11 +11,21 @@ from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSample
 __all__ = ["generate", "generate_batch", "stream"]
 
 
-def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int]) -> list[int]:
+def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int], max_tokens: int) -> list[int]:
+    """The prompt's tokens, checked to leave room in one sequence of ``ctx``."""
+    if max_tokens < 0:
+        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
     if isinstance(prompt, str):
         model = ctx.model
-        return model.str_to_token(prompt, model.add_bos_token())
-    return [int(token) for token in prompt]
+        tokens = model.str_to_token(prompt, model.add_bos_token())
+    else:
+        tokens = [int(token) for token in prompt]
+    if not tokens:
+        raise ValueError("the prompt has no tokens")
+    n_ctx = ctx.n_ctx_seq()
+    if len(tokens) >= n_ctx:
+        raise ValueError(f"the prompt has {len(tokens)} tokens; the context holds {n_ctx} per sequence")
+    return tokens
 
 
 class _TextDecoder:
@@ -130,14 +140,7 @@ def stream(
     ``max_tokens`` or when the sequence reaches the context size. Text is decoded
     incrementally as UTF-8: a character split across tokens is emitted once complete.
     """
-    if max_tokens < 0:
-        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-    tokens = _prompt_tokens(ctx, prompt)
-    if not tokens:
-        raise ValueError("the prompt has no tokens")
-    n_ctx = ctx.n_ctx_seq()
-    if len(tokens) >= n_ctx:
-        raise ValueError(f"the prompt has {len(tokens)} tokens; the context holds {n_ctx} per sequence")
+    tokens = _prompt_tokens(ctx, prompt, max_tokens)
     ctx.clear_kv_cache_seq(seq_id)
     prefill(ctx, tokens, seq_id)
     sampler = sampler if sampler is not None else LlamaSampler.greedy()
@@ -187,11 +190,7 @@ def _decode_prompts(ctx: LlamaContext, group: list[_Sequence]) -> dict[int, int]
     pending: list[tuple[_Sequence, int, int]] = []  # (sequence, position, token) left to decode
     if prefix > 0:
         leader = group[0]
-        for start in range(0, prefix, n_batch):
-            batch = LlamaBatch(n_batch)
-            for pos in range(start, min(start + n_batch, prefix)):
-                batch.add(leader.tokens[pos], pos, [leader.seq_id], False)
-            ctx.decode(batch)
+        prefill(ctx, leader.tokens[:prefix], leader.seq_id)
         for follower in group[1:]:
             ctx.copy_kv_cache_seq(leader.seq_id, follower.seq_id)
     for sequence in group:
@@ -268,16 +267,8 @@ def generate_batch(
     samples with its own copy of ``sampler`` (greedy when None). The whole KV cache of ``ctx``
     is cleared. With greedy sampling the results equal ``generate`` called on each prompt.
     """
-    if max_tokens < 0:
-        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
     model = ctx.model
-    token_lists = [_prompt_tokens(ctx, prompt) for prompt in prompts]
-    n_ctx = ctx.n_ctx_seq()
-    for tokens in token_lists:
-        if not tokens:
-            raise ValueError("a prompt has no tokens")
-        if len(tokens) >= n_ctx:
-            raise ValueError(f"a prompt has {len(tokens)} tokens; the context holds {n_ctx} per sequence")
+    token_lists = [_prompt_tokens(ctx, prompt, max_tokens) for prompt in prompts]
     results: list[str] = []
     n_seq = ctx.n_seq_max()
     for start in range(0, len(token_lists), n_seq):
