@@ -7,8 +7,9 @@ PY := $(VENV)/bin/python
 # Outside the checkout, so that fresh clones reuse the (long) llama.cpp build.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/llamactx/target
 PROMPT ?= The capital of France is
+WHEEL_VENV ?= .venv-wheel
 
-.PHONY: help demo test lint fuzz bench build model system-deps clean
+.PHONY: help demo test lint fuzz bench wheel test-wheel build model system-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -28,12 +29,25 @@ bench: build model ## pp/tg and 8-sequence batched tokens/s, against llama-batch
 	$(PY) benches/throughput.py
 	$(PY) benches/batched.py --batched-bench "$$(ls -d $(CARGO_TARGET_DIR)/llama-cmake-cache/*/build/bin | head -n 1)/llama-batched-bench"
 
+wheel: $(VENV)/.deps ## a release wheel in dist/ (abi3: one wheel for CPython 3.10 and later)
+	rm -rf dist
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/maturin build --release --quiet --out dist
+
+test-wheel: wheel model ## install the wheel into a bare venv (no Rust needed) and run the tests from it
+	rm -rf $(WHEEL_VENV)
+	python3 -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install --quiet dist/llamactx-*.whl pytest pytest-timeout hypothesis gguf
+	cd / && $(CURDIR)/$(WHEEL_VENV)/bin/python -c "import llamactx, sys; assert '$(WHEEL_VENV)/lib' in llamactx.__file__, llamactx.__file__"
+	$(WHEEL_VENV)/bin/python -m pytest
+
 lint: build ## rustfmt, clippy, ruff and mypy --strict
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
-	$(PY) -m ruff check python tests
-	$(PY) -m ruff format --check python tests
+	$(PY) -m ruff check python tests benches scripts
+	$(PY) -m ruff format --check python tests benches scripts
 	$(PY) -m mypy --strict python/llamactx
+	rm -rf .readme-examples && $(PY) scripts/readme_examples.py .readme-examples
+	$(PY) -m mypy --strict .readme-examples
 
 build: $(VENV)/.deps ## compile the extension into the virtual environment
 	$(VENV)/bin/maturin develop --release --quiet
@@ -50,5 +64,5 @@ $(VENV)/.deps: requirements-dev.txt | system-deps
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
-clean: ## remove the virtual environment (the cached build and model stay)
-	rm -rf $(VENV)
+clean: ## remove the virtual environments and wheels (the cached build and model stay)
+	rm -rf $(VENV) $(WHEEL_VENV) dist

@@ -105,6 +105,17 @@ impl PyLlamaLoraAdapter {
         self.adapter.try_lock().is_ok_and(|guard| guard.is_none())
     }
 
+    fn __repr__(&self) -> String {
+        let state = if self.closed() {
+            " (closed)"
+        } else if self.in_use() {
+            " (in use)"
+        } else {
+            ""
+        };
+        format!("<LlamaLoraAdapter{state}>")
+    }
+
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }

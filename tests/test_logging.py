@@ -55,3 +55,32 @@ def test_unconfigured_logging_prints_nothing(model_path: Path) -> None:
     result = run_isolated(model_path, code)
     assert result.returncode == 0
     assert result.stderr == ""
+
+
+def test_basic_config_debug_shows_llama_cpp_lines(model_path: Path) -> None:
+    code = """
+    import logging
+    logging.basicConfig(level=logging.DEBUG)
+    llamactx.LlamaModel.load_from_file(MODEL_PATH, vocab_only=True)
+    """
+    result = run_isolated(model_path, code)
+    assert result.returncode == 0
+    assert "DEBUG:llamactx:" in result.stderr or "INFO:llamactx:" in result.stderr
+    assert "general.architecture" in result.stderr
+
+
+def test_set_verbose_switches_the_log_on_and_off(model_path: Path) -> None:
+    code = """
+    llamactx.set_verbose(True)
+    llamactx.LlamaModel.load_from_file(MODEL_PATH, vocab_only=True)
+    print("---", flush=True)
+    import sys
+    sys.stderr.write("MARK")
+    llamactx.set_verbose(False)
+    llamactx.LlamaModel.load_from_file(MODEL_PATH, vocab_only=True)
+    """
+    result = run_isolated(model_path, code)
+    assert result.returncode == 0
+    before, _, after = result.stderr.partition("MARK")
+    assert "llamactx INFO:" in before
+    assert after.strip() == ""

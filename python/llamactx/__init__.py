@@ -43,6 +43,7 @@ from llamactx._llamactx import (
     TokenToStringError,
     __version__,
 )
+from llamactx._logging import set_verbose
 from llamactx.chat import ChatSession, chat
 from llamactx.embed import embed
 from llamactx.generate import generate, generate_batch, stream
@@ -95,5 +96,6 @@ __all__ = [
     "embed",
     "generate",
     "generate_batch",
+    "set_verbose",
     "stream",
 ]
