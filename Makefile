@@ -25,9 +25,9 @@ test: build model ## set up, then run the Rust unit tests, the Python tests and 
 fuzz: build model ## the property-based API fuzzer with 20,000 examples (2,000 run in `make test`)
 	LLAMACTX_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/test_fuzz.py --timeout=7200
 
-bench: build model ## pp/tg and 8-sequence batched tokens/s, against llama-batched-bench from the same build
-	$(PY) benches/throughput.py
-	$(PY) benches/batched.py --batched-bench "$$(ls -d $(CARGO_TARGET_DIR)/llama-cmake-cache/*/build/bin | head -n 1)/llama-batched-bench"
+bench: build model ## llamactx vs llama-bench/llama-batched-bench built once from the same llama.cpp source; JSON+PNG in bench-results/
+	$(PY) -m pip install --quiet matplotlib
+	$(PY) benches/compare.py --bin "$$(scripts/build-llama-bench.sh)"
 
 wheel: $(VENV)/.deps ## a release wheel in dist/ (abi3: one wheel for CPython 3.10 and later)
 	rm -rf dist

@@ -91,6 +91,7 @@ def saved(model: llamactx.LlamaModel, tmp_path_factory: pytest.TempPathFactory) 
         }
 
 
+@pytest.mark.timeout(1000)
 def test_corrupted_files_raise_and_the_process_survives(
     model_path: Path, saved: dict[str, bytes], tmp_path: Path
 ) -> None:

@@ -9,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = int(os.environ.get("LLAMACTX_FUZZ_EXAMPLES", "2000"))
 CHILD = Path(__file__).with_name("fuzz_child.py")
 
 
+@pytest.mark.timeout(3700)
 def test_random_api_programs_never_crash(model_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(CHILD), str(model_path), str(EXAMPLES)],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from conftest import run_isolated
 
 SCRIPT = """
@@ -32,6 +34,7 @@ print("GROWTH", rss_mb() - before)
 """
 
 
+@pytest.mark.timeout(700)
 def test_500_context_cycles_grow_rss_by_less_than_20_mb(model_path: Path) -> None:
     result = run_isolated(model_path, SCRIPT, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]

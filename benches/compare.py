@@ -1,0 +1,126 @@
+"""llamactx against llama.cpp's own llama-bench and llama-batched-bench, built from the same
+llama.cpp source, alternating in one run on one machine. Prints and writes (JSON, PNG) medians
+and ratios.
+
+    python benches/compare.py --bin DIR_WITH_LLAMA_BENCH [--rounds 5] [--threads 2] [--out bench-results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import timeit
+from pathlib import Path
+
+from batched import SEQUENCES, batched_bench, high_level, low_level, no_eog_sampler, prompts
+
+import llamactx
+from llamactx.bench import generation_speed, prompt_speed
+
+PP, TG = 512, 128
+
+
+def llama_bench(binary: Path, model: str, threads: int, flash_attn: int) -> dict[str, float]:
+    command = [str(binary), "-m", model, "-t", str(threads), "-p", str(PP), "-n", str(TG), "-r", "1"]
+    command += ["-fa", str(flash_attn), "-o", "json"]
+    rows = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    return {("pp" if row["n_prompt"] else "tg"): float(row["avg_ts"]) for row in rows}
+
+
+def chart(medians: dict[str, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(medians)
+    figure, axis = plt.subplots(figsize=(10, 4.5))
+    axis.barh(names, [medians[n] for n in names], color=["#4477aa" if "llamactx" in n else "#bbbbbb" for n in names])
+    axis.set_xlabel("tokens/s (median)")
+    axis.set_title("SmolLM2-135M Q4_1, 2 threads: llamactx vs llama.cpp's own tools")
+    for y, name in enumerate(names):
+        axis.text(medians[name], y, f" {medians[name]:.0f}", va="center")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", type=Path, required=True, help="directory with llama-bench, llama-batched-bench")
+    parser.add_argument("--model")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    arguments = parser.parse_args()
+    path = str(arguments.model or llamactx.default_model_path())
+    model = llamactx.LlamaModel.load_from_file(path)
+    threads = arguments.threads
+
+    # llama-bench's defaults: flash attention off, n_batch 2048, n_ubatch 512.
+    matched = model.new_context(
+        n_ctx=PP + TG, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads, flash_attn_type=0
+    )
+    default = model.new_context(n_ctx=PP + TG)  # what `new_context()` gives a user
+    batched_ctx = model.new_context(
+        n_ctx=2048, n_batch=2048, n_ubatch=512, n_seq_max=SEQUENCES, n_threads=threads, n_threads_batch=threads
+    )
+    token_lists, sampler = prompts(model), no_eog_sampler(model)
+    token = model.token_bos()
+    prompt_speed(matched, 16, token)
+    runs: dict[str, list[float]] = {}
+
+    def record(name: str, value: float) -> None:
+        runs.setdefault(name, []).append(value)
+
+    for _ in range(arguments.rounds):
+        bench = llama_bench(arguments.bin / "llama-bench", path, threads, 0)
+        record("pp512 llama-bench", bench["pp"])
+        record("pp512 llamactx", prompt_speed(matched, PP, token))
+        record("tg128 llama-bench", bench["tg"])
+        record("tg128 llamactx", generation_speed(matched, TG, token))
+        record("tg128 llamactx (defaults)", generation_speed(default, TG, token))
+        record(
+            "batched 8x llama-batched-bench",
+            batched_bench(str(arguments.bin / "llama-batched-bench"), path, threads, SEQUENCES),
+        )
+        record("batched 8x llamactx low-level", low_level(batched_ctx, token_lists))
+        record("batched 8x llamactx generate_batch", high_level(batched_ctx, token_lists, sampler))
+    medians = {name: statistics.median(values) for name, values in runs.items()}
+    decoded = [matched.get_logits_ith(-1)]
+    overhead_us = (
+        1e6 * min(timeit.repeat(lambda: decoded.append(matched.get_logits_ith(-1)), number=200, repeat=5)) / 200
+    )
+    ratios = {
+        "pp512 llamactx / llama-bench": medians["pp512 llamactx"] / medians["pp512 llama-bench"],
+        "tg128 llamactx / llama-bench": medians["tg128 llamactx"] / medians["tg128 llama-bench"],
+        "batched low-level / llama-batched-bench": medians["batched 8x llamactx low-level"]
+        / medians["batched 8x llama-batched-bench"],
+        "batched generate_batch / llama-batched-bench": medians["batched 8x llamactx generate_batch"]
+        / medians["batched 8x llama-batched-bench"],
+    }
+    per_token_ms = {
+        "llamactx one-token decode round trip": 1000 / medians["tg128 llamactx"],
+        "llama-bench one-token decode": 1000 / medians["tg128 llama-bench"],
+        "get_logits_ith copy (n_vocab floats), microseconds": overhead_us,
+    }
+    settings = {
+        "threads": threads,
+        "pp": PP,
+        "tg": TG,
+        "rounds": arguments.rounds,
+        "flash_attn": "off (both)",
+        "n_batch": 2048,
+        "n_ubatch": 512,
+        "llamactx defaults": "new_context() as is (flash attention auto)",
+    }
+    result = {"settings": settings, "medians": medians, "ratios": ratios, "per_token_ms": per_token_ms, "runs": runs}
+    arguments.out.mkdir(parents=True, exist_ok=True)
+    (arguments.out / "compare.json").write_text(json.dumps(result, indent=2))
+    chart(medians, arguments.out / "compare.png")
+    print(json.dumps({k: result[k] for k in ("settings", "medians", "ratios", "per_token_ms")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds llama-bench and llama-batched-bench from the llama.cpp source inside the
+# llama-cpp-sys-4 crate package that llamactx links, with llama.cpp's own default CMake flags
+# (native CPU features, OpenMP), once: later calls reuse the build. Prints the bin directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/ensure-system-deps.sh
+manifest=$(cargo metadata --format-version 1 --locked 2>/dev/null \
+    | python3 -c 'import json,sys; print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"] == "llama-cpp-sys-4"))')
+source_dir="$(dirname "$manifest")/llama.cpp"
+version=$(basename "$(dirname "$manifest")")
+build_dir="${LLAMACTX_BENCH_BUILD:-$HOME/.cache/llamactx/llama-bench}/$version"
+if [ ! -x "$build_dir/bin/llama-bench" ] || [ ! -x "$build_dir/bin/llama-batched-bench" ]; then
+    # Only switched off: what needs the network (HTTPS downloads); everything else is default.
+    cmake -S "$source_dir" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DLLAMA_OPENSSL=OFF >&2
+    cmake --build "$build_dir" --target llama-bench llama-batched-bench -j "$(nproc)" >&2
+fi
+echo "$build_dir/bin"
