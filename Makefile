@@ -8,8 +8,9 @@ PY := $(VENV)/bin/python
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/llamactx/target
 PROMPT ?= The capital of France is
 WHEEL_VENV ?= .venv-wheel
+PEERS_VENV ?= .venv-peers
 
-.PHONY: help demo test lint fuzz bench wheel test-wheel build model system-deps clean
+.PHONY: help demo test lint fuzz bench bench-peers wheel test-wheel build model system-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -27,7 +28,12 @@ fuzz: build model ## the property-based API fuzzer with 20,000 examples (2,000 r
 
 bench: build model ## llamactx vs llama-bench/llama-batched-bench built once from the same llama.cpp source; JSON+PNG in bench-results/
 	$(PY) -m pip install --quiet matplotlib
-	$(PY) benches/compare.py --bin "$$(scripts/build-llama-bench.sh)"
+	$(PY) benches/compare.py --bin "$$(scripts/build-llama-bench.sh)" \
+		$$(test -x $(PEERS_VENV)/bin/python && echo --peer-python $(PEERS_VENV)/bin/python)
+
+bench-peers: ## install llama-cpp-python 0.3.36 into its own venv (builds for ~7 minutes) for make bench
+	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet numpy "llama-cpp-python==0.3.36"
 
 wheel: $(VENV)/.deps ## a release wheel in dist/ (abi3: one wheel for CPython 3.10 and later)
 	rm -rf dist

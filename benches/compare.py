@@ -11,6 +11,7 @@ import argparse
 import json
 import statistics
 import subprocess
+import time
 import timeit
 from pathlib import Path
 
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--peer-python", type=Path, help="a Python with llama-cpp-python (make bench-peers)")
     arguments = parser.parse_args()
     path = str(arguments.model or llamactx.default_model_path())
     model = llamactx.LlamaModel.load_from_file(path)
@@ -74,7 +76,24 @@ def main() -> None:
     def record(name: str, value: float) -> None:
         runs.setdefault(name, []).append(value)
 
+    def user_generation() -> float:
+        """tg through `stream` on a context with every default, as a user gets it."""
+        with model.new_context() as ctx:
+            started = None
+            for _piece in llamactx.stream(ctx, "The capital of France is", max_tokens=TG + 1, sampler=sampler):
+                started = started or time.perf_counter()
+            assert started is not None
+            return TG / (time.perf_counter() - started)
+
     for _ in range(arguments.rounds):
+        if arguments.peer_python:
+            peer_command = [str(arguments.peer_python), str(Path(__file__).with_name("peer_llama_cpp_python.py"))]
+            peer = json.loads(
+                subprocess.run([*peer_command, path, str(threads)], capture_output=True, text=True, check=True).stdout
+            )
+            record("tg128 llama-cpp-python low-level", peer["matched"])
+            record("tg128 llama-cpp-python Llama defaults", peer["defaults"])
+            record("tg128 llamactx stream defaults", user_generation())
         bench = llama_bench(arguments.bin / "llama-bench", path, threads, 0)
         record("pp512 llama-bench", bench["pp"])
         record("pp512 llamactx", prompt_speed(matched, PP, token))
@@ -100,6 +119,14 @@ def main() -> None:
         "batched generate_batch / llama-batched-bench": medians["batched 8x llamactx generate_batch"]
         / medians["batched 8x llama-batched-bench"],
     }
+    if arguments.peer_python:
+        ratios["tg128 llamactx / llama-cpp-python, matched"] = (
+            medians["tg128 llamactx"] / medians["tg128 llama-cpp-python low-level"]
+        )
+        ratios["tg128 llamactx / llama-cpp-python, defaults"] = (
+            medians["tg128 llamactx stream defaults"] / medians["tg128 llama-cpp-python Llama defaults"]
+        )
+        ratios["llama-cpp-python version"] = peer["version"]
     per_token_ms = {
         "llamactx one-token decode round trip": 1000 / medians["tg128 llamactx"],
         "llama-bench one-token decode": 1000 / medians["tg128 llama-bench"],
