@@ -120,3 +120,15 @@ def _not_utf8(data: bytes) -> bool:
     except UnicodeDecodeError:
         return True
     return False
+
+
+def test_stream_reports_prompt_progress(model: llamactx.LlamaModel) -> None:
+    with model.new_context(n_ctx=1024, n_batch=64) as ctx:
+        calls: list[tuple[int, int]] = []
+        prompt = "count: " + " ".join(str(n) for n in range(100))
+        total = len(model.str_to_token(prompt, model.add_bos_token()))
+        pieces = llamactx.stream(ctx, prompt, max_tokens=1, progress=lambda done, n: calls.append((done, n)))
+        "".join(pieces)
+    assert calls[-1] == (total, total)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+    assert len(calls) == -(-total // 64)

@@ -34,13 +34,29 @@ def _sampler(arguments: argparse.Namespace) -> LlamaSampler:
     return LlamaSampler.chain(stages)
 
 
+def _prompt_progress(done: int, total: int) -> None:
+    """A one-line progress bar on stderr for long prompts (over 512 tokens)."""
+    if total <= 512:
+        return
+    width = 30
+    filled = width * done // total
+    end = "\n" if done == total else ""
+    print(
+        f"\rprompt [{'#' * filled}{'.' * (width - filled)}] {done}/{total} tokens", end=end, file=sys.stderr, flush=True
+    )
+
+
 def _generate(arguments: argparse.Namespace) -> int:
     model = LlamaModel.load_from_file(_model_path(arguments))
     threads = arguments.threads
     ctx = model.new_context(
         n_ctx=arguments.n_ctx, n_threads=threads, n_threads_batch=threads, no_perf=not arguments.stats
     )
-    for piece in stream(ctx, arguments.prompt, max_tokens=arguments.max_tokens, sampler=_sampler(arguments)):
+    progress = _prompt_progress if sys.stderr.isatty() else None
+    pieces = stream(
+        ctx, arguments.prompt, max_tokens=arguments.max_tokens, sampler=_sampler(arguments), progress=progress
+    )
+    for piece in pieces:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")

@@ -4,7 +4,7 @@ many sequences of one context at once."""
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 
@@ -77,16 +77,25 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
-def prefill(ctx: LlamaContext, tokens: Sequence[int], seq_id: int, start: int = 0) -> None:
+def prefill(
+    ctx: LlamaContext,
+    tokens: Sequence[int],
+    seq_id: int,
+    start: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
     """Decodes ``tokens[start:]`` into ``seq_id`` at their positions, in chunks of ``n_batch``,
-    with logits for the last token only."""
+    with logits for the last token only. ``progress(done, total)`` is called after each chunk."""
     n_batch = ctx.n_batch()
     batch = LlamaBatch(max(n_batch, 1))
     for chunk_start in range(start, len(tokens), n_batch):
         batch.clear()
-        for pos in range(chunk_start, min(chunk_start + n_batch, len(tokens))):
+        chunk_end = min(chunk_start + n_batch, len(tokens))
+        for pos in range(chunk_start, chunk_end):
             batch.add(tokens[pos], pos, [seq_id], pos == len(tokens) - 1)
         ctx.decode(batch)
+        if progress is not None:
+            progress(chunk_end, len(tokens))
 
 
 def continue_sequence(
@@ -132,6 +141,7 @@ def stream(
     sampler: LlamaSampler | None = None,
     stop: Sequence[str] = (),
     seq_id: int = 0,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Iterator[str]:
     """Generates up to ``max_tokens`` tokens after ``prompt`` and yields their text as it comes.
 
@@ -139,10 +149,11 @@ def stream(
     Generation ends at an end-of-generation token, at a ``stop`` string (not included), at
     ``max_tokens`` or when the sequence reaches the context size. Text is decoded
     incrementally as UTF-8: a character split across tokens is emitted once complete.
+    ``progress(done, total)`` reports the prompt's decoding, one call per ``n_batch`` chunk.
     """
     tokens = _prompt_tokens(ctx, prompt, max_tokens)
     ctx.clear_kv_cache_seq(seq_id)
-    prefill(ctx, tokens, seq_id)
+    prefill(ctx, tokens, seq_id, progress=progress)
     sampler = sampler if sampler is not None else LlamaSampler.greedy()
     yield from continue_sequence(ctx, tokens, max_tokens=max_tokens, sampler=sampler, stop=stop, seq_id=seq_id)
 

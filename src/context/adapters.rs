@@ -32,7 +32,7 @@ impl PyLlamaContext {
             return Err(Error::value(format!("scale must be finite, got {scale}")).into());
         }
         self.run(py, |native| {
-            if !Arc::ptr_eq(adapter.get().model(), native.cell.borrow_owner()) {
+            if !Arc::ptr_eq(adapter.get().model(), native.model()) {
                 return Err(Error::value("this adapter was loaded for another model"));
             }
             // Leased before use, so `close()` refuses from here on.
@@ -76,7 +76,7 @@ impl PyLlamaContext {
     ) -> PyResult<()> {
         let values = control_vector(data)?;
         self.run(py, |native| {
-            let model_embd = native.cell.borrow_owner().n_embd();
+            let model_embd = native.model().n_embd();
             if values.is_some() && n_embd != model_embd {
                 return Err(Error::value(format!("n_embd is {n_embd}, the model's is {model_embd}")));
             }
