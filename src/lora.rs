@@ -12,6 +12,7 @@ use llama_cpp_4::model::{LlamaLoraAdapter, LlamaModel};
 use pyo3::prelude::*;
 
 use crate::errors::{Error, Result};
+use crate::native::close_unless_in_use;
 
 pub struct SendAdapter(pub LlamaLoraAdapter);
 
@@ -86,17 +87,9 @@ impl PyLlamaLoraAdapter {
 
     /// Frees the adapter now. `ValueError` while a context has it set.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        // A context counts its lease before it locks and uses the adapter, so a lease seen
-        // here (under the lock) means a context has or is about to have it set.
-        let adapter = crate::native::detached(py, || {
-            let mut guard = self.adapter.lock().map_err(|_| Error::Poisoned("LlamaLoraAdapter"))?;
-            if self.in_use() {
-                return Err(Error::value("remove the adapter from every context before closing it"));
-            }
-            Ok(guard.take())
-        })?;
-        py.detach(|| drop(adapter));
-        Ok(())
+        // A context counts its lease before it locks and uses the adapter.
+        let refusal = "remove the adapter from every context before closing it";
+        close_unless_in_use(py, &self.adapter, "LlamaLoraAdapter", || self.in_use(), refusal)
     }
 
     /// Whether `close()` was called.

@@ -1,6 +1,7 @@
 //! Running native work: without the GIL, with panics caught, logs flushed afterwards.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
 
 use pyo3::prelude::*;
 
@@ -20,6 +21,27 @@ where
         return Err(interrupt);
     }
     result.map_err(PyErr::from)
+}
+
+/// Frees what `slot` holds (without the GIL) unless `in_use()` says a context still uses it.
+/// `in_use` is checked with the slot locked; users count themselves before they lock it, so
+/// the check cannot race with one starting to use the value.
+pub fn close_unless_in_use<T: Send>(
+    py: Python<'_>,
+    slot: &Mutex<Option<T>>,
+    name: &'static str,
+    in_use: impl Fn() -> bool + Send + Sync,
+    refusal: &'static str,
+) -> PyResult<()> {
+    let value = detached(py, || {
+        let mut guard = slot.lock().map_err(|_| Error::Poisoned(name))?;
+        if in_use() {
+            return Err(Error::value(refusal));
+        }
+        Ok(guard.take())
+    })?;
+    py.detach(|| drop(value));
+    Ok(())
 }
 
 fn panic_error(payload: &(dyn std::any::Any + Send)) -> Error {

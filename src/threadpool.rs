@@ -8,6 +8,7 @@ use llama_cpp_sys_4::ggml_threadpool;
 use pyo3::prelude::*;
 
 use crate::errors::{Error, Result};
+use crate::native::close_unless_in_use;
 
 /// ggml's limit (`GGML_MAX_N_THREADS`).
 const MAX_THREADS: i32 = 512;
@@ -109,16 +110,9 @@ impl PyThreadPool {
 
     /// Stops the threads now. `ValueError` while attached to a context.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        // `attach` counts under the same lock, so this check cannot race with it.
-        let pool = crate::native::detached(py, || {
-            let mut guard = self.pool.lock().map_err(|_| Error::Poisoned("ThreadPool"))?;
-            if self.attached() {
-                return Err(Error::value("detach the ThreadPool from its context before closing it"));
-            }
-            Ok(guard.take())
-        })?;
-        py.detach(|| drop(pool));
-        Ok(())
+        // `attach` counts under the same lock.
+        let refusal = "detach the ThreadPool from its context before closing it";
+        close_unless_in_use(py, &self.pool, "ThreadPool", || self.attached(), refusal)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
