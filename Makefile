@@ -56,7 +56,7 @@ lint: build ## rustfmt, clippy, ruff and mypy --strict
 	$(PY) -m mypy --strict .readme-examples
 
 build: $(VENV)/.deps ## compile the extension into the virtual environment
-	$(VENV)/bin/maturin develop --release --quiet
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/maturin develop --release --quiet
 
 model: build ## fetch the default model into the cache (once)
 	$(PY) -c "import llamactx; print(llamactx.default_model_path())"
