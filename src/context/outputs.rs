@@ -91,6 +91,21 @@ impl Native {
     }
 }
 
+impl PyLlamaContext {
+    /// Runs `read` on row `i` of the backend sampler's results, with the context locked.
+    fn read_sampled<T: Send>(
+        &self,
+        py: Python<'_>,
+        i: i32,
+        read: impl for<'a> FnOnce(&LlamaContext<'a>, i32) -> T + Send,
+    ) -> PyResult<T> {
+        self.run(py, |native| {
+            let row = native.sampled_row(i)?;
+            Ok(native.with(|context| read(context, row)))
+        })
+    }
+}
+
 #[pymethods]
 impl PyLlamaContext {
     /// Logits of the first output row, a new float32 array of shape `(n_vocab,)`.
@@ -179,10 +194,7 @@ impl PyLlamaContext {
     /// The token the backend sampler picked for batch row `i`. `IndexError` without a backend
     /// sampler, for a row without output, or when that row's sequence has no sampler.
     fn get_sampled_token_ith(&self, py: Python<'_>, i: i32) -> PyResult<i32> {
-        let token = self.run(py, |native| {
-            let row = native.sampled_row(i)?;
-            Ok(native.with(|context| context.get_sampled_token_ith(row)).0)
-        })?;
+        let token = self.read_sampled(py, i, |context, row| context.get_sampled_token_ith(row).0)?;
         if token < 0 {
             return Err(Error::index(format!("row {i} has no backend-sampled token")).into());
         }
@@ -191,50 +203,35 @@ impl PyLlamaContext {
 
     /// The candidate token ids the backend sampler kept for row `i`, a new int32 array.
     fn get_sampled_candidates_ith<'py>(&self, py: Python<'py>, i: i32) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let ids = self.run(py, |native| {
-            let row = native.sampled_row(i)?;
-            Ok(native.with(|context| {
-                context
-                    .get_sampled_candidates_ith(row)
-                    .iter()
-                    .map(|t| t.0)
-                    .collect::<Vec<_>>()
-            }))
+        let ids = self.read_sampled(py, i, |context, row| {
+            context
+                .get_sampled_candidates_ith(row)
+                .iter()
+                .map(|token| token.0)
+                .collect::<Vec<_>>()
         })?;
         Ok(PyArray1::from_vec(py, ids))
     }
 
     /// Number of logits the backend sampler kept for row `i`.
     fn get_sampled_logits_count_ith(&self, py: Python<'_>, i: i32) -> PyResult<u32> {
-        self.run(py, |native| {
-            let row = native.sampled_row(i)?;
-            Ok(native.with(|context| context.get_sampled_logits_count_ith(row)))
-        })
+        self.read_sampled(py, i, |context, row| context.get_sampled_logits_count_ith(row))
     }
 
     /// The logits the backend sampler kept for row `i`, a new float32 array.
     fn get_sampled_logits_ith<'py>(&self, py: Python<'py>, i: i32) -> PyResult<Bound<'py, PyArray1<f32>>> {
-        let values = self.run(py, |native| {
-            let row = native.sampled_row(i)?;
-            Ok(native.with(|context| context.get_sampled_logits_ith(row).to_vec()))
-        })?;
+        let values = self.read_sampled(py, i, |context, row| context.get_sampled_logits_ith(row).to_vec())?;
         Ok(f32_vector(py, values))
     }
 
     /// Number of probabilities the backend sampler kept for row `i`.
     fn get_sampled_probs_count_ith(&self, py: Python<'_>, i: i32) -> PyResult<u32> {
-        self.run(py, |native| {
-            let row = native.sampled_row(i)?;
-            Ok(native.with(|context| context.get_sampled_probs_count_ith(row)))
-        })
+        self.read_sampled(py, i, |context, row| context.get_sampled_probs_count_ith(row))
     }
 
     /// The probabilities the backend sampler kept for row `i`, a new float32 array.
     fn get_sampled_probs_ith<'py>(&self, py: Python<'py>, i: i32) -> PyResult<Bound<'py, PyArray1<f32>>> {
-        let values = self.run(py, |native| {
-            let row = native.sampled_row(i)?;
-            Ok(native.with(|context| context.get_sampled_probs_ith(row).to_vec()))
-        })?;
+        let values = self.read_sampled(py, i, |context, row| context.get_sampled_probs_ith(row).to_vec())?;
         Ok(f32_vector(py, values))
     }
 }
