@@ -11,7 +11,7 @@ import argparse
 import json
 import statistics
 import subprocess
-import time
+import sys
 import timeit
 from pathlib import Path
 
@@ -28,6 +28,27 @@ def llama_bench(binary: Path, model: str, threads: int, flash_attn: int) -> dict
     command += ["-fa", str(flash_attn), "-o", "json"]
     rows = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     return {("pp" if row["n_prompt"] else "tg"): float(row["avg_ts"]) for row in rows}
+
+
+PEER_VERSION = "0.3.36"  # what `make bench-peers` installs
+CHILDREN = {"llamactx": "tg_llamactx.py", "llama-cpp-python": "peer_llama_cpp_python.py"}
+
+
+def tg_in_child_processes(peer_python: Path, model: str, threads: int, first: int) -> dict[str, float]:
+    """tg128 of both libraries by benches/tg_protocol.py, each in a fresh process; ``first``
+    (0 or 1) picks which runs first, so alternating it keeps either from always following the other."""
+    pythons = {"llamactx": Path(sys.executable), "llama-cpp-python": peer_python}
+    order = list(CHILDREN)[first:] + list(CHILDREN)[:first]
+    rates: dict[str, float] = {}
+    for library in order:
+        script = Path(__file__).with_name(CHILDREN[library])
+        command = [str(pythons[library]), str(script), model, str(threads)]
+        child = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+        if library == "llama-cpp-python" and child["version"] != PEER_VERSION:
+            raise SystemExit(f"llama-cpp-python {child['version']} found; make bench-peers installs {PEER_VERSION}")
+        rates[f"tg128 {library} matched (child)"] = child["matched"]
+        rates[f"tg128 {library} defaults (child)"] = child["defaults"]
+    return rates
 
 
 def chart(medians: dict[str, float], path: Path) -> None:
@@ -76,24 +97,12 @@ def main() -> None:
     def record(name: str, value: float) -> None:
         runs.setdefault(name, []).append(value)
 
-    def user_generation() -> float:
-        """tg through `stream` on a context with every default, as a user gets it."""
-        with model.new_context() as ctx:
-            started = None
-            for _piece in llamactx.stream(ctx, "The capital of France is", max_tokens=TG + 1, sampler=sampler):
-                started = started or time.perf_counter()
-            assert started is not None
-            return TG / (time.perf_counter() - started)
-
-    for _ in range(arguments.rounds):
+    for round_index in range(arguments.rounds):
         if arguments.peer_python:
-            peer_command = [str(arguments.peer_python), str(Path(__file__).with_name("peer_llama_cpp_python.py"))]
-            peer = json.loads(
-                subprocess.run([*peer_command, path, str(threads)], capture_output=True, text=True, check=True).stdout
-            )
-            record("tg128 llama-cpp-python low-level", peer["matched"])
-            record("tg128 llama-cpp-python Llama defaults", peer["defaults"])
-            record("tg128 llamactx stream defaults", user_generation())
+            for name, value in tg_in_child_processes(
+                arguments.peer_python, path, threads, first=round_index % 2
+            ).items():
+                record(name, value)
         bench = llama_bench(arguments.bin / "llama-bench", path, threads, 0)
         record("pp512 llama-bench", bench["pp"])
         record("pp512 llamactx", prompt_speed(matched, PP, token))
@@ -120,13 +129,10 @@ def main() -> None:
         / medians["batched 8x llama-batched-bench"],
     }
     if arguments.peer_python:
-        ratios["tg128 llamactx / llama-cpp-python, matched"] = (
-            medians["tg128 llamactx"] / medians["tg128 llama-cpp-python low-level"]
-        )
-        ratios["tg128 llamactx / llama-cpp-python, defaults"] = (
-            medians["tg128 llamactx stream defaults"] / medians["tg128 llama-cpp-python Llama defaults"]
-        )
-        ratios["llama-cpp-python version"] = peer["version"]
+        for setting in ("matched", "defaults"):
+            ratios[f"tg128 llamactx / llama-cpp-python, {setting}"] = (
+                medians[f"tg128 llamactx {setting} (child)"] / medians[f"tg128 llama-cpp-python {setting} (child)"]
+            )
     per_token_ms = {
         "llamactx one-token decode round trip": 1000 / medians["tg128 llamactx"],
         "llama-bench one-token decode": 1000 / medians["tg128 llama-bench"],
@@ -141,6 +147,9 @@ def main() -> None:
         "n_batch": 2048,
         "n_ubatch": 512,
         "llamactx defaults": "new_context() as is (flash attention auto)",
+        "against llama-cpp-python": f"{PEER_VERSION}, by benches/tg_protocol.py, one child process per library"
+        if arguments.peer_python
+        else "not run (make bench-peers)",
     }
     result = {"settings": settings, "medians": medians, "ratios": ratios, "per_token_ms": per_token_ms, "runs": runs}
     arguments.out.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ mod native;
 mod paths;
 mod perf;
 mod sampler;
+mod shared_pool;
 mod threadpool;
 mod token_data;
 mod tokens;

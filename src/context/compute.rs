@@ -8,8 +8,22 @@ use super::{Native, PyLlamaContext};
 use crate::batch::PyLlamaBatch;
 use crate::errors::{Error, Result};
 use crate::interrupt::SigintWatch;
+use crate::shared_pool::SharedPools;
+use crate::threadpool::FORKED;
 
 impl Native {
+    /// The shared pools to compute on when the user attached none. Refuses a user's pool
+    /// started before this process was forked: its threads are not here.
+    fn shared_pools(&self) -> Result<Option<SharedPools>> {
+        if self.pools.iter().any(|lease| !lease.usable()) {
+            return Err(Error::value(format!("{FORKED}, or call detach_threadpool()")));
+        }
+        if !self.pools.is_empty() {
+            return Ok(None);
+        }
+        Ok(self.with(|context| SharedPools::take(context.n_threads(), context.n_threads_batch())))
+    }
+
     /// The most tokens one call may submit: llama.cpp asserts when a decode exceeds `n_batch`,
     /// or, for a graph that must see the whole batch at once (encoders, embeddings,
     /// non-causal attention), one micro-batch.
@@ -34,9 +48,14 @@ impl Native {
         let mut state = batch.lock()?;
         let (limit, limit_name) = self.batch_limit(encoding);
         state.check_for(self.n_vocab, self.n_seq_max, limit, limit_name)?;
+        let shared = self.shared_pools()?;
         self.abort_flags.arm();
         let watch = SigintWatch::start();
-        let outcome = self.with_mut(|context| run(context, &mut state.batch));
+        let outcome = self.with_mut(|context| match &shared {
+            Some(pools) => pools.run_on(context, |context| run(context, &mut state.batch)),
+            None => run(context, &mut state.batch),
+        });
+        drop(shared);
         drop(watch);
         // A failed decode leaves llama.cpp's outputs in no state worth reading.
         let (rows, seqs) = match outcome {

@@ -27,8 +27,8 @@ impl PyLlamaContext {
     }
 
     /// Runs computation on `threadpool` (and batches on `threadpool_batch`, default the same
-    /// pool). The context keeps the pools alive until `detach_threadpool` or close; a pool
-    /// serves one context at a time.
+    /// pool) instead of the pools that contexts share by default. The context keeps the pools
+    /// alive until `detach_threadpool` or close; a pool serves one context at a time.
     #[pyo3(signature = (threadpool, threadpool_batch=None))]
     fn attach_threadpool(
         &self,
@@ -57,7 +57,7 @@ impl PyLlamaContext {
         })
     }
 
-    /// Goes back to the context's own threads and releases the attached pools.
+    /// Releases the attached pools and goes back to the shared ones.
     fn detach_threadpool(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |native| {
             native.detach_pools();

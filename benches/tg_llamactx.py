@@ -1,0 +1,29 @@
+"""tg128 through llamactx by the protocol of benches/tg_protocol.py, run by benches/compare.py.
+
+python benches/tg_llamactx.py MODEL THREADS
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tg_protocol import MATCHED, PROMPT, TG, generation_rate, median_of_three, report
+
+import llamactx
+from llamactx.bench import generation_speed
+
+
+def matched(model: llamactx.LlamaModel, threads: int) -> float:
+    ctx = model.new_context(**MATCHED, n_threads=threads, n_threads_batch=threads, flash_attn_type=0)
+    return median_of_three(lambda: generation_speed(ctx, TG, model.token_bos()))
+
+
+def defaults(path: str) -> float:
+    model = llamactx.LlamaModel.load_from_file(path)
+    ctx = model.new_context()
+    return median_of_three(lambda: generation_rate(llamactx.stream(ctx, PROMPT, max_tokens=TG + 1)))
+
+
+if __name__ == "__main__":
+    path, n_threads = sys.argv[1], int(sys.argv[2])
+    report(llamactx.__version__, matched(llamactx.LlamaModel.load_from_file(path), n_threads), defaults(path))
