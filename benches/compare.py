@@ -51,7 +51,15 @@ def tg_in_child_processes(peer_python: Path, model: str, threads: int, first: in
     return rates
 
 
-def chart(medians: dict[str, float], path: Path) -> None:
+def import_ms() -> float:
+    """Median wall time of `import llamactx` in a fresh interpreter, of 5."""
+    code = "import time; t = time.perf_counter(); import llamactx; print(time.perf_counter() - t)"
+    command = [sys.executable, "-c", code]
+    times = [float(subprocess.run(command, capture_output=True, text=True, check=True).stdout) for _ in range(5)]
+    return 1000 * statistics.median(times)
+
+
+def chart(medians: dict[str, float], threads: int, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,7 +69,7 @@ def chart(medians: dict[str, float], path: Path) -> None:
     figure, axis = plt.subplots(figsize=(10, 4.5))
     axis.barh(names, [medians[n] for n in names], color=["#4477aa" if "llamactx" in n else "#bbbbbb" for n in names])
     axis.set_xlabel("tokens/s (median)")
-    axis.set_title("SmolLM2-135M Q4_1, 2 threads: llamactx vs llama.cpp's own tools")
+    axis.set_title(f"SmolLM2-135M Q4_1, {threads} threads: llamactx, llama.cpp's own tools, llama-cpp-python")
     for y, name in enumerate(names):
         axis.text(medians[name], y, f" {medians[name]:.0f}", va="center")
     figure.tight_layout()
@@ -116,10 +124,7 @@ def main() -> None:
         record("batched 8x llamactx low-level", low_level(batched_ctx, token_lists))
         record("batched 8x llamactx generate_batch", high_level(batched_ctx, token_lists, sampler))
     medians = {name: statistics.median(values) for name, values in runs.items()}
-    decoded = [matched.get_logits_ith(-1)]
-    overhead_us = (
-        1e6 * min(timeit.repeat(lambda: decoded.append(matched.get_logits_ith(-1)), number=200, repeat=5)) / 200
-    )
+    overhead_us = 1e6 * min(timeit.repeat(lambda: matched.get_logits_ith(-1), number=200, repeat=5)) / 200
     ratios = {
         "pp512 llamactx / llama-bench": medians["pp512 llamactx"] / medians["pp512 llama-bench"],
         "tg128 llamactx / llama-bench": medians["tg128 llamactx"] / medians["tg128 llama-bench"],
@@ -133,10 +138,11 @@ def main() -> None:
             ratios[f"tg128 llamactx / llama-cpp-python, {setting}"] = (
                 medians[f"tg128 llamactx {setting} (child)"] / medians[f"tg128 llama-cpp-python {setting} (child)"]
             )
-    per_token_ms = {
-        "llamactx one-token decode round trip": 1000 / medians["tg128 llamactx"],
-        "llama-bench one-token decode": 1000 / medians["tg128 llama-bench"],
+    overheads = {
+        "llamactx one-token decode round trip, ms": 1000 / medians["tg128 llamactx"],
+        "llama-bench one-token decode, ms": 1000 / medians["tg128 llama-bench"],
         "get_logits_ith copy (n_vocab floats), microseconds": overhead_us,
+        "import llamactx, ms (median of 5 fresh interpreters)": import_ms(),
     }
     settings = {
         "threads": threads,
@@ -151,11 +157,11 @@ def main() -> None:
         if arguments.peer_python
         else "not run (make bench-peers)",
     }
-    result = {"settings": settings, "medians": medians, "ratios": ratios, "per_token_ms": per_token_ms, "runs": runs}
+    result = {"settings": settings, "medians": medians, "ratios": ratios, "overheads": overheads, "runs": runs}
     arguments.out.mkdir(parents=True, exist_ok=True)
     (arguments.out / "compare.json").write_text(json.dumps(result, indent=2))
-    chart(medians, arguments.out / "compare.png")
-    print(json.dumps({k: result[k] for k in ("settings", "medians", "ratios", "per_token_ms")}, indent=2))
+    chart(medians, threads, arguments.out / "compare.png")
+    print(json.dumps({k: result[k] for k in ("settings", "medians", "ratios", "overheads")}, indent=2))
 
 
 if __name__ == "__main__":

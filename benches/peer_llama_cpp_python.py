@@ -13,7 +13,7 @@ import sys
 import time
 
 import llama_cpp
-from tg_protocol import MATCHED, PROMPT, TG, generation_rate, median_of_three, report
+from tg_protocol import MATCHED, PROMPT, TG, generation_rate, median_of_runs, report
 
 
 def matched(model: str, threads: int) -> float:
@@ -33,13 +33,13 @@ def matched(model: str, threads: int) -> float:
         llama_cpp.llama_synchronize(ctx)
         return TG / (time.perf_counter() - started)
 
-    return median_of_three(once)
+    return median_of_runs(once)
 
 
 def defaults(model: str) -> float:
     llm = llama_cpp.Llama(model_path=model, verbose=False)
     prompt = llm.tokenize(PROMPT.encode())
-    return median_of_three(lambda: generation_rate(llm.generate(prompt, top_k=1, temp=0.0, reset=True)))
+    return median_of_runs(lambda: generation_rate(llm.generate(prompt, top_k=1, temp=0.0, reset=True)))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from tg_protocol import MATCHED, PROMPT, TG, generation_rate, median_of_three, report
+from tg_protocol import MATCHED, PROMPT, TG, generation_rate, median_of_runs, report
 
 import llamactx
 from llamactx.bench import generation_speed
@@ -15,13 +15,13 @@ from llamactx.bench import generation_speed
 
 def matched(model: llamactx.LlamaModel, threads: int) -> float:
     ctx = model.new_context(**MATCHED, n_threads=threads, n_threads_batch=threads, flash_attn_type=0)
-    return median_of_three(lambda: generation_speed(ctx, TG, model.token_bos()))
+    return median_of_runs(lambda: generation_speed(ctx, TG, model.token_bos()))
 
 
 def defaults(path: str) -> float:
     model = llamactx.LlamaModel.load_from_file(path)
     ctx = model.new_context()
-    return median_of_three(lambda: generation_rate(llamactx.stream(ctx, PROMPT, max_tokens=TG + 1)))
+    return median_of_runs(lambda: generation_rate(llamactx.stream(ctx, PROMPT, max_tokens=TG + 1)))
 
 
 if __name__ == "__main__":

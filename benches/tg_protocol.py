@@ -1,6 +1,6 @@
 """The tg128 protocol that benches/compare.py runs in one child process per library, so
 llamactx and llama-cpp-python are measured alike: each child loads the model itself, measures
-three times and reports the median. Standard library only: the peer's interpreter imports it.
+five times and reports the median. Standard library only: the peer's interpreter imports it.
 
 - "matched": 128 one-token decodes, each output read, on a context with llama-bench's settings
   (n_ctx 640, n_batch 2048, n_ubatch 512, flash attention off, the threads asked for).
@@ -20,8 +20,11 @@ PROMPT = "The capital of France is"
 MATCHED = {"n_ctx": 640, "n_batch": 2048, "n_ubatch": 512}
 
 
-def median_of_three(measure: Callable[[], float]) -> float:
-    return statistics.median(measure() for _ in range(3))
+RUNS = 5
+
+
+def median_of_runs(measure: Callable[[], float]) -> float:
+    return statistics.median(measure() for _ in range(RUNS))
 
 
 def generation_rate(tokens: Iterable[object]) -> float:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING
 
 from llamactx._enums import LlamaPoolingType
 from llamactx._llamactx import LlamaBatch, LlamaContext
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = ["embed"]
 
@@ -36,6 +38,8 @@ def embed(ctx: LlamaContext, texts: Sequence[str], *, normalize: bool = True) ->
     raises ``ValueError``). The KV cache of ``ctx`` is cleared. ``normalize`` scales each row
     to unit length.
     """
+    import numpy as np  # here: importing numpy takes longer than importing llamactx without it
+
     model = ctx.model
     pooled = ctx.pooling_type() not in (LlamaPoolingType.NONE, LlamaPoolingType.UNSPECIFIED)
     token_lists = [model.str_to_token(text, True) for text in texts]
