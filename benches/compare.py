@@ -51,6 +51,12 @@ def tg_in_child_processes(peer_python: Path, model: str, threads: int, first: in
     return rates
 
 
+def paired_ratio(ours: list[float], theirs: list[float]) -> float:
+    """The median over rounds of each round's ratio: both figures of a round were measured
+    minutes apart at most, so the machine's drift between rounds cancels out."""
+    return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
+
+
 def import_ms() -> float:
     """Median wall time of `import llamactx` in a fresh interpreter, of 5."""
     code = "import time; t = time.perf_counter(); import llamactx; print(time.perf_counter() - t)"
@@ -125,19 +131,22 @@ def main() -> None:
         record("batched 8x llamactx generate_batch", high_level(batched_ctx, token_lists, sampler))
     medians = {name: statistics.median(values) for name, values in runs.items()}
     overhead_us = 1e6 * min(timeit.repeat(lambda: matched.get_logits_ith(-1), number=200, repeat=5)) / 200
-    ratios = {
-        "pp512 llamactx / llama-bench": medians["pp512 llamactx"] / medians["pp512 llama-bench"],
-        "tg128 llamactx / llama-bench": medians["tg128 llamactx"] / medians["tg128 llama-bench"],
-        "batched low-level / llama-batched-bench": medians["batched 8x llamactx low-level"]
-        / medians["batched 8x llama-batched-bench"],
-        "batched generate_batch / llama-batched-bench": medians["batched 8x llamactx generate_batch"]
-        / medians["batched 8x llama-batched-bench"],
+    pairs = {
+        "pp512 llamactx / llama-bench": ("pp512 llamactx", "pp512 llama-bench"),
+        "tg128 llamactx / llama-bench": ("tg128 llamactx", "tg128 llama-bench"),
+        "batched low-level / llama-batched-bench": ("batched 8x llamactx low-level", "batched 8x llama-batched-bench"),
+        "batched generate_batch / llama-batched-bench": (
+            "batched 8x llamactx generate_batch",
+            "batched 8x llama-batched-bench",
+        ),
     }
     if arguments.peer_python:
         for setting in ("matched", "defaults"):
-            ratios[f"tg128 llamactx / llama-cpp-python, {setting}"] = (
-                medians[f"tg128 llamactx {setting} (child)"] / medians[f"tg128 llama-cpp-python {setting} (child)"]
+            pairs[f"tg128 llamactx / llama-cpp-python, {setting}"] = (
+                f"tg128 llamactx {setting} (child)",
+                f"tg128 llama-cpp-python {setting} (child)",
             )
+    ratios = {name: paired_ratio(runs[ours], runs[theirs]) for name, (ours, theirs) in pairs.items()}
     overheads = {
         "llamactx one-token decode round trip, ms": 1000 / medians["tg128 llamactx"],
         "llama-bench one-token decode, ms": 1000 / medians["tg128 llama-bench"],
@@ -149,6 +158,7 @@ def main() -> None:
         "pp": PP,
         "tg": TG,
         "rounds": arguments.rounds,
+        "ratios": "median over the rounds of each round's ratio",
         "flash_attn": "off (both)",
         "n_batch": 2048,
         "n_ubatch": 512,

@@ -10,6 +10,7 @@ from conftest import run_isolated
 
 ONE_TOKEN = """
 import os
+import numpy  # first, so that the threads its BLAS starts are counted in the base
 batch = llamactx.LlamaBatch(1)
 batch.add(model.token_bos(), 0, [0], True)
 
