@@ -13,6 +13,17 @@ use crate::native::close_unless_in_use;
 /// ggml's limit (`GGML_MAX_N_THREADS`).
 const MAX_THREADS: i32 = 512;
 
+/// `value` if it is a thread count ggml takes (1..=512), else `ValueError` naming `name`.
+pub fn check_threads(name: &str, value: i32) -> Result<i32> {
+    if (1..=MAX_THREADS).contains(&value) {
+        Ok(value)
+    } else {
+        Err(Error::value(format!(
+            "{name} must be in 1..={MAX_THREADS}, got {value}"
+        )))
+    }
+}
+
 /// ggml's pool settings that `ThreadPool(...)` exposes.
 pub struct PoolSettings {
     pub prio: i32,
@@ -49,11 +60,7 @@ unsafe impl Send for RawPool {}
 impl RawPool {
     /// Starts `n_threads` (1..=512) compute threads.
     pub fn new(n_threads: i32, settings: &PoolSettings) -> Result<Self> {
-        if !(1..=MAX_THREADS).contains(&n_threads) {
-            return Err(Error::value(format!(
-                "n_threads must be in 1..={MAX_THREADS}, got {n_threads}"
-            )));
-        }
+        check_threads("n_threads", n_threads)?;
         crate::backend::backend()?;
         // SAFETY: plain value calls; the params struct lives on this stack for the call.
         let raw = unsafe {

@@ -53,8 +53,11 @@ def test_encoder_model_has_no_kv_cache(tiny_bert_path: Path) -> None:
 def test_set_n_threads(ctx: llamactx.LlamaContext) -> None:
     ctx.set_n_threads(1, 2)
     assert (ctx.n_threads(), ctx.n_threads_batch()) == (1, 2)
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(ValueError, match="n_threads must be in 1..=512"):
         ctx.set_n_threads(0, 1)
+    with pytest.raises(ValueError, match="n_threads_batch must be in 1..=512"):
+        ctx.set_n_threads(1, 513)  # ggml's limit; beyond it a decode never finished
+    assert (ctx.n_threads(), ctx.n_threads_batch()) == (1, 2)
 
 
 def test_warmup_and_synchronize_keep_results(model: llamactx.LlamaModel, ctx: llamactx.LlamaContext) -> None:

@@ -9,7 +9,7 @@ use crate::batch::PyLlamaBatch;
 use crate::errors::{Error, Result};
 use crate::interrupt::SigintWatch;
 use crate::shared_pool::SharedPools;
-use crate::threadpool::FORKED;
+use crate::threadpool::{check_threads, FORKED};
 
 impl Native {
     /// The shared pools to compute on when the user attached none. Refuses a user's pool
@@ -136,14 +136,10 @@ impl PyLlamaContext {
         })
     }
 
-    /// Sets the threads for single-token and for batch decoding (each at least 1).
+    /// Sets the threads for single-token and for batch decoding (each in 1..=512).
     fn set_n_threads(&self, py: Python<'_>, n_threads: i32, n_threads_batch: i32) -> PyResult<()> {
-        if n_threads < 1 || n_threads_batch < 1 {
-            return Err(Error::value(format!(
-                "thread counts must be at least 1, got {n_threads} and {n_threads_batch}"
-            ))
-            .into());
-        }
+        check_threads("n_threads", n_threads)?;
+        check_threads("n_threads_batch", n_threads_batch)?;
         self.run(py, |native| {
             native.with_mut(|context| context.set_n_threads(n_threads, n_threads_batch));
             Ok(())

@@ -6,6 +6,7 @@ use llama_cpp_4::context::params::{LlamaAttentionType, LlamaContextParams, Llama
 use llama_cpp_4::quantize::GgmlType;
 
 use crate::errors::{Error, Result};
+use crate::threadpool::check_threads;
 
 /// llama.cpp's defaults where the caller passes `None`, needed to check combinations.
 const DEFAULT_N_BATCH: u32 = 2048;
@@ -47,13 +48,6 @@ fn in_range(name: &str, value: i32, low: i32, high: i32) -> Result<i32> {
 fn positive(name: &str, value: u32) -> Result<u32> {
     if value == 0 {
         return Err(Error::value(format!("{name} must be at least 1")));
-    }
-    Ok(value)
-}
-
-fn threads(name: &str, value: i32) -> Result<i32> {
-    if value < 1 {
-        return Err(Error::value(format!("{name} must be at least 1, got {value}")));
     }
     Ok(value)
 }
@@ -120,11 +114,11 @@ impl ContextOptions {
             params = params.with_n_seq_max(positive("n_seq_max", n_seq_max)?);
         }
         let n_threads = match self.n_threads {
-            Some(n) => threads("n_threads", n)?,
+            Some(n) => check_threads("n_threads", n)?,
             None => default_threads(params.n_threads()),
         };
         let n_threads_batch = match self.n_threads_batch {
-            Some(n) => threads("n_threads_batch", n)?,
+            Some(n) => check_threads("n_threads_batch", n)?,
             None => default_threads(params.n_threads_batch()),
         };
         params = params.with_n_threads(n_threads).with_n_threads_batch(n_threads_batch);
