@@ -1,8 +1,10 @@
 """llamactx against llama.cpp's own llama-bench and llama-batched-bench, built from the same
-llama.cpp source, alternating in one run on one machine. Prints and writes (JSON, PNG) medians
-and ratios.
+llama.cpp source, alternating in one run on one machine; with --peer-python, also tg128 against
+llama-cpp-python, each library in its own child process (benches/tg_protocol.py). Prints and
+writes (JSON, PNG) medians and ratios (each the median of the rounds' ratios).
 
     python benches/compare.py --bin DIR_WITH_LLAMA_BENCH [--rounds 5] [--threads 2] [--out bench-results]
+                              [--peer-python .venv-peers/bin/python]
 """
 
 from __future__ import annotations
