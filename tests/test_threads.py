@@ -74,3 +74,14 @@ def test_four_threads_hammering_one_context(model: llamactx.LlamaModel) -> None:
     for seq, tokens in work:
         assert ctx.state_seq_get_data(seq) == reference_state(model, tokens, 1024, 4, seq), f"sequence {seq}"
     ctx.close()
+
+
+def test_contexts_with_two_threads_decoding_at_once(model: llamactx.LlamaModel) -> None:
+    # Both want the shared 2-thread pool at the same moments: the one that finds it busy
+    # computes on threads of its own for that call. Neither result may suffer.
+    contexts = [model.new_context(n_ctx=256, n_threads=2, n_threads_batch=2) for _ in range(2)]
+    work = [(contexts[n], tokens_for(model, n)[:20]) for n in range(2)]
+    run_threads([lambda c=c, t=t: decode_one_by_one(c, t, 0) for c, t in work])
+    for n, (ctx, tokens) in enumerate(work):
+        assert ctx.state_seq_get_data(0) == reference_state(model, tokens, 256, 1, 0), f"context {n}"
+        ctx.close()
