@@ -34,8 +34,9 @@ pub struct PoolSettings {
 
 impl PoolSettings {
     /// The shared pools: ggml's defaults, as llama.cpp's tools use (workers poll for new work
-    /// for about 0.17 s before sleeping). Polling measured faster and steadier than sleeping at
-    /// once (`poll` 0), whose wake-ups made generation 10-20% slower.
+    /// for about 0.17 s before sleeping). On 2 cores sleeping at once (`poll` 0) measured as
+    /// fast (`benches/pools.py`); polling is kept because every decode would otherwise wake
+    /// each worker, a cost that grows with the thread count.
     pub const SHARED: Self = Self {
         prio: 0,
         poll: 50,
