@@ -19,6 +19,8 @@ import json
 import statistics
 import time
 
+from compare import paired_ratio
+
 import llamactx
 from llamactx.bench import generation_speed
 
@@ -73,7 +75,7 @@ def main() -> None:
             runs.setdefault(name, []).append(measures[name]())
 
     def paired(ours: str, theirs: str) -> float:
-        return statistics.median(a / b for a, b in zip(runs[ours], runs[theirs], strict=True))
+        return paired_ratio(runs[ours], runs[theirs])
 
     print(
         json.dumps(

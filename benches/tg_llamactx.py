@@ -18,12 +18,12 @@ def matched(model: llamactx.LlamaModel, threads: int) -> float:
     return median_of_runs(lambda: generation_speed(ctx, TG, model.token_bos()))
 
 
-def defaults(path: str) -> float:
-    model = llamactx.LlamaModel.load_from_file(path)
+def defaults(model: llamactx.LlamaModel) -> float:
     ctx = model.new_context()
     return median_of_runs(lambda: generation_rate(llamactx.stream(ctx, PROMPT, max_tokens=TG + 1)))
 
 
 if __name__ == "__main__":
     path, n_threads = sys.argv[1], int(sys.argv[2])
-    report(llamactx.__version__, matched(llamactx.LlamaModel.load_from_file(path), n_threads), defaults(path))
+    loaded = llamactx.LlamaModel.load_from_file(path)  # with no arguments, as a user loads it
+    report(llamactx.__version__, matched(loaded, n_threads), defaults(loaded))
