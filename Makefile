@@ -9,8 +9,10 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/llamactx/target
 PROMPT ?= The capital of France is
 WHEEL_VENV ?= .venv-wheel
 PEERS_VENV ?= .venv-peers
+# Every build runs with the native toolchain (libclang, cmake) from the venv's PyPI wheels.
+TOOLCHAIN := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/llamactx_build.py
 
-.PHONY: help demo test lint fuzz bench bench-peers wheel test-wheel build model system-deps clean
+.PHONY: help demo test lint fuzz bench bench-peers wheel test-wheel build model clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -19,7 +21,7 @@ demo: build model ## set up, then stream text from the default model
 	$(PY) -m llamactx generate "$(PROMPT)" --max-tokens 64 --stats
 
 test: build model ## set up, then run the Rust unit tests, the Python tests and stubtest
-	cargo test --release --lib
+	$(TOOLCHAIN) cargo test --release --lib
 	$(PY) -m pytest
 	$(PY) -m mypy.stubtest llamactx._llamactx --allowlist .mypy-stubtest-allowlist
 
@@ -28,7 +30,7 @@ fuzz: build model ## the property-based API fuzzer with 20,000 examples (2,000 r
 
 bench: build model ## llamactx vs llama-bench/llama-batched-bench built once from the same llama.cpp source; JSON+PNG in bench-results/
 	$(PY) -m pip install --quiet matplotlib
-	$(PY) benches/compare.py --bin "$$(scripts/build-llama-bench.sh)" \
+	$(PY) benches/compare.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" \
 		$$(test -x $(PEERS_VENV)/bin/python && echo --peer-python $(PEERS_VENV)/bin/python)
 
 bench-peers: ## install llama-cpp-python 0.3.36 into its own venv (builds for ~7 minutes) for make bench
@@ -37,7 +39,7 @@ bench-peers: ## install llama-cpp-python 0.3.36 into its own venv (builds for ~7
 
 wheel: $(VENV)/.deps ## a release wheel in dist/ (abi3: one wheel for CPython 3.10 and later)
 	rm -rf dist
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/maturin build --release --quiet --out dist
+	$(TOOLCHAIN) maturin build --release --quiet --out dist
 
 test-wheel: wheel model ## install the wheel into a bare venv (no Rust needed) and run the tests from it
 	rm -rf $(WHEEL_VENV)
@@ -48,7 +50,7 @@ test-wheel: wheel model ## install the wheel into a bare venv (no Rust needed) a
 
 lint: build ## rustfmt, clippy, ruff and mypy --strict
 	cargo fmt --check
-	cargo clippy --release --all-targets -- -D warnings
+	$(TOOLCHAIN) cargo clippy --release --all-targets -- -D warnings
 	$(PY) -m ruff check python tests benches scripts
 	$(PY) -m ruff format --check python tests benches scripts
 	$(PY) -m mypy --strict python/llamactx
@@ -56,15 +58,12 @@ lint: build ## rustfmt, clippy, ruff and mypy --strict
 	$(PY) -m mypy --strict .readme-examples
 
 build: $(VENV)/.deps ## compile the extension into the virtual environment
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/maturin develop --release --quiet
+	$(TOOLCHAIN) maturin develop --release --quiet
 
 model: build ## fetch the default model into the cache (once)
 	$(PY) -c "import llamactx; print(llamactx.default_model_path())"
 
-system-deps:
-	scripts/ensure-system-deps.sh
-
-$(VENV)/.deps: requirements-dev.txt | system-deps
+$(VENV)/.deps: requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt

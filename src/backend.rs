@@ -6,6 +6,7 @@
 //! complete lines, and `flush_logs` hands them to the `llamactx` logger from a thread that
 //! holds the GIL, after every native call (see `native::detached`).
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,10 +61,59 @@ unsafe extern "C" fn queue_log_line(level: ggml_log_level, text: *const c_char, 
     let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
     // Nothing here may unwind into C: a poisoned queue only loses log lines.
     let _ = std::panic::catch_unwind(|| {
+        capture_error(level, &text);
         if let Ok(mut queue) = LOG_QUEUE.lock() {
             queue.push(level, &text);
         }
     });
+}
+
+/// Most bytes of logged errors kept for one exception message.
+const MAX_CAPTURED_BYTES: usize = 2048;
+
+/// Errors llama.cpp logs on one thread while `capture_errors` runs there.
+struct ErrorCapture {
+    text: String,
+    /// Whether the last piece was an error, so that its continuations belong to it.
+    in_error: bool,
+}
+
+thread_local! {
+    static CAPTURE: RefCell<Option<ErrorCapture>> = const { RefCell::new(None) };
+}
+
+fn capture_error(level: ggml_log_level, text: &str) {
+    CAPTURE.with_borrow_mut(|capture| {
+        let Some(capture) = capture else { return };
+        if level != llama_cpp_sys_4::GGML_LOG_LEVEL_CONT {
+            capture.in_error = level == llama_cpp_sys_4::GGML_LOG_LEVEL_ERROR;
+        }
+        if capture.in_error && capture.text.len() < MAX_CAPTURED_BYTES {
+            capture.text.push_str(text);
+        }
+    });
+}
+
+/// Runs `work` and returns, beside its result, what llama.cpp logged as errors on this thread
+/// meanwhile, lines joined by "; " (its return codes alone often do not say what was wrong).
+pub fn capture_errors<T>(work: impl FnOnce() -> T) -> (T, String) {
+    /// Stops capturing even when `work` panics.
+    struct Stop;
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            CAPTURE.set(None);
+        }
+    }
+    CAPTURE.set(Some(ErrorCapture {
+        text: String::new(),
+        in_error: false,
+    }));
+    let stop = Stop;
+    let result = work();
+    let text = CAPTURE.take().map(|capture| capture.text).unwrap_or_default();
+    drop(stop);
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|line| !line.is_empty()).collect();
+    (result, lines.join("; "))
 }
 
 impl LogQueue {

@@ -1,7 +1,7 @@
 //! `LlamaBatch`: tokens, positions and sequence ids for one `decode`, checked as they are added
 //! and again against the context that decodes them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use llama_cpp_4::llama_batch::{BatchAddError, LlamaBatch};
@@ -9,12 +9,44 @@ use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 
 use crate::errors::{Error, Result};
-use crate::native::detached;
+use crate::gil::detached;
 use crate::tokens::{check_vocab, extract_token_ids};
 
 /// Most cells (`n_tokens * n_seq_max`) one batch may allocate: a guard against a typo that
 /// would ask for many GiB and abort in `malloc`.
 const MAX_BATCH_CELLS: usize = 1 << 28;
+
+/// Where one sequence's tokens sit in a batch, gathered as they are added: what llama.cpp
+/// checks before it decodes (positions continue the sequence without gaps or steps back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqSpan {
+    pub first: i32,
+    pub last: i32,
+    /// Distinct positions: equal neighbours count once, as in llama.cpp's position set.
+    pub distinct: u32,
+    /// The first step back (previous position, position), which llama.cpp refuses.
+    pub step_back: Option<(i32, i32)>,
+}
+
+impl SeqSpan {
+    fn start(pos: i32) -> Self {
+        Self {
+            first: pos,
+            last: pos,
+            distinct: 1,
+            step_back: None,
+        }
+    }
+
+    fn extend(&mut self, pos: i32) {
+        if pos < self.last {
+            self.step_back.get_or_insert((self.last, pos));
+        } else if pos > self.last {
+            self.distinct += 1;
+            self.last = pos;
+        }
+    }
+}
 
 /// The crate's batch plus what it does not record but decoding must check.
 pub struct BatchState {
@@ -23,10 +55,12 @@ pub struct BatchState {
     n_seq_max: usize,
     /// Token ids added so far, to check against the decoding context's vocabulary.
     pub tokens: Vec<i32>,
-    /// The sequence ids added so far.
-    seqs: BTreeSet<i32>,
+    /// The positions of each sequence added so far.
+    pub spans: BTreeMap<i32, SeqSpan>,
+    /// Pairs of sequences that share a token (the first id of the token, another id).
+    pub couplings: BTreeSet<(i32, i32)>,
     /// Batch indices of the tokens that asked for logits.
-    pub logit_rows: Vec<i32>,
+    pub output_rows: Vec<i32>,
 }
 
 // SAFETY: `LlamaBatch` is `!Send` only because it holds the raw arrays `llama_batch_init`
@@ -55,16 +89,24 @@ impl BatchState {
         let row = i32::try_from(self.tokens.len()).map_err(|_| Error::value("batch is too large"))?;
         self.batch.add(LlamaToken::new(token), pos, seq_ids, logits)?;
         self.tokens.push(token);
-        self.seqs.extend(seq_ids);
+        for &seq in seq_ids {
+            self.spans
+                .entry(seq)
+                .and_modify(|span| span.extend(pos))
+                .or_insert_with(|| SeqSpan::start(pos));
+            if seq != seq_ids[0] {
+                self.couplings.insert((seq_ids[0], seq));
+            }
+        }
         if logits {
-            self.logit_rows.push(row);
+            self.output_rows.push(row);
         }
         Ok(())
     }
 
     /// The distinct sequence ids of the batch, sorted.
     pub fn seq_ids(&self) -> Vec<i32> {
-        self.seqs.iter().copied().collect()
+        self.spans.keys().copied().collect()
     }
 
     /// Checks the batch against a context before `llama_decode`/`llama_encode` see it.
@@ -75,7 +117,12 @@ impl BatchState {
                 self.tokens.len()
             )));
         }
-        if let Some(&max) = self.seqs.last().filter(|&&max| i64::from(max) >= i64::from(n_seq_max)) {
+        if let Some(&max) = self
+            .spans
+            .keys()
+            .next_back()
+            .filter(|&&max| i64::from(max) >= i64::from(n_seq_max))
+        {
             return Err(Error::value(format!(
                 "sequence id {max} is out of range: the context holds {n_seq_max} sequences"
             )));
@@ -128,8 +175,9 @@ impl PyLlamaBatch {
                 capacity: n_tokens,
                 n_seq_max,
                 tokens: Vec::with_capacity(n_tokens),
-                seqs: BTreeSet::new(),
-                logit_rows: Vec::new(),
+                spans: BTreeMap::new(),
+                couplings: BTreeSet::new(),
+                output_rows: Vec::new(),
             }),
         })
     }
@@ -170,8 +218,9 @@ impl PyLlamaBatch {
         self.with_state(py, |state| {
             state.batch.clear();
             state.tokens.clear();
-            state.logit_rows.clear();
-            state.seqs.clear();
+            state.output_rows.clear();
+            state.spans.clear();
+            state.couplings.clear();
             Ok(())
         })
     }

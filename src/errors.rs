@@ -23,32 +23,26 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
-/// The exception classes of llamactx, in the order they are created (bases first).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExcClass {
-    LlamaCppError,
-    DecodeError,
-    DecodeAborted,
-    EncodeError,
-    EmbeddingsError,
-    KvCacheConversionError,
-    SaveSessionError,
-    LoadSessionError,
-    LlamaModelLoadError,
-    LlamaContextLoadError,
-    LlamaLoraAdapterInitError,
-    LlamaLoraAdapterSetError,
-    LlamaLoraAdapterRemoveError,
-    BatchAddError,
-    StringToTokenError,
-    TokenToStringError,
-    StringFromModelError,
-    ChatTemplateError,
-    ApplyChatTemplateError,
-    NewLlamaChatMessageError,
-    ShimError,
-    SamplerInitError,
-    StateError,
+/// The exception classes: `Name(Base[, ExtraBase]): "docstring";`, bases first. This list is
+/// the one source of the classes; `tests/test_errors.py` checks that the package's `__all__`,
+/// the stub and the API reference name the same ones.
+macro_rules! exception_classes {
+    ($($class:ident($base:ident $(, $extra:ident)?): $doc:literal;)*) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum ExcClass {
+            $($class),*
+        }
+
+        const CLASSES: &[ClassSpec] = &[$(ClassSpec {
+            class: ExcClass::$class,
+            name: stringify!($class),
+            base: ExcClass::$base,
+            extra_base: exception_classes!(@extra $($extra)?),
+            doc: $doc,
+        }),*];
+    };
+    (@extra) => { None };
+    (@extra $extra:ident) => { Some(|py| py.get_type::<$extra>()) };
 }
 
 struct ClassSpec {
@@ -59,138 +53,55 @@ struct ClassSpec {
     doc: &'static str,
 }
 
-const fn spec(class: ExcClass, name: &'static str, doc: &'static str) -> ClassSpec {
-    ClassSpec {
-        class,
-        name,
-        base: ExcClass::LlamaCppError,
-        extra_base: None,
-        doc,
-    }
-}
-
-const CLASSES: [ClassSpec; 23] = [
-    spec(
-        ExcClass::LlamaCppError,
-        "LlamaCppError",
+exception_classes! {
+    LlamaCppError(LlamaCppError):
         "Base class of every llamactx error. `kind` is the crate's variant name, `code` the \
-         integer llama.cpp returned (or None).",
-    ),
-    spec(
-        ExcClass::DecodeError,
-        "DecodeError",
-        "`llama_decode` failed (crate enum `DecodeError`).",
-    ),
-    ClassSpec {
-        class: ExcClass::DecodeAborted,
-        name: "DecodeAborted",
-        base: ExcClass::DecodeError,
-        extra_base: None,
-        doc: "A decode was stopped by the abort callback or by Ctrl-C; the batch was rolled back.",
-    },
-    spec(
-        ExcClass::EncodeError,
-        "EncodeError",
-        "`llama_encode` failed (crate enum `EncodeError`).",
-    ),
-    spec(
-        ExcClass::EmbeddingsError,
-        "EmbeddingsError",
-        "Embeddings are not available (crate enum `EmbeddingsError`).",
-    ),
-    ClassSpec {
-        class: ExcClass::KvCacheConversionError,
-        name: "KvCacheConversionError",
-        base: ExcClass::LlamaCppError,
-        extra_base: Some(|py| py.get_type::<PyOverflowError>()),
-        doc: "A sequence id or position does not fit llama.cpp's 32-bit integers.",
-    },
-    spec(
-        ExcClass::SaveSessionError,
-        "SaveSessionError",
-        "Writing a session file failed.",
-    ),
-    spec(
-        ExcClass::LoadSessionError,
-        "LoadSessionError",
-        "Reading a session file failed.",
-    ),
-    spec(
-        ExcClass::LlamaModelLoadError,
-        "LlamaModelLoadError",
-        "llama.cpp could not load the model.",
-    ),
-    spec(
-        ExcClass::LlamaContextLoadError,
-        "LlamaContextLoadError",
-        "llama.cpp could not create the context.",
-    ),
-    spec(
-        ExcClass::LlamaLoraAdapterInitError,
-        "LlamaLoraAdapterInitError",
-        "llama.cpp could not load the LoRA adapter.",
-    ),
-    spec(
-        ExcClass::LlamaLoraAdapterSetError,
-        "LlamaLoraAdapterSetError",
-        "llama.cpp refused to set the LoRA adapter.",
-    ),
-    spec(
-        ExcClass::LlamaLoraAdapterRemoveError,
-        "LlamaLoraAdapterRemoveError",
-        "llama.cpp refused to remove the LoRA adapter.",
-    ),
-    spec(
-        ExcClass::BatchAddError,
-        "BatchAddError",
-        "The batch has no room for another token.",
-    ),
-    spec(
-        ExcClass::StringToTokenError,
-        "StringToTokenError",
-        "Tokenization failed.",
-    ),
-    spec(
-        ExcClass::TokenToStringError,
-        "TokenToStringError",
-        "Turning a token into text failed.",
-    ),
-    spec(
-        ExcClass::StringFromModelError,
-        "StringFromModelError",
-        "A string could not be read from the model.",
-    ),
-    spec(
-        ExcClass::ChatTemplateError,
-        "ChatTemplateError",
-        "The model's chat template is missing or unreadable.",
-    ),
-    spec(
-        ExcClass::ApplyChatTemplateError,
-        "ApplyChatTemplateError",
-        "Applying the chat template failed.",
-    ),
-    spec(
-        ExcClass::NewLlamaChatMessageError,
-        "NewLlamaChatMessageError",
-        "A chat message could not be built (NUL byte in role or content).",
-    ),
-    spec(
-        ExcClass::ShimError,
-        "ShimError",
-        "A call through the crate's C++ shim failed (crate enum `ShimError`), e.g. sampling.",
-    ),
-    spec(
-        ExcClass::SamplerInitError,
-        "SamplerInitError",
-        "llama.cpp could not build a sampler (e.g. a grammar it cannot parse).",
-    ),
-    spec(
-        ExcClass::StateError,
-        "StateError",
-        "A state function returned failure (`false` or `0`) without an error enum.",
-    ),
-];
+         integer llama.cpp returned (or None).";
+    DecodeError(LlamaCppError):
+        "`llama_decode` failed (crate enum `DecodeError`).";
+    DecodeAborted(DecodeError):
+        "A decode was stopped by the abort callback or by Ctrl-C; the batch was rolled back.";
+    EncodeError(LlamaCppError):
+        "`llama_encode` failed (crate enum `EncodeError`).";
+    EmbeddingsError(LlamaCppError):
+        "Embeddings are not available (crate enum `EmbeddingsError`).";
+    KvCacheConversionError(LlamaCppError, PyOverflowError):
+        "A sequence id or position does not fit llama.cpp's 32-bit integers.";
+    SaveSessionError(LlamaCppError):
+        "Writing a session file failed.";
+    LoadSessionError(LlamaCppError):
+        "Reading a session file failed.";
+    LlamaModelLoadError(LlamaCppError):
+        "llama.cpp could not load the model.";
+    LlamaContextLoadError(LlamaCppError):
+        "llama.cpp could not create the context.";
+    LlamaLoraAdapterInitError(LlamaCppError):
+        "llama.cpp could not load the LoRA adapter.";
+    LlamaLoraAdapterSetError(LlamaCppError):
+        "llama.cpp refused to set the LoRA adapter.";
+    LlamaLoraAdapterRemoveError(LlamaCppError):
+        "llama.cpp refused to remove the LoRA adapter.";
+    BatchAddError(LlamaCppError):
+        "The batch has no room for another token.";
+    StringToTokenError(LlamaCppError):
+        "Tokenization failed.";
+    TokenToStringError(LlamaCppError):
+        "Turning a token into text failed.";
+    StringFromModelError(LlamaCppError):
+        "A string could not be read from the model.";
+    ChatTemplateError(LlamaCppError):
+        "The model's chat template is missing or unreadable.";
+    ApplyChatTemplateError(LlamaCppError):
+        "Applying the chat template failed.";
+    NewLlamaChatMessageError(LlamaCppError):
+        "A chat message could not be built (NUL byte in role or content).";
+    ShimError(LlamaCppError):
+        "A call through the crate's C++ shim failed (crate enum `ShimError`), e.g. sampling.";
+    SamplerInitError(LlamaCppError):
+        "llama.cpp could not build a sampler (e.g. a grammar it cannot parse).";
+    StateError(LlamaCppError):
+        "A state function returned failure (`false` or `0`) without an error enum.";
+}
 
 static TYPES: [PyOnceLock<Py<PyType>>; CLASSES.len()] = [const { PyOnceLock::new() }; CLASSES.len()];
 
@@ -210,7 +121,7 @@ pub fn class_object(py: Python<'_>, class: ExcClass) -> &Bound<'_, PyType> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     let builtins_type = py.get_type::<PyType>();
-    for spec in &CLASSES {
+    for spec in CLASSES {
         let first_base = if spec.class == ExcClass::LlamaCppError {
             py.get_type::<PyException>()
         } else {
@@ -280,20 +191,37 @@ impl Error {
     }
 
     pub fn state(kind: &'static str, message: impl Into<String>) -> Self {
+        Self::llama(ExcClass::StateError, kind, None, message)
+    }
+
+    /// An error of one of the crate-shaped classes: the variant name in `kind`, llama.cpp's
+    /// return value (if any) in `code`.
+    pub fn llama(class: ExcClass, kind: impl Into<String>, code: Option<i64>, message: impl Into<String>) -> Self {
         Self::Llama {
-            class: ExcClass::StateError,
-            kind: kind.to_owned(),
-            code: None,
+            class,
+            kind: kind.into(),
+            code,
             message: message.into(),
         }
     }
 
-    fn llama(class: ExcClass, kind: &'static str, code: Option<i64>, err: &impl Display) -> Self {
-        Self::Llama {
-            class,
-            kind: kind.to_owned(),
-            code,
-            message: err.to_string(),
+    /// Adds what llama.cpp logged while failing (see `backend::capture_errors`) to the message
+    /// of a crate-shaped error; other errors already say what went wrong.
+    #[must_use]
+    pub fn with_logged_reason(self, logged: &str) -> Self {
+        match self {
+            Self::Llama {
+                class,
+                kind,
+                code,
+                message,
+            } if !logged.is_empty() => Self::Llama {
+                class,
+                kind,
+                code,
+                message: format!("{message} (llama.cpp: {logged})"),
+            },
+            other => other,
         }
     }
 }
@@ -370,7 +298,7 @@ macro_rules! map_error {
                 let (kind, code): (&'static str, Option<i64>) = match &err {
                     $($pattern => ($kind, $code)),+
                 };
-                Self::llama(ExcClass::$class, kind, code, &err)
+                Self::llama(ExcClass::$class, kind, code, err.to_string())
             }
         }
     };
@@ -490,16 +418,11 @@ map_error!(SamplerInitError => SamplerInitError {
 });
 
 /// The crate's `ShimError` (from sampling) lives in a private module, so it cannot be named
-/// and matched here; its variant name is read from its `Debug` form instead.
+/// and matched here; its variant name is read from its `Debug` form instead [llama.cpp internal].
 pub fn shim_error(err: impl std::fmt::Debug + Display) -> Error {
     let debug = format!("{err:?}");
     let kind = debug.split(['(', ' ', '{']).next().unwrap_or("Unknown");
-    Error::Llama {
-        class: ExcClass::ShimError,
-        kind: kind.to_owned(),
-        code: None,
-        message: err.to_string(),
-    }
+    Error::llama(ExcClass::ShimError, kind, None, err.to_string())
 }
 
 #[cfg(test)]

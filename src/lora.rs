@@ -12,7 +12,7 @@ use llama_cpp_4::model::{LlamaLoraAdapter, LlamaModel};
 use pyo3::prelude::*;
 
 use crate::errors::{Error, Result};
-use crate::native::close_unless_in_use;
+use crate::gil::close_unless_in_use;
 
 pub struct SendAdapter(pub LlamaLoraAdapter);
 

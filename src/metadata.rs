@@ -16,9 +16,10 @@ use llama_cpp_4::{ChatTemplateError, StringFromModelError};
 
 use crate::errors::{Error, ExcClass, Result};
 
-/// Longest text llama.cpp gives a scalar (a float printed with `%f`).
+/// Longest text llama.cpp gives a scalar (a float printed with `%f`) [llama.cpp internal].
 const SCALAR_TEXT_LEN: usize = 64;
 
+/// GGUF value types and the vocabulary key, for walking a file's header [llama.cpp internal].
 const GGUF_TYPE_STRING: u32 = 8;
 const GGUF_TYPE_ARRAY: u32 = 9;
 const TOKEN_LIST_KEY: &[u8] = b"tokenizer.ggml.tokens";
@@ -170,12 +171,12 @@ fn remember_bound(path: &Path, longest: u64) -> Result<usize> {
 pub fn check_model_file(path: &Path) -> Result<()> {
     let Ok(header) = scan_file(path) else { return Ok(()) };
     if let Some(token) = header.duplicate_token {
-        return Err(Error::Llama {
-            class: ExcClass::LlamaModelLoadError,
-            kind: "InvalidVocabulary".to_owned(),
-            code: None,
-            message: format!("the vocabulary lists the token {token:?} twice; llama.cpp cannot load it"),
-        });
+        return Err(Error::llama(
+            ExcClass::LlamaModelLoadError,
+            "InvalidVocabulary",
+            None,
+            format!("the vocabulary lists the token {token:?} twice; llama.cpp cannot load it"),
+        ));
     }
     remember_bound(path, header.longest)?;
     Ok(())

@@ -13,9 +13,9 @@ use pyo3::types::{PyBytes, PyDict, PyType};
 use crate::backend::backend;
 use crate::context::{ContextOptions, PyLlamaContext};
 use crate::errors::{Error, Result};
+use crate::gil::detached;
 use crate::lora::PyLlamaLoraAdapter;
 use crate::metadata;
-use crate::native::detached;
 use crate::paths::existing_file;
 use crate::tokens::{check_vocab, extract_token_ids, to_ids, to_llama_tokens};
 
@@ -132,70 +132,22 @@ impl PyLlamaModel {
     /// keeps llama.cpp's default. `pooling_type`, `flash_attn_type` and `attention_type` take
     /// the matching IntEnum or its int value; `cache_type_k`/`cache_type_v` take a ggml type
     /// name such as `"f16"` or `"q8_0"`.
-    #[pyo3(signature = (
-        *, n_ctx=None, n_batch=None, n_ubatch=None, n_seq_max=None, n_threads=None,
-        n_threads_batch=None, embeddings=None, pooling_type=None, flash_attn_type=None,
-        attention_type=None, cache_type_k=None, cache_type_v=None, offload_kqv=None,
-        kv_unified=None, swa_full=None, op_offload=None, no_perf=None, rope_freq_base=None,
-        rope_freq_scale=None
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn new_context(
-        slf: &Bound<'_, Self>,
-        n_ctx: Option<u32>,
-        n_batch: Option<u32>,
-        n_ubatch: Option<u32>,
-        n_seq_max: Option<u32>,
-        n_threads: Option<i32>,
-        n_threads_batch: Option<i32>,
-        embeddings: Option<bool>,
-        pooling_type: Option<i32>,
-        flash_attn_type: Option<i32>,
-        attention_type: Option<i32>,
-        cache_type_k: Option<String>,
-        cache_type_v: Option<String>,
-        offload_kqv: Option<bool>,
-        kv_unified: Option<bool>,
-        swa_full: Option<bool>,
-        op_offload: Option<bool>,
-        no_perf: Option<bool>,
-        rope_freq_base: Option<f32>,
-        rope_freq_scale: Option<f32>,
-    ) -> PyResult<PyLlamaContext> {
-        let options = ContextOptions {
-            n_ctx,
-            n_batch,
-            n_ubatch,
-            n_seq_max,
-            n_threads,
-            n_threads_batch,
-            embeddings,
-            pooling_type,
-            flash_attn_type,
-            attention_type,
-            cache_type_k,
-            cache_type_v,
-            offload_kqv,
-            kv_unified,
-            swa_full,
-            op_offload,
-            no_perf,
-            rope_freq_base,
-            rope_freq_scale,
-        };
-        PyLlamaContext::create(slf, options)
+    #[pyo3(signature = (**options))]
+    fn new_context(slf: &Bound<'_, Self>, options: Option<&Bound<'_, PyDict>>) -> PyResult<PyLlamaContext> {
+        PyLlamaContext::create(slf, ContextOptions::from_kwargs(options)?)
     }
 
     /// Tokenizes `text`. `add_bos` adds the BOS (and EOS) tokens where the model's tokenizer
     /// is configured to add them (llama.cpp's `add_special`; see `add_bos_token()`);
     /// `special` parses special tokens such as `<|im_start|>` written in the text (the
-    /// crate's default).
+    /// crate's default). Releases the GIL.
     #[pyo3(signature = (text, add_bos=true, *, special=true))]
-    fn str_to_token(&self, text: &str, add_bos: bool, special: bool) -> PyResult<Vec<i32>> {
+    fn str_to_token(&self, py: Python<'_>, text: &str, add_bos: bool, special: bool) -> PyResult<Vec<i32>> {
         let add_bos = if add_bos { AddBos::Always } else { AddBos::Never };
-        self.with_model(|model| {
+        let model = self.native()?;
+        detached(py, || {
             if add_bos == AddBos::Always {
-                Self::check_special_tokens(model)?;
+                Self::check_special_tokens(&model)?;
             }
             Ok(to_ids(&model.str_to_token_with_special(
                 text,
@@ -224,11 +176,12 @@ impl PyLlamaModel {
     }
 
     /// Turns tokens back into text. `remove_special` drops BOS/EOS where the model adds them;
-    /// `unparse_special` renders special tokens as text.
+    /// `unparse_special` renders special tokens as text. Releases the GIL.
     #[pyo3(signature = (tokens, remove_special=false, unparse_special=false))]
     fn detokenize(&self, tokens: &Bound<'_, PyAny>, remove_special: bool, unparse_special: bool) -> PyResult<String> {
         let ids = extract_token_ids(tokens)?;
-        self.with_model(|model| {
+        let model = self.native()?;
+        detached(tokens.py(), || {
             check_vocab(&ids, model.n_vocab())?;
             Ok(model.detokenize(&to_llama_tokens(&ids), remove_special, unparse_special)?)
         })

@@ -11,8 +11,8 @@ use pyo3::prelude::*;
 
 use crate::context::PyLlamaContext;
 use crate::errors::{shim_error, Error, ExcClass, Result};
+use crate::gil::detached;
 use crate::model::PyLlamaModel;
-use crate::native::detached;
 use crate::token_data::PyLlamaTokenDataArray;
 use crate::tokens::{check_vocab, extract_token_ids, to_llama_tokens};
 
@@ -116,9 +116,9 @@ fn model_of(model: &Bound<'_, PyLlamaModel>) -> Result<Arc<LlamaModel>> {
 }
 
 /// A freshly built sampler with the model it points into, able to leave a GIL-free closure.
-struct SendSampled(SendSampler, Arc<LlamaModel>);
+struct ModelSampler(SendSampler, Arc<LlamaModel>);
 
-impl SendSampled {
+impl ModelSampler {
     fn new(sampler: LlamaSampler, model: Arc<LlamaModel>) -> Self {
         Self(SendSampler(sampler), model)
     }
@@ -265,9 +265,9 @@ impl PyLlamaSampler {
         let model = model_of(model)?;
         detached(py, move || {
             let sampler = LlamaSampler::try_grammar(&model, &grammar, &root)?;
-            Ok(SendSampled::new(sampler, model))
+            Ok(ModelSampler::new(sampler, model))
         })
-        .map(SendSampled::into_sampler)
+        .map(ModelSampler::into_sampler)
     }
 
     /// A grammar that applies only after one of `trigger_patterns` (regexes) or
@@ -288,9 +288,9 @@ impl PyLlamaSampler {
             let patterns: Vec<&str> = trigger_patterns.iter().map(String::as_str).collect();
             let sampler =
                 LlamaSampler::try_grammar_lazy_patterns(&model, &grammar, &root, &patterns, &to_llama_tokens(&tokens))?;
-            Ok(SendSampled::new(sampler, model))
+            Ok(ModelSampler::new(sampler, model))
         })
-        .map(SendSampled::into_sampler)
+        .map(ModelSampler::into_sampler)
     }
 
     /// DRY ("don't repeat yourself") penalties; `seq_breakers` end a repeated sequence.
@@ -315,16 +315,16 @@ impl PyLlamaSampler {
                 penalty_last_n,
                 &seq_breakers,
             )?;
-            Ok(SendSampled::new(sampler, model))
+            Ok(ModelSampler::new(sampler, model))
         })
-        .map(SendSampled::into_sampler)
+        .map(ModelSampler::into_sampler)
     }
 
     /// Fill-in-the-middle sampling for infill models.
     #[staticmethod]
     fn infill(model: &Bound<'_, PyLlamaModel>) -> PyResult<Self> {
         let model = model_of(model)?;
-        Ok(SendSampled::new(LlamaSampler::infill(&model), model).into_sampler())
+        Ok(ModelSampler::new(LlamaSampler::infill(&model), model).into_sampler())
     }
 
     /// Applies `samplers` in order; the last one must select a token (`greedy` or `dist`).
@@ -382,15 +382,15 @@ impl PyLlamaSampler {
         let end_of_generation = self.models.iter().any(|model| model.is_eog_token(token));
         self.with_sampler(py, |sampler| {
             if end_of_generation && rejects(sampler, token) {
-                return Err(Error::Llama {
-                    class: ExcClass::ShimError,
-                    kind: "Failed".to_owned(),
-                    code: None,
-                    message: format!(
+                return Err(Error::llama(
+                    ExcClass::ShimError,
+                    "Failed",
+                    None,
+                    format!(
                         "the grammar does not accept the end-of-generation token {} here",
                         token.0
                     ),
-                });
+                ));
             }
             sampler.try_accept(token).map_err(shim_error)
         })

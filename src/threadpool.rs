@@ -8,9 +8,9 @@ use llama_cpp_sys_4::ggml_threadpool;
 use pyo3::prelude::*;
 
 use crate::errors::{Error, Result};
-use crate::native::close_unless_in_use;
+use crate::gil::close_unless_in_use;
 
-/// ggml's limit (`GGML_MAX_N_THREADS`).
+/// ggml's limit (`GGML_MAX_N_THREADS`) [llama.cpp internal].
 const MAX_THREADS: i32 = 512;
 
 /// `value` if it is a thread count ggml takes (1..=512), else `ValueError` naming `name`.
@@ -99,7 +99,7 @@ impl Drop for RawPool {
             return;
         }
         // SAFETY: the pool was made by `ggml_threadpool_new` and is freed once, here; nothing
-        // is attached to it any more (see `PyThreadPool::close` and `Native`'s field order).
+        // is attached to it any more (see `PyThreadPool::close` and `OpenContext`'s field order).
         unsafe { llama_cpp_sys_4::ggml_threadpool_free(self.pool.as_ptr()) };
     }
 }
@@ -221,7 +221,7 @@ impl PyThreadPool {
 }
 
 /// A context's hold on an attached pool; detaches the count when dropped (after the context
-/// that used the pool is freed, see `Native`'s field order).
+/// that used the pool is freed, see `OpenContext`'s field order).
 pub struct PoolLease(Py<PyThreadPool>);
 
 impl PoolLease {

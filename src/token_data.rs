@@ -60,7 +60,7 @@ impl PyLlamaTokenDataArray {
         py: Python<'_>,
         work: impl FnOnce(&mut LlamaTokenDataArray) -> Result<T> + Send,
     ) -> PyResult<T> {
-        crate::native::detached(py, || work(&mut *self.lock()?))
+        crate::gil::detached(py, || work(&mut *self.lock()?))
     }
 
     fn column<T: Send>(&self, py: Python<'_>, field: fn(&LlamaTokenData) -> T) -> PyResult<Vec<T>> {

@@ -6,29 +6,14 @@ import pytest
 
 import llamactx
 from conftest import PARIS_PROMPT
+from llamactx import _llamactx
 
-CRATE_ERRORS = [
-    "DecodeError",
-    "EncodeError",
-    "EmbeddingsError",
-    "KvCacheConversionError",
-    "SaveSessionError",
-    "LoadSessionError",
-    "LlamaModelLoadError",
-    "LlamaContextLoadError",
-    "LlamaLoraAdapterInitError",
-    "LlamaLoraAdapterSetError",
-    "LlamaLoraAdapterRemoveError",
-    "BatchAddError",
-    "StringToTokenError",
-    "TokenToStringError",
-    "StringFromModelError",
-    "ChatTemplateError",
-    "ApplyChatTemplateError",
-    "NewLlamaChatMessageError",
-    "ShimError",
-    "StateError",
-]
+# Every class the native module registers (its one list is in src/errors.rs).
+CRATE_ERRORS = sorted(
+    name
+    for name, value in vars(_llamactx).items()
+    if isinstance(value, type) and issubclass(value, llamactx.LlamaCppError)
+)
 
 
 @pytest.mark.parametrize("name", CRATE_ERRORS)

@@ -17,7 +17,7 @@ use crate::interrupt;
 
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
 
-/// What the C callback reads. Boxed by `Native`, so its address stays fixed while llama.cpp
+/// What the C callback reads. Boxed by `OpenContext`, so its address stays fixed while llama.cpp
 /// holds it.
 #[derive(Default)]
 pub struct AbortFlags {
@@ -53,12 +53,13 @@ impl AbortFlags {
         if !self.fired.load(Ordering::Acquire) {
             return error;
         }
-        if interrupt::interrupted() {
-            return Error::Aborted { interrupted: true };
-        }
+        // A Ctrl-C that lands while the Python callback runs is raised inside it: the
+        // callback's exception is then the `KeyboardInterrupt` to re-raise.
         match self.raised.lock().ok().and_then(|mut raised| raised.take()) {
             Some(exception) => Error::Python(exception),
-            None => Error::Aborted { interrupted: false },
+            None => Error::Aborted {
+                interrupted: interrupt::interrupted(),
+            },
         }
     }
 
@@ -114,8 +115,8 @@ pub unsafe extern "C" fn poll_abort(data: *mut c_void) -> bool {
     if data.is_null() {
         return false;
     }
-    // SAFETY: `data` is the address of the `AbortFlags` box owned by the context's `Native`,
-    // which outlives the llama.cpp context it is registered with (see `Native`'s field order).
+    // SAFETY: `data` is the address of the `AbortFlags` box owned by the context's `OpenContext`,
+    // which outlives the llama.cpp context it is registered with (see `OpenContext`'s field order).
     let flags = unsafe { &*data.cast::<AbortFlags>() };
     // A panic must not unwind into llama.cpp; treat it as "do not abort".
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| flags.poll())).unwrap_or(false)

@@ -100,12 +100,12 @@ impl PyLlamaContext {
             });
             match code {
                 None => Ok(()),
-                Some(code) => Err(Error::Llama {
-                    class: ExcClass::StateError,
-                    kind: "SetAdapterCvec".to_owned(),
-                    code: Some(i64::from(code)),
-                    message: "llama.cpp refused the control vector".to_owned(),
-                }),
+                Some(code) => Err(Error::llama(
+                    ExcClass::StateError,
+                    "SetAdapterCvec",
+                    Some(i64::from(code)),
+                    "llama.cpp refused the control vector",
+                )),
             }
         })
     }

@@ -4,14 +4,15 @@ use llama_cpp_4::context::LlamaContext;
 use llama_cpp_4::llama_batch::LlamaBatch;
 use pyo3::prelude::*;
 
-use super::{Native, PyLlamaContext};
+use super::{OpenContext, PyLlamaContext};
+use crate::backend::capture_errors;
 use crate::batch::PyLlamaBatch;
 use crate::errors::{Error, Result};
 use crate::interrupt::SigintWatch;
 use crate::shared_pool::SharedPools;
 use crate::threadpool::{check_threads, FORKED};
 
-impl Native {
+impl OpenContext {
     /// The shared pools to compute on when the user attached none. Refuses a user's pool
     /// started before this process was forked: its threads are not here.
     fn shared_pools(&self) -> Result<Option<SharedPools>> {
@@ -35,7 +36,8 @@ impl Native {
         }
     }
 
-    /// Runs `decode` or `encode` on a checked batch and records which rows have outputs.
+    /// Runs `decode` or `encode` on a checked batch and records which rows have outputs. All
+    /// or nothing: a failed or aborted decode leaves the KV cache as it found it.
     fn compute<E>(
         &mut self,
         batch: &PyLlamaBatch,
@@ -48,25 +50,31 @@ impl Native {
         let mut state = batch.lock()?;
         let (limit, limit_name) = self.batch_limit(encoding);
         state.check_for(self.n_vocab, self.n_seq_max, limit, limit_name)?;
+        let checkpoint = self.checkpoint(&state, !encoding)?;
         let shared = self.shared_pools()?;
         self.abort_flags.arm();
         let watch = SigintWatch::start();
-        let outcome = self.with_mut(|context| match &shared {
-            Some(pools) => pools.run_on(context, |context| run(context, &mut state.batch)),
-            None => run(context, &mut state.batch),
+        let (outcome, logged) = capture_errors(|| {
+            self.with_mut(|context| match &shared {
+                Some(pools) => pools.run_on(context, |context| run(context, &mut state.batch)),
+                None => run(context, &mut state.batch),
+            })
         });
         drop(shared);
         drop(watch);
-        // A failed decode leaves llama.cpp's outputs in no state worth reading.
-        let (rows, seqs) = match outcome {
-            Ok(()) => (state.logit_rows.clone(), state.seq_ids()),
-            Err(_) => (Vec::new(), Vec::new()),
-        };
-        self.logit_rows = rows;
-        self.output_seqs = seqs;
         match outcome {
-            Ok(()) => Ok(()),
-            Err(err) => Err(self.abort_flags.explain(Error::from(err))),
+            Ok(()) => {
+                self.output_rows.clone_from(&state.output_rows);
+                self.output_seqs = state.seq_ids();
+                Ok(())
+            }
+            Err(err) => {
+                // A failed decode leaves llama.cpp's outputs in no state worth reading.
+                self.output_rows.clear();
+                self.output_seqs.clear();
+                self.roll_back(&checkpoint);
+                Err(self.abort_flags.explain(Error::from(err).with_logged_reason(&logged)))
+            }
         }
     }
 }
@@ -161,7 +169,7 @@ impl PyLlamaContext {
             if native.has_memory {
                 native.with_mut(|context| context.clear_kv_cache());
             }
-            native.logit_rows.clear();
+            native.output_rows.clear();
             Ok(())
         })
     }

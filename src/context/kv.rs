@@ -9,7 +9,7 @@ use std::num::NonZeroU8;
 use llama_cpp_4::context::kv_cache::KvCacheConversionError;
 use pyo3::prelude::*;
 
-use super::{Native, PyLlamaContext};
+use super::{OpenContext, PyLlamaContext};
 use crate::errors::{Error, Result};
 
 /// A position bound: `None` (or the crate's "to the end") stays `None`.
@@ -30,7 +30,7 @@ fn position(
     }
 }
 
-impl Native {
+impl OpenContext {
     /// `seq_id` as llama.cpp takes it, or an error naming the valid range.
     pub(super) fn seq(&self, seq_id: i64) -> Result<i32> {
         if seq_id < 0 || seq_id >= i64::from(self.n_seq_max) {

@@ -6,46 +6,41 @@ use llama_cpp_4::context::LlamaContext;
 use numpy::{PyArray1, PyArray2};
 use pyo3::prelude::*;
 
-use super::{Native, PyLlamaContext};
+use super::{OpenContext, PyLlamaContext};
 use crate::arrays::{f32_matrix, f32_vector};
 use crate::errors::{Error, ExcClass, Result};
 use crate::token_data::PyLlamaTokenDataArray;
 
 fn embeddings_error(kind: &str, message: impl Into<String>) -> Error {
-    Error::Llama {
-        class: ExcClass::EmbeddingsError,
-        kind: kind.to_owned(),
-        code: None,
-        message: message.into(),
-    }
+    Error::llama(ExcClass::EmbeddingsError, kind, None, message)
 }
 
-impl Native {
+impl OpenContext {
     /// The batch index of output row `i` (negative counts from the last output), or
     /// `IndexError` when that row has no outputs.
-    pub fn logit_row(&self, i: i32) -> Result<i32> {
-        if self.logit_rows.is_empty() {
+    pub fn output_row(&self, i: i32) -> Result<i32> {
+        if self.output_rows.is_empty() {
             return Err(Error::index(
                 "no output row has logits: decode a batch with logits=True first (a state restore leaves none)",
             ));
         }
         let found = if i < 0 {
-            i64::try_from(self.logit_rows.len())
+            i64::try_from(self.output_rows.len())
                 .ok()
                 .and_then(|n| usize::try_from(n + i64::from(i)).ok())
-                .map(|k| self.logit_rows[k])
+                .map(|k| self.output_rows[k])
         } else {
-            self.logit_rows.contains(&i).then_some(i)
+            self.output_rows.contains(&i).then_some(i)
         };
         found.ok_or_else(|| {
             Error::index(format!(
                 "row {i} has no logits; rows with logits: {:?}",
-                self.logit_rows
+                self.output_rows
             ))
         })
     }
 
-    /// Like `logit_row`, for reading a full row of `n_vocab` logits: with a backend sampler
+    /// Like `output_row`, for reading a full row of `n_vocab` logits: with a backend sampler
     /// set, llama.cpp's logits buffer may be shorter than that.
     pub fn full_logits_row(&self, i: i32) -> Result<i32> {
         if !self.backend_samplers.is_empty() {
@@ -53,7 +48,7 @@ impl Native {
                 "a backend sampler is set (set_sampler): full logits are not kept; use the get_sampled_* methods",
             ));
         }
-        self.logit_row(i)
+        self.output_row(i)
     }
 
     fn read_row<T: Send>(&self, i: i32, read: impl for<'a> FnOnce(&LlamaContext<'a>, i32) -> T) -> Result<T> {
@@ -66,7 +61,7 @@ impl Native {
     }
 
     fn first_output(&self) -> i32 {
-        self.logit_rows.first().copied().unwrap_or(0)
+        self.output_rows.first().copied().unwrap_or(0)
     }
 
     /// Token embeddings exist only without pooling; pooled contexts write per-sequence ones.
@@ -78,7 +73,7 @@ impl Native {
             ));
         }
         let row = self
-            .logit_row(i)
+            .output_row(i)
             .map_err(|_| embeddings_error("LogitsNotEnabled", format!("row {i} has no output")))?;
         self.with(|context| Ok(context.embeddings_ith(row)?.to_vec()))
     }
@@ -87,7 +82,7 @@ impl Native {
         if self.backend_samplers.is_empty() {
             return Err(Error::index("no backend sampler is set: use set_sampler first"));
         }
-        self.logit_row(i)
+        self.output_row(i)
     }
 }
 
@@ -150,18 +145,18 @@ impl PyLlamaContext {
     /// `EmbeddingsError` when embeddings are off, the context pools them, or no row has outputs.
     fn get_embeddings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let (values, rows) = self.run(py, |native| {
-            if native.logit_rows.is_empty() {
+            if native.output_rows.is_empty() {
                 return Err(embeddings_error(
                     "LogitsNotEnabled",
                     "no output row: decode a batch with outputs first",
                 ));
             }
-            let rows = i32::try_from(native.logit_rows.len()).map_err(|_| Error::value("too many outputs"))?;
+            let rows = i32::try_from(native.output_rows.len()).map_err(|_| Error::value("too many outputs"))?;
             let mut values = Vec::new();
             for k in 0..rows {
                 values.extend(native.token_embeddings_row(k - rows)?);
             }
-            Ok((values, native.logit_rows.len()))
+            Ok((values, native.output_rows.len()))
         })?;
         f32_matrix(py, values, rows)
     }

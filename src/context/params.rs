@@ -4,37 +4,90 @@ use std::num::NonZeroU32;
 
 use llama_cpp_4::context::params::{LlamaAttentionType, LlamaContextParams, LlamaFlashAttnType, LlamaPoolingType};
 use llama_cpp_4::quantize::GgmlType;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::errors::{Error, Result};
 use crate::threadpool::check_threads;
 
-/// llama.cpp's defaults where the caller passes `None`, needed to check combinations.
+/// llama.cpp's defaults where the caller passes `None`, needed to check combinations
+/// [llama.cpp internal].
 const DEFAULT_N_BATCH: u32 = 2048;
 const DEFAULT_N_UBATCH: u32 = 512;
 const POOLING_MEAN: i32 = 1;
 
-/// The options of `new_context`; `None` keeps llama.cpp's default.
-#[derive(Debug, Default, Clone)]
-pub struct ContextOptions {
-    pub n_ctx: Option<u32>,
-    pub n_batch: Option<u32>,
-    pub n_ubatch: Option<u32>,
-    pub n_seq_max: Option<u32>,
-    pub n_threads: Option<i32>,
-    pub n_threads_batch: Option<i32>,
-    pub embeddings: Option<bool>,
-    pub pooling_type: Option<i32>,
-    pub flash_attn_type: Option<i32>,
-    pub attention_type: Option<i32>,
-    pub cache_type_k: Option<String>,
-    pub cache_type_v: Option<String>,
-    pub offload_kqv: Option<bool>,
-    pub kv_unified: Option<bool>,
-    pub swa_full: Option<bool>,
-    pub op_offload: Option<bool>,
-    pub no_perf: Option<bool>,
-    pub rope_freq_base: Option<f32>,
-    pub rope_freq_scale: Option<f32>,
+/// Declares `ContextOptions` from one list of `name: type`: the struct, the keyword names
+/// `new_context` accepts, and their extraction. A new llama.cpp parameter is one line here and
+/// one in `to_params` (plus the stub and the API reference, which a test checks against it).
+macro_rules! context_options {
+    ($($name:ident: $ty:ty),* $(,)?) => {
+        /// The options of `new_context`; `None` keeps llama.cpp's default.
+        #[derive(Debug, Default, Clone)]
+        pub struct ContextOptions {
+            $(pub $name: Option<$ty>,)*
+        }
+
+        impl ContextOptions {
+            /// The keyword names, in the order the stub lists them.
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($name)),*];
+
+            /// Reads `new_context`'s keyword arguments; an unknown name raises `TypeError`.
+            pub fn from_kwargs(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+                let mut options = Self::default();
+                let Some(kwargs) = kwargs else { return Ok(options) };
+                for (key, value) in kwargs.iter() {
+                    let key: String = key.extract()?;
+                    match key.as_str() {
+                        $(stringify!($name) => {
+                            options.$name = value.extract().map_err(|err| argument_error(&key, &err))?;
+                        })*
+                        _ => {
+                            return Err(PyTypeError::new_err(format!(
+                                "new_context() got an unexpected keyword argument '{key}'; it takes {}",
+                                Self::NAMES.join(", ")
+                            )))
+                        }
+                    }
+                }
+                Ok(options)
+            }
+        }
+    };
+}
+
+context_options! {
+    n_ctx: u32,
+    n_batch: u32,
+    n_ubatch: u32,
+    n_seq_max: u32,
+    n_threads: i32,
+    n_threads_batch: i32,
+    embeddings: bool,
+    pooling_type: i32,
+    flash_attn_type: i32,
+    attention_type: i32,
+    cache_type_k: String,
+    cache_type_v: String,
+    offload_kqv: bool,
+    kv_unified: bool,
+    swa_full: bool,
+    op_offload: bool,
+    no_perf: bool,
+    rope_freq_base: f32,
+    rope_freq_scale: f32,
+}
+
+/// The extraction error with the argument's name, keeping its class (`TypeError`,
+/// `OverflowError`) as PyO3's own argument errors do.
+fn argument_error(name: &str, err: &PyErr) -> PyErr {
+    Python::attach(|py| {
+        let message = format!("argument '{name}': {}", err.value(py));
+        match err.get_type(py).call1((message,)) {
+            Ok(exception) => PyErr::from_value(exception),
+            Err(failed) => failed,
+        }
+    })
 }
 
 fn in_range(name: &str, value: i32, low: i32, high: i32) -> Result<i32> {

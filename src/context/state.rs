@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::{Native, PyLlamaContext};
+use super::{OpenContext, PyLlamaContext};
 use crate::errors::{Error, Result};
 use crate::paths::{existing_file, extract_path};
 use crate::tokens::{check_vocab, extract_token_ids, to_ids, to_llama_tokens};
@@ -90,7 +90,8 @@ fn read_state(size: usize, get: impl FnOnce(&mut [u8]) -> usize) -> Result<Vec<u
     Ok(buffer)
 }
 
-/// llama.cpp's `io_magic` (llama-context.cpp), the first word of in-memory sequence states.
+/// llama.cpp's `io_magic` (llama-context.cpp), the first word of in-memory sequence states
+/// [llama.cpp internal].
 /// Pinned with llama-cpp-4 0.11.0; `test_sequence_state_file_round_trip` fails if it moves.
 const SEQ_STATE_IO_MAGIC: u32 = 0xaf14_3cd8;
 
@@ -122,10 +123,10 @@ fn parse_seq_state_file(file: &[u8], capacity: usize) -> Result<(Vec<i32>, &[u8]
     Ok((tokens.collect(), &file[state_at..]))
 }
 
-impl Native {
+impl OpenContext {
     /// Restoring state leaves llama.cpp without outputs (see the module comment).
     fn forget_outputs(&mut self) {
-        self.logit_rows.clear();
+        self.output_rows.clear();
     }
 
     fn state_bytes(&mut self) -> Result<Vec<u8>> {
@@ -203,7 +204,7 @@ impl PyLlamaContext {
 
     /// The whole state as `bytes`. `StateError` if llama.cpp writes nothing.
     fn state_get_data<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let state = self.run(py, Native::state_bytes)?;
+        let state = self.run(py, OpenContext::state_bytes)?;
         Ok(PyBytes::new(py, &state))
     }
 

@@ -6,11 +6,13 @@
 
 mod abort;
 mod adapters;
+mod attachments;
 mod compute;
-mod hooks;
+mod introspection;
 mod kv;
 mod outputs;
 mod params;
+mod rollback;
 mod state;
 
 use std::collections::BTreeMap;
@@ -24,14 +26,14 @@ use self_cell::self_cell;
 
 use crate::backend::backend;
 use crate::errors::{Error, Result};
+use crate::gil::detached;
 use crate::lora::AdapterLease;
 use crate::model::PyLlamaModel;
-use crate::native::detached;
 use crate::threadpool::PoolLease;
 use abort::AbortFlags;
 pub use params::ContextOptions;
 
-/// `LLAMA_ATTENTION_TYPE_NON_CAUSAL`.
+/// `LLAMA_ATTENTION_TYPE_NON_CAUSAL` [llama.cpp internal].
 const NON_CAUSAL: i32 = 1;
 
 self_cell!(
@@ -49,17 +51,18 @@ self_cell!(
 /// it that llama.cpp holds pointers to (abort flags, samplers, adapter, pools) outlives it.
 // The flags mirror independent llama.cpp settings; an enum would not make them clearer.
 #[allow(clippy::struct_excessive_bools)]
-pub struct Native {
+pub struct OpenContext {
     cell: ContextCell,
     abort_flags: Box<AbortFlags>,
     /// Copies given to `llama_set_sampler`, by sequence.
     backend_samplers: BTreeMap<i32, LlamaSampler>,
     lora: Option<AdapterLease>,
     pools: Vec<PoolLease>,
-    /// Batch indices of the rows that hold logits now. The crate keeps the same list
-    /// privately and panics on a row outside it; ours is also emptied when a state restore
-    /// leaves llama.cpp without outputs, which the crate does not track.
-    logit_rows: Vec<i32>,
+    /// Batch indices of the rows that hold outputs (logits, embeddings) now. The crate keeps
+    /// the same list privately and panics on a row outside it [llama.cpp internal]; ours is
+    /// also emptied when a state restore leaves llama.cpp without outputs, which the crate
+    /// does not track.
+    output_rows: Vec<i32>,
     /// Sequences of the last successful batch (their pooled embeddings are current).
     output_seqs: Vec<i32>,
     n_vocab: i32,
@@ -78,12 +81,12 @@ pub struct Native {
 
 // SAFETY: `LlamaContext` and `LlamaSampler` are `!Send` only because they hold raw pointers
 // to llama.cpp objects. llama.cpp keeps no thread-local state in a context: it may be used from
-// any thread, one at a time. `Native` is only reachable through the `Mutex` in
+// any thread, one at a time. `OpenContext` is only reachable through the `Mutex` in
 // `PyLlamaContext`, which gives exactly that: one thread at a time. The model it points to
 // is `Send + Sync` and owned by the same cell through an `Arc`.
-unsafe impl Send for Native {}
+unsafe impl Send for OpenContext {}
 
-impl Native {
+impl OpenContext {
     /// The model this context runs.
     pub fn model(&self) -> &Arc<LlamaModel> {
         self.cell.borrow_owner()
@@ -95,7 +98,7 @@ impl Native {
         let data = std::ptr::from_ref::<AbortFlags>(&self.abort_flags)
             .cast_mut()
             .cast::<std::ffi::c_void>();
-        // SAFETY: `data` points into the `Box<AbortFlags>` owned by this `Native`, which is
+        // SAFETY: `data` points into the `Box<AbortFlags>` owned by this `OpenContext`, which is
         // dropped after the llama.cpp context (field order), so it outlives every call
         // llama.cpp makes with it; `poll_abort` has the signature llama.cpp expects.
         self.with_mut(|context| unsafe { context.set_abort_callback(Some(abort::poll_abort), data) });
@@ -123,7 +126,7 @@ impl Native {
 /// are serialised and other Python threads keep running meanwhile.
 #[pyclass(frozen, module = "llamactx", name = "LlamaContext")]
 pub struct PyLlamaContext {
-    native: Mutex<Option<Native>>,
+    native: Mutex<Option<OpenContext>>,
     model: Py<PyLlamaModel>,
 }
 
@@ -148,13 +151,13 @@ impl PyLlamaContext {
                     !memory.is_null(),
                 )
             });
-            Ok(Native {
+            Ok(OpenContext {
                 cell,
                 abort_flags: Box::default(),
                 backend_samplers: BTreeMap::new(),
                 lora: None,
                 pools: Vec::new(),
-                logit_rows: Vec::new(),
+                output_rows: Vec::new(),
                 output_seqs: Vec::new(),
                 n_vocab,
                 n_seq_max,
@@ -177,7 +180,7 @@ impl PyLlamaContext {
     /// Runs `work` on the open native context, holding its lock, with the GIL released.
     pub fn run<T, F>(&self, py: Python<'_>, work: F) -> PyResult<T>
     where
-        F: FnOnce(&mut Native) -> Result<T> + Send,
+        F: FnOnce(&mut OpenContext) -> Result<T> + Send,
         T: Send,
     {
         detached(py, || {

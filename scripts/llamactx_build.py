@@ -1,0 +1,133 @@
+"""The native toolchain for building llamactx, taken from PyPI instead of the system.
+
+Building llama.cpp through llama-cpp-sys-4 needs libclang (for bindgen) and CMake. Both come
+as PyPI wheels (``libclang``, ``cmake``), so a machine with Rust, Python and a C/C++ compiler
+needs no root and no system packages. This module points the build at them:
+
+- as the PEP 517 backend named in pyproject.toml: maturin's hooks, run with that environment
+  (``pip install .``, ``pip wheel .``, builds from the sdist);
+- as a command, ``python scripts/llamactx_build.py COMMAND [ARGS...]``: runs COMMAND (cargo,
+  maturin) with that environment; the Makefile runs every build through it.
+
+Settings already made by the user (``LIBCLANG_PATH``, ``CMAKE``) win; without the wheels the
+system's libclang and cmake are used, as bindgen and cmake-rs find them.
+
+On x86-64 it also compiles llama.cpp's AMX kernels out (``-mno-amx-*`` in CFLAGS/CXXFLAGS): the
+pinned llama.cpp runs AMX tile instructions on threads that Linux has not granted AMX to, which
+kills the process with SIGILL on the first decode wherever ``-march=native`` finds AMX (seen on
+a Sapphire Rapids VM; upstream llama.cpp pull request 26954 is the fix).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def toolchain_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables to add to ``environ`` so that the build uses the PyPI toolchain."""
+    added: dict[str, str] = {}
+    if "LIBCLANG_PATH" not in environ:
+        libclang_dir = _wheel_libclang_dir()
+        if libclang_dir is not None:
+            added["LIBCLANG_PATH"] = str(libclang_dir)
+            # The wheel has libclang without clang's own headers (stddef.h, stdbool.h, ...):
+            # the C compiler's serve bindgen equally well.
+            include = _compiler_include_dir(environ)
+            if include is not None:
+                extra = environ.get("BINDGEN_EXTRA_CLANG_ARGS", "")
+                added["BINDGEN_EXTRA_CLANG_ARGS"] = f"{extra} -I{include}".strip()
+    if "CMAKE" not in environ:
+        cmake = _wheel_cmake()
+        if cmake is not None:
+            added["CMAKE"] = str(cmake)
+    if platform.machine().lower() in ("x86_64", "amd64") and _compiler_accepts(environ, NO_AMX):
+        for variable in ("CFLAGS", "CXXFLAGS"):
+            added[variable] = f"{environ.get(variable, '')} {NO_AMX}".strip()
+    return added
+
+
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def _wheel_libclang_dir() -> Path | None:
+    try:
+        import clang  # the `libclang` wheel's package
+    except ImportError:
+        return None
+    native = Path(clang.__file__).parent / "native"
+    return native if any(native.glob("libclang*.so*")) else None
+
+
+def _wheel_cmake() -> Path | None:
+    try:
+        import cmake
+    except ImportError:
+        return None
+    found = shutil.which("cmake", path=str(cmake.CMAKE_BIN_DIR))
+    return Path(found) if found else None
+
+
+def _compiler(environ: Mapping[str, str]) -> str | None:
+    return environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _run_compiler(environ: Mapping[str, str], *args: str) -> str | None:
+    """The compiler's output for ``args``, or None when there is none or it fails."""
+    compiler = _compiler(environ)
+    if not compiler:
+        return None
+    try:
+        return subprocess.run([compiler, *args], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _compiler_include_dir(environ: Mapping[str, str]) -> str | None:
+    found = (_run_compiler(environ, "-print-file-name=include") or "").strip()
+    return found if os.path.isabs(found) and os.path.isdir(found) else None
+
+
+def _compiler_accepts(environ: Mapping[str, str], flags: str) -> bool:
+    return _run_compiler(environ, *flags.split(), "-E", "-x", "c", os.devnull) is not None
+
+
+def _with_toolchain(hook: Any) -> Any:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        os.environ.update(toolchain_env(os.environ))
+        return hook(*args, **kwargs)
+
+    run.__name__ = hook.__name__
+    run.__doc__ = hook.__doc__
+    return run
+
+
+def _backend_hooks() -> dict[str, Any]:
+    import maturin
+
+    names = [
+        "build_wheel",
+        "build_sdist",
+        "build_editable",
+        "get_requires_for_build_wheel",
+        "get_requires_for_build_sdist",
+        "get_requires_for_build_editable",
+        "prepare_metadata_for_build_wheel",
+        "prepare_metadata_for_build_editable",
+    ]
+    return {name: _with_toolchain(getattr(maturin, name)) for name in names if hasattr(maturin, name)}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: python scripts/llamactx_build.py COMMAND [ARGS...]")
+    environment = {**os.environ, **toolchain_env(os.environ)}
+    os.execvpe(sys.argv[1], sys.argv[1:], environment)
+else:
+    globals().update(_backend_hooks())
