@@ -54,6 +54,7 @@ lint: build ## rustfmt, clippy, ruff and mypy --strict
 	$(PY) -m ruff check python tests benches scripts
 	$(PY) -m ruff format --check python tests benches scripts
 	$(PY) -m mypy --strict python/llamactx
+	$(PY) scripts/stub_docstrings.py --check
 	rm -rf .readme-examples && $(PY) scripts/readme_examples.py .readme-examples
 	$(PY) -m mypy --strict .readme-examples
 

@@ -5,6 +5,7 @@ and the context options (declared once in Rust), and the marks of copied llama.c
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 from pathlib import Path
 
@@ -81,3 +82,35 @@ def test_the_marked_llama_cpp_internals_are_the_listed_ones() -> None:
         if "[llama.cpp internal]" in path.read_text()
     }
     assert listed == marked
+
+
+def stub_definitions() -> list[tuple[str, ast.ClassDef | ast.FunctionDef, object]]:
+    """Every public class, method and function of the stub, with the object it describes."""
+    found: list[tuple[str, ast.ClassDef | ast.FunctionDef, object]] = []
+    for node in STUB.body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef) and hasattr(_llamactx, node.name):
+            owner = getattr(_llamactx, node.name)
+            found.append((node.name, node, owner))
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and not item.name.startswith("__"):
+                        member = inspect.getattr_static(owner, item.name)
+                        found.append((f"{node.name}.{item.name}", item, member))
+    return found
+
+
+def words(text: str | None) -> list[str]:
+    return (text or "").split()
+
+
+def test_every_stub_definition_carries_the_native_docstring() -> None:
+    definitions = stub_definitions()
+    assert len(definitions) > 150
+    undocumented = [name for name, node, _ in definitions if not ast.get_docstring(node)]
+    assert not undocumented, undocumented
+    stale = [
+        name
+        for name, node, native in definitions
+        if words(ast.get_docstring(node)) != words(getattr(getattr(native, "__func__", native), "__doc__", None))
+    ]
+    assert not stale, f"{stale}: run python scripts/stub_docstrings.py"

@@ -54,37 +54,84 @@ _Bytes = bytes | bytearray | memoryview
 _ChatMessage = tuple[str, str] | Mapping[str, str]
 
 class LlamaCppError(Exception):
-    """Base class of every llamactx error."""
+    """Base class of every llamactx error. `kind` is the crate's variant name, `code` the integer llama.cpp
+    returned (or None).
+    """
 
     kind: str | None
     code: int | None
 
-class DecodeError(LlamaCppError): ...
-class DecodeAborted(DecodeError): ...
-class EncodeError(LlamaCppError): ...
-class EmbeddingsError(LlamaCppError): ...
-class KvCacheConversionError(LlamaCppError, OverflowError): ...
-class SaveSessionError(LlamaCppError): ...
-class LoadSessionError(LlamaCppError): ...
-class LlamaModelLoadError(LlamaCppError): ...
-class LlamaContextLoadError(LlamaCppError): ...
-class LlamaLoraAdapterInitError(LlamaCppError): ...
-class LlamaLoraAdapterSetError(LlamaCppError): ...
-class LlamaLoraAdapterRemoveError(LlamaCppError): ...
-class BatchAddError(LlamaCppError): ...
-class StringToTokenError(LlamaCppError): ...
-class TokenToStringError(LlamaCppError): ...
-class StringFromModelError(LlamaCppError): ...
-class ChatTemplateError(LlamaCppError): ...
-class ApplyChatTemplateError(LlamaCppError): ...
-class NewLlamaChatMessageError(LlamaCppError): ...
-class ShimError(LlamaCppError): ...
-class SamplerInitError(LlamaCppError): ...
-class StateError(LlamaCppError): ...
+class DecodeError(LlamaCppError):
+    """`llama_decode` failed (crate enum `DecodeError`)."""
+
+class DecodeAborted(DecodeError):
+    """A decode was stopped by the abort callback or by Ctrl-C; the batch was rolled back."""
+
+class EncodeError(LlamaCppError):
+    """`llama_encode` failed (crate enum `EncodeError`)."""
+
+class EmbeddingsError(LlamaCppError):
+    """Embeddings are not available (crate enum `EmbeddingsError`)."""
+
+class KvCacheConversionError(LlamaCppError, OverflowError):
+    """A sequence id or position does not fit llama.cpp's 32-bit integers."""
+
+class SaveSessionError(LlamaCppError):
+    """Writing a session file failed."""
+
+class LoadSessionError(LlamaCppError):
+    """Reading a session file failed."""
+
+class LlamaModelLoadError(LlamaCppError):
+    """llama.cpp could not load the model."""
+
+class LlamaContextLoadError(LlamaCppError):
+    """llama.cpp could not create the context."""
+
+class LlamaLoraAdapterInitError(LlamaCppError):
+    """llama.cpp could not load the LoRA adapter."""
+
+class LlamaLoraAdapterSetError(LlamaCppError):
+    """llama.cpp refused to set the LoRA adapter."""
+
+class LlamaLoraAdapterRemoveError(LlamaCppError):
+    """llama.cpp refused to remove the LoRA adapter."""
+
+class BatchAddError(LlamaCppError):
+    """The batch has no room for another token."""
+
+class StringToTokenError(LlamaCppError):
+    """Tokenization failed."""
+
+class TokenToStringError(LlamaCppError):
+    """Turning a token into text failed."""
+
+class StringFromModelError(LlamaCppError):
+    """A string could not be read from the model."""
+
+class ChatTemplateError(LlamaCppError):
+    """The model's chat template is missing or unreadable."""
+
+class ApplyChatTemplateError(LlamaCppError):
+    """Applying the chat template failed."""
+
+class NewLlamaChatMessageError(LlamaCppError):
+    """A chat message could not be built (NUL byte in role or content)."""
+
+class ShimError(LlamaCppError):
+    """A call through the crate's C++ shim failed (crate enum `ShimError`), e.g. sampling."""
+
+class SamplerInitError(LlamaCppError):
+    """llama.cpp could not build a sampler (e.g. a grammar it cannot parse)."""
+
+class StateError(LlamaCppError):
+    """A state function returned failure (`false` or `0`) without an error enum."""
 
 @final
 class LlamaModel:
-    """A model loaded from a GGUF file."""
+    """A model loaded from a GGUF file. Shared by every context made from it, and kept alive by
+    them: closing or deleting the Python object while contexts exist is safe.
+    """
 
     @classmethod
     def load_from_file(
@@ -96,7 +143,15 @@ class LlamaModel:
         vocab_only: bool = False,
         use_mmap: bool = True,
         use_mlock: bool = False,
-    ) -> LlamaModel: ...
+    ) -> LlamaModel:
+        """Loads a GGUF model. Releases the GIL while loading.
+
+        `n_gpu_layers` layers are offloaded to a GPU when llama.cpp was built with one.
+        `vocab_only` loads only the tokenizer. `use_mmap`/`use_mlock` choose how the weights
+        are read. llama-cpp-4 0.11 cannot pass a progress callback to llama.cpp, so there is
+        none. Raises `FileNotFoundError` for a missing file, `ValueError` for a path that is not
+        UTF-8 or holds a NUL byte, and `LlamaModelLoadError` when llama.cpp refuses the file.
+        """
     def new_context(
         self,
         *,
@@ -119,40 +174,93 @@ class LlamaModel:
         no_perf: bool | None = None,
         rope_freq_base: float | None = None,
         rope_freq_scale: float | None = None,
-    ) -> LlamaContext: ...
-    def str_to_token(self, text: str, add_bos: bool = True, *, special: bool = True) -> list[int]: ...
-    def token_to_str(self, token: int, special: bool = True) -> str: ...
-    def token_to_bytes(self, token: int, special: bool = True) -> bytes: ...
-    def detokenize(self, tokens: _Tokens, remove_special: bool = False, unparse_special: bool = False) -> str: ...
-    def n_vocab(self) -> int: ...
-    def n_embd(self) -> int: ...
-    def n_layer(self) -> int: ...
-    def n_head(self) -> int: ...
-    def n_ctx_train(self) -> int: ...
-    def n_params(self) -> int: ...
-    def model_size(self) -> int: ...
-    def token_bos(self) -> int: ...
-    def token_eos(self) -> int: ...
-    def token_eot(self) -> int: ...
-    def token_nl(self) -> int: ...
-    def is_eog_token(self, token: int) -> bool: ...
-    def add_bos_token(self) -> bool: ...
-    def has_encoder(self) -> bool: ...
-    def has_decoder(self) -> bool: ...
-    def meta_val_str(self, key: str) -> str: ...
-    def meta_count(self) -> int: ...
-    def metadata(self) -> dict[str, str]: ...
-    def desc(self) -> str: ...
-    def get_chat_template(self) -> str: ...
-    def lora_adapter_init(self, path: _Path) -> LlamaLoraAdapter: ...
+    ) -> LlamaContext:
+        """Creates a context (KV cache, compute buffers) on this model. Releases the GIL.
+
+        Keywords are the crate's `LlamaContextParams::with_*` builders without `with_`; `None`
+        keeps llama.cpp's default. `pooling_type`, `flash_attn_type` and `attention_type` take
+        the matching IntEnum or its int value; `cache_type_k`/`cache_type_v` take a ggml type
+        name such as `"f16"` or `"q8_0"`.
+        """
+    def str_to_token(self, text: str, add_bos: bool = True, *, special: bool = True) -> list[int]:
+        """Tokenizes `text`. `add_bos` adds the BOS (and EOS) tokens where the model's tokenizer
+        is configured to add them (llama.cpp's `add_special`; see `add_bos_token()`);
+        `special` parses special tokens such as `<|im_start|>` written in the text (the
+        crate's default). Releases the GIL.
+        """
+    def token_to_str(self, token: int, special: bool = True) -> str:
+        """The text of one token. `special=True` renders special tokens (e.g. `<|im_end|>`),
+        `False` renders them as empty text. Raises `TokenToStringError` for a token whose
+        bytes are not valid UTF-8 on their own; use `token_to_bytes` for those.
+        """
+    def token_to_bytes(self, token: int, special: bool = True) -> bytes:
+        """The raw bytes of one token (a multi-byte character may be split across tokens)."""
+    def detokenize(self, tokens: _Tokens, remove_special: bool = False, unparse_special: bool = False) -> str:
+        """Turns tokens back into text. `remove_special` drops BOS/EOS where the model adds them;
+        `unparse_special` renders special tokens as text. Releases the GIL.
+        """
+    def n_vocab(self) -> int:
+        """Number of tokens in the vocabulary."""
+    def n_embd(self) -> int:
+        """Width of the model's embeddings."""
+    def n_layer(self) -> int:
+        """Number of layers."""
+    def n_head(self) -> int:
+        """Number of attention heads."""
+    def n_ctx_train(self) -> int:
+        """Context length the model was trained with."""
+    def n_params(self) -> int:
+        """Number of parameters."""
+    def model_size(self) -> int:
+        """Size of the weights in bytes."""
+    def token_bos(self) -> int:
+        """Beginning-of-sequence token."""
+    def token_eos(self) -> int:
+        """End-of-sequence token."""
+    def token_eot(self) -> int:
+        """End-of-turn token (-1 when the model has none)."""
+    def token_nl(self) -> int:
+        """Newline token."""
+    def is_eog_token(self, token: int) -> bool:
+        """Whether `token` ends generation (EOS, EOT, ...)."""
+    def add_bos_token(self) -> bool:
+        """Whether the tokenizer adds a BOS token."""
+    def has_encoder(self) -> bool:
+        """Whether the model has an encoder (T5-style), i.e. supports `LlamaContext.encode`."""
+    def has_decoder(self) -> bool:
+        """Whether the model has a decoder."""
+    def meta_val_str(self, key: str) -> str:
+        """The value of one metadata key, as text; `StringFromModelError` when it is missing."""
+    def meta_count(self) -> int:
+        """Number of metadata entries (arrays excluded, as llama.cpp does)."""
+    def metadata(self) -> dict[str, str]:
+        """All metadata as a `dict` of text values."""
+    def desc(self) -> str:
+        """A short description of the model (architecture, size, quantization)."""
+    def get_chat_template(self) -> str:
+        """The model's chat template (a Jinja string); `ChatTemplateError` when it has none."""
+    def lora_adapter_init(self, path: _Path) -> LlamaLoraAdapter:
+        """Loads a LoRA adapter (GGUF) made for this model. Releases the GIL.
+        `LlamaLoraAdapterInitError` when llama.cpp refuses the file.
+        """
     def apply_chat_template(
         self, messages: Sequence[_ChatMessage], tmpl: str | None = None, add_ass: bool = True
-    ) -> str: ...
+    ) -> str:
+        """Formats `messages` (a sequence of `(role, content)` pairs or of dicts with `role` and
+        `content`) with the model's template, or with `tmpl` when given; `add_ass` ends the
+        prompt with the assistant's turn opener. llama.cpp applies the template with its
+        built-in formats, not a full Jinja engine.
+        """
     @property
-    def path(self) -> Path: ...
-    def close(self) -> None: ...
+    def path(self) -> Path:
+        """Path of the GGUF file."""
+    def close(self) -> None:
+        """Drops this object's hold on the native model. Contexts made from it keep it alive until
+        they close; every later call on this object raises `ValueError`.
+        """
     @property
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """Whether `close()` was called."""
     def __enter__(self) -> LlamaModel: ...
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -160,84 +268,246 @@ class LlamaModel:
 
 @final
 class LlamaContext:
-    """A llama.cpp context: KV cache, compute buffers and outputs of one model."""
+    """A llama.cpp context: KV cache, compute buffers and outputs of one model.
+
+    Every method takes the context's lock with the GIL released, so threads sharing a context
+    are serialised and other Python threads keep running meanwhile.
+    """
 
     @property
-    def model(self) -> LlamaModel: ...
-    def n_ctx(self) -> int: ...
-    def n_ctx_seq(self) -> int: ...
-    def n_batch(self) -> int: ...
-    def n_ubatch(self) -> int: ...
-    def n_seq_max(self) -> int: ...
-    def n_threads(self) -> int: ...
-    def n_threads_batch(self) -> int: ...
-    def decode(self, batch: LlamaBatch) -> None: ...
-    def encode(self, batch: LlamaBatch) -> None: ...
-    def synchronize(self) -> None: ...
-    def set_warmup(self, warmup: bool) -> None: ...
-    def set_causal_attn(self, causal_attn: bool) -> None: ...
-    def set_embeddings(self, embeddings: bool) -> None: ...
-    def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None: ...
-    def pooling_type(self) -> LlamaPoolingType: ...
-    def clear_kv_cache(self) -> None: ...
-    def get_logits(self) -> npt.NDArray[np.float32]: ...
-    def get_logits_ith(self, i: int) -> npt.NDArray[np.float32]: ...
-    def candidates(self) -> LlamaTokenDataArray: ...
-    def candidates_ith(self, i: int) -> LlamaTokenDataArray: ...
-    def token_data_array(self) -> LlamaTokenDataArray: ...
-    def get_embeddings(self) -> npt.NDArray[np.float32]: ...
-    def embeddings_ith(self, i: int) -> npt.NDArray[np.float32]: ...
-    def embeddings_seq_ith(self, seq: int) -> npt.NDArray[np.float32]: ...
-    def get_sampled_token_ith(self, i: int) -> int: ...
-    def get_sampled_candidates_ith(self, i: int) -> npt.NDArray[np.int32]: ...
-    def get_sampled_logits_count_ith(self, i: int) -> int: ...
-    def get_sampled_logits_ith(self, i: int) -> npt.NDArray[np.float32]: ...
-    def get_sampled_probs_count_ith(self, i: int) -> int: ...
-    def get_sampled_probs_ith(self, i: int) -> npt.NDArray[np.float32]: ...
-    def save_session_file(self, path: _Path, tokens: _Tokens) -> None: ...
-    def load_session_file(self, path: _Path, max_tokens: int) -> list[int]: ...
-    def get_state_size(self) -> int: ...
-    def state_get_size(self) -> int: ...
-    def copy_state_data(self) -> bytes: ...
-    def state_get_data(self) -> bytes: ...
-    def set_state_data(self, src: _Bytes) -> int: ...
-    def state_set_data(self, src: _Bytes) -> int: ...
-    def state_save_file(self, path: _Path, tokens: _Tokens) -> bool: ...
-    def state_load_file(self, path: _Path, n_token_capacity: int) -> list[int]: ...
-    def state_seq_get_size(self, seq_id: int) -> int: ...
-    def state_seq_get_size_ext(self, seq_id: int, flags: int) -> int: ...
-    def state_seq_get_data(self, seq_id: int) -> bytes: ...
-    def state_seq_get_data_ext(self, seq_id: int, flags: int) -> bytes: ...
-    def state_seq_set_data(self, src: _Bytes, dest_seq_id: int) -> int: ...
-    def state_seq_set_data_ext(self, src: _Bytes, dest_seq_id: int, flags: int) -> int: ...
-    def state_seq_save_file(self, path: _Path, seq_id: int, tokens: _Tokens) -> int: ...
-    def state_seq_load_file(self, path: _Path, dest_seq_id: int, n_token_capacity: int) -> list[int]: ...
-    def lora_adapter_set(self, adapter: LlamaLoraAdapter, scale: float) -> None: ...
-    def lora_adapter_remove(self, adapter: LlamaLoraAdapter) -> None: ...
-    def set_adapter_cvec(self, data: npt.ArrayLike | None, n_embd: int, il_start: int, il_end: int) -> None: ...
-    def set_abort_callback(self, callback: Callable[[], object] | None) -> None: ...
-    def attach_threadpool(self, threadpool: ThreadPool, threadpool_batch: ThreadPool | None = None) -> None: ...
-    def detach_threadpool(self) -> None: ...
-    def set_sampler(self, seq_id: int, sampler: LlamaSampler | None) -> bool: ...
-    def timings(self) -> PerfContextData: ...
-    def reset_timings(self) -> None: ...
-    def perf_context_reset(self) -> None: ...
-    def memory_breakdown_print(self) -> None: ...
-    def memory_breakdown(self) -> list[dict[str, Any]]: ...
-    def get_model_ptr(self) -> int: ...
-    def as_ptr(self) -> int: ...
-    def copy_cache(self, src: int, dest: int, size: int) -> None: ...
-    def copy_kv_cache_seq(self, src: int, dest: int, p0: int | None = None, p1: int | None = None) -> None: ...
-    def clear_kv_cache_seq(self, src: int | None = None, p0: int | None = None, p1: int | None = None) -> bool: ...
-    def llama_kv_cache_seq_keep(self, seq_id: int) -> None: ...
-    def kv_cache_seq_add(self, seq_id: int, p0: int | None, p1: int | None, delta: int) -> None: ...
-    def kv_cache_seq_div(self, seq_id: int, p0: int | None, p1: int | None, d: int) -> None: ...
-    def kv_cache_seq_pos_max(self, seq_id: int) -> int: ...
-    def memory_seq_pos_min(self, seq_id: int) -> int: ...
-    def memory_can_shift(self) -> bool: ...
-    def close(self) -> None: ...
+    def model(self) -> LlamaModel:
+        """The `LlamaModel` this context was made from."""
+    def n_ctx(self) -> int:
+        """Size of the context (KV cells), as llama.cpp padded it."""
+    def n_ctx_seq(self) -> int:
+        """Context size available to each sequence."""
+    def n_batch(self) -> int:
+        """Most tokens one `decode` call accepts."""
+    def n_ubatch(self) -> int:
+        """Physical micro-batch size."""
+    def n_seq_max(self) -> int:
+        """Number of sequences the context holds."""
+    def n_threads(self) -> int:
+        """Threads used for single-token decoding."""
+    def n_threads_batch(self) -> int:
+        """Threads used for batch (prompt) decoding."""
+    def decode(self, batch: LlamaBatch) -> None:
+        """Runs the model on `batch`, filling the KV cache and, for tokens added with
+        `logits=True`, the output rows. Releases the GIL. Raises `ValueError` for a batch
+        this context cannot take (too many tokens, unknown token or sequence ids) and
+        `DecodeError` when llama.cpp fails (e.g. `kind == "NoKvCacheSlot"` when the cache is full).
+        """
+    def encode(self, batch: LlamaBatch) -> None:
+        """Runs the encoder on `batch` (T5-style models, or embedding models without a KV cache).
+        Raises `ValueError` on a decoder-only model, where llama.cpp would crash, and for more
+        tokens than `n_ubatch`; `EncodeError` when llama.cpp fails.
+        """
+    def synchronize(self) -> None:
+        """Waits until llama.cpp has finished all queued computation."""
+    def set_warmup(self, warmup: bool) -> None:
+        """Marks the next decodes as warm-up runs (they load every weight, as with an empty batch)."""
+    def set_causal_attn(self, causal_attn: bool) -> None:
+        """Switches causal attention on or off. Without it, a decode may hold at most `n_ubatch`
+        tokens.
+        """
+    def set_embeddings(self, embeddings: bool) -> None:
+        """Switches embedding output on or off. With it, a decode may hold at most `n_ubatch`
+        tokens.
+        """
+    def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        """Sets the threads for single-token and for batch decoding (each in 1..=512)."""
+    def pooling_type(self) -> LlamaPoolingType:
+        """How the context pools embeddings, as a `LlamaPoolingType`."""
+    def clear_kv_cache(self) -> None:
+        """Removes every token of every sequence from the KV cache (nothing to do for models
+        without one).
+        """
+    def get_logits(self) -> npt.NDArray[np.float32]:
+        """Logits of the first output row, a new float32 array of shape `(n_vocab,)`.
+        `IndexError` when no row has logits.
+        """
+    def get_logits_ith(self, i: int) -> npt.NDArray[np.float32]:
+        """Logits of batch row `i` (negative `i` counts from the last output), a new float32
+        array of shape `(n_vocab,)`. `IndexError` if row `i` has no logits.
+        """
+    def candidates(self) -> LlamaTokenDataArray:
+        """Every token of the first output row as a `LlamaTokenDataArray` (unsorted, p = 0)."""
+    def candidates_ith(self, i: int) -> LlamaTokenDataArray:
+        """Every token of batch row `i` as a `LlamaTokenDataArray`. `IndexError` if row `i` has
+        no logits.
+        """
+    def token_data_array(self) -> LlamaTokenDataArray:
+        """The crate's `token_data_array`: the candidates of the first output row."""
+    def get_embeddings(self) -> npt.NDArray[np.float32]:
+        """Token embeddings of every output row, a new float32 array `(n_outputs, n_embd)`.
+        `EmbeddingsError` when embeddings are off, the context pools them, or no row has outputs.
+        """
+    def embeddings_ith(self, i: int) -> npt.NDArray[np.float32]:
+        """Token embedding of batch row `i` (negative counts from the last output), a new float32
+        array `(n_embd,)`. `EmbeddingsError` when embeddings are off, pooled, or the row has
+        no output.
+        """
+    def embeddings_seq_ith(self, seq: int) -> npt.NDArray[np.float32]:
+        """Pooled embedding of sequence `seq` from the last batch (for RANK pooling: its scores),
+        a new float32 array. `EmbeddingsError` when embeddings are off, the context does not
+        pool, or `seq` was not in the last batch.
+        """
+    def get_sampled_token_ith(self, i: int) -> int:
+        """The token the backend sampler picked for batch row `i`. `IndexError` without a backend
+        sampler, for a row without output, or when that row's sequence has no sampler.
+        """
+    def get_sampled_candidates_ith(self, i: int) -> npt.NDArray[np.int32]:
+        """The candidate token ids the backend sampler kept for row `i`, a new int32 array."""
+    def get_sampled_logits_count_ith(self, i: int) -> int:
+        """Number of logits the backend sampler kept for row `i`."""
+    def get_sampled_logits_ith(self, i: int) -> npt.NDArray[np.float32]:
+        """The logits the backend sampler kept for row `i`, a new float32 array."""
+    def get_sampled_probs_count_ith(self, i: int) -> int:
+        """Number of probabilities the backend sampler kept for row `i`."""
+    def get_sampled_probs_ith(self, i: int) -> npt.NDArray[np.float32]:
+        """The probabilities the backend sampler kept for row `i`, a new float32 array."""
+    def save_session_file(self, path: _Path, tokens: _Tokens) -> None:
+        """Writes the whole state (KV memory) and `tokens` to a session file. `SaveSessionError`
+        when llama.cpp cannot write it.
+        """
+    def load_session_file(self, path: _Path, max_tokens: int) -> list[int]:
+        """Restores a session file; returns its tokens (at most `max_tokens`). No row has logits
+        afterwards. `LoadSessionError` for a missing, corrupt or mismatched file.
+        """
+    def get_state_size(self) -> int:
+        """Size in bytes of the whole state (`state_get_size` under its older name)."""
+    def state_get_size(self) -> int:
+        """Size in bytes of the whole state."""
+    def copy_state_data(self) -> bytes:
+        """The whole state as `bytes` (the safe form of the crate's `copy_state_data`)."""
+    def state_get_data(self) -> bytes:
+        """The whole state as `bytes`. `StateError` if llama.cpp writes nothing."""
+    def set_state_data(self, src: _Bytes) -> int:
+        """Restores a state from a bytes-like object (the safe form of the crate's
+        `set_state_data`); returns the bytes read. `StateError` when llama.cpp rejects it.
+        """
+    def state_set_data(self, src: _Bytes) -> int:
+        """Restores a state from a bytes-like object; returns the bytes read. No row has logits
+        afterwards. `StateError` when llama.cpp rejects the data.
+        """
+    def state_save_file(self, path: _Path, tokens: _Tokens) -> bool:
+        """Writes the whole state and `tokens` to `path`; returns True. `StateError` on failure."""
+    def state_load_file(self, path: _Path, n_token_capacity: int) -> list[int]:
+        """Restores the whole state from `path`; returns the tokens saved with it (at most
+        `n_token_capacity`). No row has logits afterwards. `StateError` on failure.
+        """
+    def state_seq_get_size(self, seq_id: int) -> int:
+        """Size in bytes of sequence `seq_id`'s state."""
+    def state_seq_get_size_ext(self, seq_id: int, flags: int) -> int:
+        """Size in bytes of sequence `seq_id`'s state with `flags` (0 or
+        `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`).
+        """
+    def state_seq_get_data(self, seq_id: int) -> bytes:
+        """Sequence `seq_id`'s state as `bytes`. `StateError` if llama.cpp writes nothing
+        (e.g. an empty sequence).
+        """
+    def state_seq_get_data_ext(self, seq_id: int, flags: int) -> bytes:
+        """Sequence `seq_id`'s state with `flags`, as `bytes`."""
+    def state_seq_set_data(self, src: _Bytes, dest_seq_id: int) -> int:
+        """Restores a sequence state into `dest_seq_id`; returns the bytes read. No row has
+        logits afterwards. `StateError` when llama.cpp rejects the data.
+        """
+    def state_seq_set_data_ext(self, src: _Bytes, dest_seq_id: int, flags: int) -> int:
+        """`state_seq_set_data` with `flags`."""
+    def state_seq_save_file(self, path: _Path, seq_id: int, tokens: _Tokens) -> int:
+        """Writes sequence `seq_id`'s state and `tokens` to `path`; returns the bytes written.
+        `StateError` on failure.
+        """
+    def state_seq_load_file(self, path: _Path, dest_seq_id: int, n_token_capacity: int) -> list[int]:
+        """Restores a sequence state file into `dest_seq_id`; returns its tokens (at most
+        `n_token_capacity`). No row has logits afterwards. `StateError` on failure.
+
+        The file is parsed here and its state handed to `state_seq_set_data`: llama.cpp's own
+        file loader asserts (aborts) on some truncated files, its buffer loader reports them.
+        """
+    def lora_adapter_set(self, adapter: LlamaLoraAdapter, scale: float) -> None:
+        """Applies `adapter` with weight `scale` (0 leaves the model unchanged). Replaces any
+        adapter set before, as the crate does; the context keeps the adapter alive while set.
+        `ValueError` for an adapter of another model; `LlamaLoraAdapterSetError` on failure.
+        """
+    def lora_adapter_remove(self, adapter: LlamaLoraAdapter) -> None:
+        """Removes the adapter set on this context (the crate clears every adapter).
+        `ValueError` when `adapter` is not the one set.
+        """
+    def set_adapter_cvec(self, data: npt.ArrayLike | None, n_embd: int, il_start: int, il_end: int) -> None:
+        """Adds control vector `data` (per layer 1.., `n_embd` floats each; a 2-D array is
+        flattened) to the layers `il_start..=il_end`. Empty or `None` data clears it.
+        `ValueError` when `n_embd` is not the model's.
+        """
+    def set_abort_callback(self, callback: Callable[[], object] | None) -> None:
+        """Sets `callback()` to be polled while llama.cpp computes (about every 5 ms, on the
+        decoding thread); a truthy result stops the decode, which then raises `DecodeAborted`
+        and leaves nothing of the batch in the KV cache. An exception in the callback also
+        stops it and is re-raised. `None` removes the callback (Ctrl-C still interrupts).
+        """
+    def attach_threadpool(self, threadpool: ThreadPool, threadpool_batch: ThreadPool | None = None) -> None:
+        """Runs computation on `threadpool` (and batches on `threadpool_batch`, default the same
+        pool) instead of the pools that contexts share by default. The context keeps the pools
+        alive until `detach_threadpool` or close; a pool serves one context at a time.
+        """
+    def detach_threadpool(self) -> None:
+        """Releases the attached pools and goes back to the shared ones."""
+    def set_sampler(self, seq_id: int, sampler: LlamaSampler | None) -> bool:
+        """Samples sequence `seq_id` inside llama.cpp's graph (backend sampling) with a copy of
+        `sampler` (wrapped in a chain if it is not one), kept by the context; `None` removes
+        it. Returns True; `StateError` when llama.cpp cannot run that sampler on the backend.
+        While any backend sampler is set, read results with the `get_sampled_*` methods:
+        full logits rows are not available.
+        """
+    def timings(self) -> PerfContextData:
+        """Performance counters since the context started or since `perf_context_reset`."""
+    def reset_timings(self) -> None:
+        """Resets ggml's clock (the crate's `reset_timings`)."""
+    def perf_context_reset(self) -> None:
+        """Zeroes the performance counters."""
+    def memory_breakdown_print(self) -> None:
+        """Logs the memory each buffer type uses (to the `llamactx` logger)."""
+    def memory_breakdown(self) -> list[dict[str, Any]]:
+        """Memory per buffer type: a list of dicts with `buft_name`, `model`, `context`,
+        `compute` and `total` (bytes).
+        """
+    def get_model_ptr(self) -> int:
+        """Address of the native `llama_model`, for FFI interop only."""
+    def as_ptr(self) -> int:
+        """Address of the native `llama_context`, for FFI interop only: valid until `close()`."""
+    def copy_cache(self, src: int, dest: int, size: int) -> None:
+        """Copies the first `size` positions of sequence `src` to sequence `dest`."""
+    def copy_kv_cache_seq(self, src: int, dest: int, p0: int | None = None, p1: int | None = None) -> None:
+        """Copies the cells of sequence `src` between positions `p0` and `p1` (`None`: open end)
+        to sequence `dest`, which then continues exactly like `src`.
+        """
+    def clear_kv_cache_seq(self, src: int | None = None, p0: int | None = None, p1: int | None = None) -> bool:
+        """Removes the cells of sequence `src` (all sequences for `None`) between positions `p0`
+        and `p1`. Returns False when llama.cpp cannot remove part of a sequence (recurrent
+        models).
+        """
+    def llama_kv_cache_seq_keep(self, seq_id: int) -> None:
+        """Removes every sequence except `seq_id`. (With a KV stream per sequence, llama.cpp's
+        own call only reaches `seq_id`'s stream; the other sequences are cleared as well, so
+        the result is the same in both layouts.)
+        """
+    def kv_cache_seq_add(self, seq_id: int, p0: int | None, p1: int | None, delta: int) -> None:
+        """Adds `delta` to the positions of sequence `seq_id` in `[p0, p1)` (`None`: open end).
+        `ValueError` when the cache cannot shift.
+        """
+    def kv_cache_seq_div(self, seq_id: int, p0: int | None, p1: int | None, d: int) -> None:
+        """Divides the positions of sequence `seq_id` in `[p0, p1)` by `d` (1..=255)."""
+    def kv_cache_seq_pos_max(self, seq_id: int) -> int:
+        """Largest position held for `seq_id`, or -1 when the sequence is empty."""
+    def memory_seq_pos_min(self, seq_id: int) -> int:
+        """Smallest position held for `seq_id`, or -1 when the sequence is empty."""
+    def memory_can_shift(self) -> bool:
+        """Whether the KV cache supports shifting positions (`kv_cache_seq_add`/`_div`)."""
+    def close(self) -> None:
+        """Frees the native context now. Later calls raise `ValueError`."""
     @property
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """Whether `close()` was called."""
     def __enter__(self) -> LlamaContext: ...
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -245,57 +515,90 @@ class LlamaContext:
 
 @final
 class LlamaBatch:
-    """Tokens, positions and sequence ids for one decode."""
+    """A batch of tokens for `LlamaContext.decode`/`encode`: `LlamaBatch(n_tokens, n_seq_max=1)`
+    holds up to `n_tokens` tokens, each in up to `n_seq_max` sequences.
+    """
 
     def __new__(cls, n_tokens: int, n_seq_max: int = 1) -> LlamaBatch: ...
-    def add(self, token: int, pos: int, seq_ids: Sequence[int], logits: bool) -> None: ...
-    def add_sequence(self, tokens: _Tokens, seq_id: int, logits_all: bool) -> None: ...
-    def clear(self) -> None: ...
-    def n_tokens(self) -> int: ...
+    def add(self, token: int, pos: int, seq_ids: Sequence[int], logits: bool) -> None:
+        """Appends one token at position `pos` of each sequence in `seq_ids`; `logits` asks for
+        its output row. Raises `BatchAddError` when the batch is full.
+        """
+    def add_sequence(self, tokens: _Tokens, seq_id: int, logits_all: bool) -> None:
+        """Appends `tokens` to sequence `seq_id` at positions 0, 1, ...; the last token always
+        gets logits, the others when `logits_all`.
+        """
+    def clear(self) -> None:
+        """Empties the batch (its allocation is kept)."""
+    def n_tokens(self) -> int:
+        """Number of tokens in the batch."""
     def __len__(self) -> int: ...
 
 @final
 class LlamaSampler:
-    """A llama.cpp sampler, or a chain of them."""
+    """A llama.cpp sampler (or chain of samplers) that picks the next token from logits."""
 
     @staticmethod
-    def greedy() -> LlamaSampler: ...
+    def greedy() -> LlamaSampler:
+        """Always picks the most likely token."""
     @staticmethod
-    def dist(seed: int) -> LlamaSampler: ...
+    def dist(seed: int) -> LlamaSampler:
+        """Picks a token at random by its probability, from a generator seeded with `seed`."""
     @staticmethod
-    def temp(t: float) -> LlamaSampler: ...
+    def temp(t: float) -> LlamaSampler:
+        """Divides the logits by temperature `t` (`t <= 0` keeps only the most likely token)."""
     @staticmethod
-    def top_k(k: int) -> LlamaSampler: ...
+    def top_k(k: int) -> LlamaSampler:
+        """Keeps the `k` most likely tokens (`k <= 0` keeps all)."""
     @staticmethod
-    def top_p(p: float, min_keep: int = 1) -> LlamaSampler: ...
+    def top_p(p: float, min_keep: int = 1) -> LlamaSampler:
+        """Keeps the most likely tokens whose probabilities add up to `p` (at least `min_keep`)."""
     @staticmethod
-    def min_p(p: float, min_keep: int = 1) -> LlamaSampler: ...
+    def min_p(p: float, min_keep: int = 1) -> LlamaSampler:
+        """Keeps tokens at least `p` times as likely as the most likely one (at least `min_keep`)."""
     @staticmethod
-    def temp_ext(t: float, delta: float, exponent: float) -> LlamaSampler: ...
+    def temp_ext(t: float, delta: float, exponent: float) -> LlamaSampler:
+        """Temperature with dynamic range: `t` adjusted by entropy within `delta`, `exponent`."""
     @staticmethod
-    def typical(p: float, min_keep: int = 1) -> LlamaSampler: ...
+    def typical(p: float, min_keep: int = 1) -> LlamaSampler:
+        """Locally typical sampling with mass `p` (at least `min_keep` tokens)."""
     @staticmethod
-    def xtc(p: float, t: float, min_keep: int = 1, seed: int = 0) -> LlamaSampler: ...
+    def xtc(p: float, t: float, min_keep: int = 1, seed: int = 0) -> LlamaSampler:
+        """XTC: with probability `p`, removes the top tokens above threshold `t`."""
     @staticmethod
-    def top_n_sigma(n: float) -> LlamaSampler: ...
+    def top_n_sigma(n: float) -> LlamaSampler:
+        """Keeps tokens within `n` standard deviations of the top logit."""
     @staticmethod
-    def mirostat(n_vocab: int, seed: int, tau: float, eta: float, m: int) -> LlamaSampler: ...
+    def mirostat(n_vocab: int, seed: int, tau: float, eta: float, m: int) -> LlamaSampler:
+        """Mirostat 1.0 with target surprise `tau`, learning rate `eta` and `m` tokens for its
+        estimate.
+        """
     @staticmethod
-    def mirostat_v2(seed: int, tau: float, eta: float) -> LlamaSampler: ...
+    def mirostat_v2(seed: int, tau: float, eta: float) -> LlamaSampler:
+        """Mirostat 2.0 with target surprise `tau` and learning rate `eta`."""
     @staticmethod
-    def adaptive_p(target: float, decay: float, seed: int) -> LlamaSampler: ...
+    def adaptive_p(target: float, decay: float, seed: int) -> LlamaSampler:
+        """Adaptive-p: steers toward tokens of probability `target`, with history `decay`."""
     @staticmethod
     def penalties(
         n_vocab: int, penalty_last_n: int, penalty_repeat: float, penalty_freq: float, penalty_present: float
-    ) -> LlamaSampler: ...
+    ) -> LlamaSampler:
+        """Repetition penalties over the last `penalty_last_n` tokens (-1: the whole context)."""
     @staticmethod
-    def logit_bias(n_vocab: int, biases: Sequence[tuple[int, float]]) -> LlamaSampler: ...
+    def logit_bias(n_vocab: int, biases: Sequence[tuple[int, float]]) -> LlamaSampler:
+        """Adds `bias` to the logits of given tokens: `biases` is a sequence of `(token, bias)`."""
     @staticmethod
-    def grammar(model: LlamaModel, grammar: str, root: str = "root") -> LlamaSampler: ...
+    def grammar(model: LlamaModel, grammar: str, root: str = "root") -> LlamaSampler:
+        """Constrains tokens to the GBNF `grammar`, starting at rule `root`. Keeps `model` alive.
+        `SamplerInitError` for a grammar llama.cpp cannot parse.
+        """
     @staticmethod
     def grammar_lazy_patterns(
         model: LlamaModel, grammar: str, root: str, trigger_patterns: Sequence[str], trigger_tokens: _Tokens
-    ) -> LlamaSampler: ...
+    ) -> LlamaSampler:
+        """A grammar that applies only after one of `trigger_patterns` (regexes) or
+        `trigger_tokens` appears.
+        """
     @staticmethod
     def dry(
         model: LlamaModel,
@@ -304,55 +607,84 @@ class LlamaSampler:
         allowed_length: int,
         penalty_last_n: int,
         seq_breakers: Sequence[str] = ...,
-    ) -> LlamaSampler: ...
+    ) -> LlamaSampler:
+        """DRY ("don't repeat yourself") penalties; `seq_breakers` end a repeated sequence."""
     @staticmethod
-    def infill(model: LlamaModel) -> LlamaSampler: ...
+    def infill(model: LlamaModel) -> LlamaSampler:
+        """Fill-in-the-middle sampling for infill models."""
     @staticmethod
-    def chain(samplers: Sequence[LlamaSampler], no_perf: bool = False) -> LlamaSampler: ...
-    def sample(self, ctx: LlamaContext, idx: int = -1) -> int: ...
-    def apply(self, candidates: LlamaTokenDataArray) -> None: ...
-    def accept(self, token: int) -> None: ...
-    def reset(self) -> None: ...
-    def name(self) -> str: ...
+    def chain(samplers: Sequence[LlamaSampler], no_perf: bool = False) -> LlamaSampler:
+        """Applies `samplers` in order; the last one must select a token (`greedy` or `dist`).
+        The chain holds copies: the given samplers stay usable on their own.
+        """
+    def sample(self, ctx: LlamaContext, idx: int = -1) -> int:
+        """Samples a token from output row `idx` of `ctx` (negative counts from the last output)
+        and returns its id; like llama.cpp's `llama_sampler_sample`, this also accepts the
+        token (do not `accept` it again). `IndexError` if that row has no logits.
+        """
+    def apply(self, candidates: LlamaTokenDataArray) -> None:
+        """Applies the sampler to `candidates` in place (filters, sorts, sets probabilities or
+        selects a token, depending on the sampler).
+        """
+    def accept(self, token: int) -> None:
+        """Tells the sampler that `token` was chosen (updates penalties, grammar state, ...)."""
+    def reset(self) -> None:
+        """Forgets what was accepted so far."""
+    def name(self) -> str:
+        """The sampler's name, e.g. `"greedy"` or `"chain"`."""
 
 @final
 class LlamaTokenData:
-    """One candidate token with its logit and probability."""
+    """One candidate: token `id`, its `logit` and probability `p` (read-only)."""
 
     @property
-    def id(self) -> int: ...
+    def id(self) -> int:
+        """The token id."""
     @property
-    def logit(self) -> float: ...
+    def logit(self) -> float:
+        """The token's logit."""
     @property
-    def p(self) -> float: ...
+    def p(self) -> float:
+        """The token's probability (0 until a sampler computes it)."""
 
 @final
 class LlamaTokenDataArray:
-    """The candidates of one output row."""
+    """The candidates of one output row: `len()`, iteration over `LlamaTokenData`, numpy copies
+    `ids`, `logits` and `p`, and what the last sampler applied selected.
+    """
 
     @property
-    def ids(self) -> npt.NDArray[np.int32]: ...
+    def ids(self) -> npt.NDArray[np.int32]:
+        """Token ids, a new int32 array."""
     @property
-    def logits(self) -> npt.NDArray[np.float32]: ...
+    def logits(self) -> npt.NDArray[np.float32]:
+        """Logits, a new float32 array."""
     @property
-    def p(self) -> npt.NDArray[np.float32]: ...
+    def p(self) -> npt.NDArray[np.float32]:
+        """Probabilities, a new float32 array (zeros until a sampler computes them)."""
     @property
-    def selected(self) -> int | None: ...
+    def selected(self) -> int | None:
+        """Index of the candidate the last sampler selected, or None."""
     @property
-    def sorted(self) -> bool: ...
-    def selected_token(self) -> int | None: ...
+    def sorted(self) -> bool:
+        """Whether the candidates are sorted by logit, highest first."""
+    def selected_token(self) -> int | None:
+        """The token the last sampler selected, or None."""
     def __len__(self) -> int: ...
     def __getitem__(self, index: int, /) -> LlamaTokenData: ...
 
 @final
 class LlamaLoraAdapter:
-    """A LoRA adapter loaded for one model."""
+    """A LoRA adapter for one model; set it on a context with `LlamaContext.lora_adapter_set`."""
 
     @property
-    def in_use(self) -> bool: ...
-    def close(self) -> None: ...
+    def in_use(self) -> bool:
+        """Whether a context has this adapter set now."""
+    def close(self) -> None:
+        """Frees the adapter now. `ValueError` while a context has it set."""
     @property
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """Whether `close()` was called."""
     def __enter__(self) -> LlamaLoraAdapter: ...
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -360,16 +692,26 @@ class LlamaLoraAdapter:
 
 @final
 class ThreadPool:
-    """A pool of ggml compute threads."""
+    """A pool of `n_threads` ggml compute threads, for `LlamaContext.attach_threadpool`.
+
+    Contexts without one share a pool per thread count; a pool of your own gives a context
+    its own threads or other settings (priority, polling, CPU pinning). It can be attached to
+    one context at a time (ggml pools are not reentrant); the context keeps it alive while
+    attached, and `close()` refuses while it is. A pool started before `os.fork()` has no
+    threads in the child: the child refuses to use it (`ValueError`).
+    """
 
     def __new__(
         cls, n_threads: int, *, prio: int = 0, poll: int = 50, strict_cpu: bool = False, paused: bool = False
     ) -> ThreadPool: ...
     @property
-    def n_threads(self) -> int: ...
+    def n_threads(self) -> int:
+        """Number of threads in the pool."""
     @property
-    def attached(self) -> bool: ...
-    def close(self) -> None: ...
+    def attached(self) -> bool:
+        """Whether the pool is attached to a context now."""
+    def close(self) -> None:
+        """Stops the threads now. `ValueError` while attached to a context."""
     def __enter__(self) -> ThreadPool: ...
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -377,19 +719,28 @@ class ThreadPool:
 
 @final
 class PerfContextData:
-    """Performance counters of a context."""
+    """Timings (milliseconds) and token counts of a context, read-only. The counters stay at
+    zero unless the context was made with `no_perf=False`.
+    """
 
     @property
-    def t_start_ms(self) -> float: ...
+    def t_start_ms(self) -> float:
+        """When the context started, in ms since an arbitrary epoch."""
     @property
-    def t_load_ms(self) -> float: ...
+    def t_load_ms(self) -> float:
+        """Time spent loading, in ms."""
     @property
-    def t_p_eval_ms(self) -> float: ...
+    def t_p_eval_ms(self) -> float:
+        """Time spent on prompt (batch) evaluation, in ms."""
     @property
-    def t_eval_ms(self) -> float: ...
+    def t_eval_ms(self) -> float:
+        """Time spent on single-token evaluation, in ms."""
     @property
-    def n_p_eval(self) -> int: ...
+    def n_p_eval(self) -> int:
+        """Prompt tokens evaluated."""
     @property
-    def n_eval(self) -> int: ...
+    def n_eval(self) -> int:
+        """Single tokens evaluated."""
     @property
-    def n_reused(self) -> int: ...
+    def n_reused(self) -> int:
+        """Tokens reused from the cache."""
