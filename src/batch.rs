@@ -2,7 +2,6 @@
 //! and again against the context that decodes them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
 
 use llama_cpp_4::llama_batch::{BatchAddError, LlamaBatch};
 use llama_cpp_4::token::LlamaToken;
@@ -10,6 +9,7 @@ use pyo3::prelude::*;
 
 use crate::errors::{Error, Result};
 use crate::gil::detached;
+use crate::owned_lock::{OwnedGuard, OwnedMutex};
 use crate::tokens::{check_vocab, extract_token_ids};
 
 /// Most cells (`n_tokens * n_seq_max`) one batch may allocate: a guard against a typo that
@@ -65,7 +65,7 @@ pub struct BatchState {
 
 // SAFETY: `LlamaBatch` is `!Send` only because it holds the raw arrays `llama_batch_init`
 // allocated; they belong to this batch alone and carry no thread affinity. `BatchState` is
-// only reachable through the `Mutex` of `PyLlamaBatch`.
+// only reachable through the `OwnedMutex` of `PyLlamaBatch`.
 unsafe impl Send for BatchState {}
 
 impl BatchState {
@@ -135,12 +135,12 @@ impl BatchState {
 /// holds up to `n_tokens` tokens, each in up to `n_seq_max` sequences.
 #[pyclass(frozen, module = "llamactx", name = "LlamaBatch")]
 pub struct PyLlamaBatch {
-    pub state: Mutex<BatchState>,
+    pub state: OwnedMutex<BatchState>,
 }
 
 impl PyLlamaBatch {
-    pub fn lock(&self) -> Result<std::sync::MutexGuard<'_, BatchState>> {
-        self.state.lock().map_err(|_| Error::Poisoned("LlamaBatch"))
+    pub fn lock(&self) -> Result<OwnedGuard<'_, BatchState>> {
+        self.state.lock()
     }
 
     /// Runs `work` on the batch with the GIL released: a decode holds the batch's lock while
@@ -170,15 +170,18 @@ impl PyLlamaBatch {
         }
         let seq_max = i32::try_from(n_seq_max).map_err(|_| Error::value("n_seq_max is too large"))?;
         Ok(Self {
-            state: Mutex::new(BatchState {
-                batch: LlamaBatch::new(n_tokens, seq_max),
-                capacity: n_tokens,
-                n_seq_max,
-                tokens: Vec::with_capacity(n_tokens),
-                spans: BTreeMap::new(),
-                couplings: BTreeSet::new(),
-                output_rows: Vec::new(),
-            }),
+            state: OwnedMutex::new(
+                BatchState {
+                    batch: LlamaBatch::new(n_tokens, seq_max),
+                    capacity: n_tokens,
+                    n_seq_max,
+                    tokens: Vec::with_capacity(n_tokens),
+                    spans: BTreeMap::new(),
+                    couplings: BTreeSet::new(),
+                    output_rows: Vec::new(),
+                },
+                "LlamaBatch",
+            ),
         })
     }
 
@@ -236,8 +239,9 @@ impl PyLlamaBatch {
 
     fn __repr__(&self) -> String {
         match self.state.try_lock() {
-            Ok(state) => format!("<LlamaBatch {}/{} tokens>", state.tokens.len(), state.capacity),
-            Err(_) => "<LlamaBatch (busy)>".to_owned(),
+            Ok(Some(state)) => format!("<LlamaBatch {}/{} tokens>", state.tokens.len(), state.capacity),
+            Ok(None) => "<LlamaBatch (busy)>".to_owned(),
+            Err(_) => "<LlamaBatch (poisoned)>".to_owned(),
         }
     }
 }

@@ -16,12 +16,13 @@ mod rollback;
 mod state;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::Arc;
 
 use llama_cpp_4::context::LlamaContext;
 use llama_cpp_4::model::LlamaModel;
 use llama_cpp_4::sampling::LlamaSampler;
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 use self_cell::self_cell;
 
 use crate::backend::backend;
@@ -29,12 +30,10 @@ use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::lora::AdapterLease;
 use crate::model::PyLlamaModel;
+use crate::owned_lock::OwnedMutex;
 use crate::threadpool::PoolLease;
 use abort::AbortFlags;
 pub use params::ContextOptions;
-
-/// `LLAMA_ATTENTION_TYPE_NON_CAUSAL` [llama.cpp internal].
-const NON_CAUSAL: i32 = 1;
 
 self_cell!(
     /// The native context, borrowing the model it owns an `Arc` of.
@@ -81,7 +80,7 @@ pub struct OpenContext {
 
 // SAFETY: `LlamaContext` and `LlamaSampler` are `!Send` only because they hold raw pointers
 // to llama.cpp objects. llama.cpp keeps no thread-local state in a context: it may be used from
-// any thread, one at a time. `OpenContext` is only reachable through the `Mutex` in
+// any thread, one at a time. `OpenContext` is only reachable through the `OwnedMutex` in
 // `PyLlamaContext`, which gives exactly that: one thread at a time. The model it points to
 // is `Send + Sync` and owned by the same cell through an `Arc`.
 unsafe impl Send for OpenContext {}
@@ -126,7 +125,7 @@ impl OpenContext {
 /// are serialised and other Python threads keep running meanwhile.
 #[pyclass(frozen, module = "llamactx", name = "LlamaContext")]
 pub struct PyLlamaContext {
-    native: Mutex<Option<OpenContext>>,
+    native: OwnedMutex<Option<OpenContext>>,
     model: Py<PyLlamaModel>,
 }
 
@@ -135,23 +134,30 @@ impl PyLlamaContext {
         let py = model.py();
         let native_model = model.get().native()?;
         let mut native = detached(py, move || {
+            options.check_for_model(native_model.n_ctx_train())?;
             let params = options.to_params()?;
             let backend = backend()?;
             let n_vocab = native_model.n_vocab();
             let has_encoder = native_model.has_encoder();
             let cell = ContextCell::try_new(native_model, |model| model.new_context(backend, params))?;
-            let (n_seq_max, n_batch, n_ubatch, has_memory) = cell.with_dependent(|_, context| {
-                // SAFETY: `as_ptr` is the live context this cell owns; `llama_get_memory` only
-                // reads a field of it.
-                let memory = unsafe { llama_cpp_sys_4::llama_get_memory(context.as_ptr()) };
+            let (n_seq_max, n_batch, n_ubatch, has_memory, causal_attn) = cell.with_dependent(|_, context| {
+                let raw = context.as_ptr();
+                // SAFETY: `raw` is the live context this cell owns; both calls only read it.
+                let (memory, causal) = unsafe {
+                    (
+                        llama_cpp_sys_4::llama_get_memory(raw),
+                        llama_cpp_sys_4::llama_get_causal_attn(raw),
+                    )
+                };
                 (
                     context.n_seq_max(),
                     context.n_batch(),
                     context.n_ubatch(),
                     !memory.is_null(),
+                    causal,
                 )
             });
-            Ok(OpenContext {
+            let mut native = OpenContext {
                 cell,
                 abort_flags: Box::default(),
                 backend_samplers: BTreeMap::new(),
@@ -163,16 +169,20 @@ impl PyLlamaContext {
                 n_seq_max,
                 n_batch,
                 n_ubatch,
-                embeddings: options.embeddings.unwrap_or(false),
-                causal_attn: options.attention_type != Some(NON_CAUSAL),
+                embeddings: false,
+                causal_attn,
                 has_encoder,
                 kv_unified: options.kv_unified.unwrap_or(false),
                 has_memory,
-            })
+            };
+            if options.embeddings == Some(true) {
+                native.enable_embeddings(true)?;
+            }
+            Ok(native)
         })?;
         native.register_abort_flags();
         Ok(Self {
-            native: Mutex::new(Some(native)),
+            native: OwnedMutex::new(Some(native), "LlamaContext"),
             model: model.clone().unbind(),
         })
     }
@@ -184,7 +194,7 @@ impl PyLlamaContext {
         T: Send,
     {
         detached(py, || {
-            let mut guard = self.native.lock().map_err(|_| Error::Poisoned("LlamaContext"))?;
+            let mut guard = self.native.lock()?;
             let native = guard.as_mut().ok_or_else(|| Error::closed("LlamaContext"))?;
             work(native)
         })
@@ -245,10 +255,7 @@ impl PyLlamaContext {
 
     /// Frees the native context now. Later calls raise `ValueError`.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let native = detached(py, || {
-            let mut guard = self.native.lock().map_err(|_| Error::Poisoned("LlamaContext"))?;
-            Ok(guard.take())
-        })?;
+        let native = detached(py, || Ok(self.native.lock()?.take()))?;
         // Dropped with the GIL held: freeing is quick, and nothing native waits on Python.
         drop(native);
         Ok(())
@@ -260,14 +267,33 @@ impl PyLlamaContext {
         // `try_lock`: waiting for the lock with the GIL held could deadlock against a decode
         // whose abort callback needs the GIL. A busy context is open.
         match self.native.try_lock() {
-            Ok(guard) => guard.is_none(),
-            Err(TryLockError::WouldBlock) => false,
-            Err(TryLockError::Poisoned(_)) => true,
+            Ok(Some(guard)) => guard.is_none(),
+            Ok(None) => false,
+            Err(_) => true,
         }
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> std::result::Result<(), PyTraverseError> {
+        visit.call(&self.model)?;
+        // Never wait here: the collector runs with the GIL held, which a decode may need.
+        if let Ok(Some(guard)) = self.native.try_lock() {
+            if let Some(native) = guard.as_ref() {
+                native.abort_flags.traverse(&visit)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        if let Ok(Some(guard)) = self.native.try_lock() {
+            if let Some(native) = guard.as_ref() {
+                native.abort_flags.clear();
+            }
+        }
     }
 
     fn __exit__(
@@ -282,12 +308,12 @@ impl PyLlamaContext {
 
     fn __repr__(&self) -> String {
         match self.native.try_lock() {
-            Ok(guard) => match guard.as_ref() {
+            Ok(Some(guard)) => match guard.as_ref() {
                 Some(native) => native.with(|context| format!("<LlamaContext n_ctx={}>", context.n_ctx())),
                 None => "<LlamaContext (closed)>".to_owned(),
             },
-            Err(TryLockError::WouldBlock) => "<LlamaContext (busy)>".to_owned(),
-            Err(TryLockError::Poisoned(_)) => "<LlamaContext (poisoned)>".to_owned(),
+            Ok(None) => "<LlamaContext (busy)>".to_owned(),
+            Err(_) => "<LlamaContext (poisoned)>".to_owned(),
         }
     }
 }

@@ -167,6 +167,8 @@ pub enum Error {
     Type(String),
     /// A file that does not exist.
     FileNotFound(String),
+    /// A call that can never be served (re-entrant use, a lock a fork left behind).
+    Runtime(String),
     /// A lock poisoned by a panic in another thread.
     Poisoned(&'static str),
     /// An exception raised by Python code we called (a callback).
@@ -267,6 +269,7 @@ impl From<Error> for PyErr {
             Error::Index(message) => PyIndexError::new_err(message),
             Error::Type(message) => PyTypeError::new_err(message),
             Error::FileNotFound(message) => PyFileNotFoundError::new_err(message),
+            Error::Runtime(message) => PyRuntimeError::new_err(message),
             Error::Poisoned(what) => {
                 PyRuntimeError::new_err(format!("{what} is unusable: a thread panicked while holding it"))
             }

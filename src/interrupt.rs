@@ -12,7 +12,8 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// The handler `SigintWatch` replaced, as a `sighandler_t` (0 when none is installed).
 static PREVIOUS_HANDLER: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether SIGINT arrived during the current watched decode.
+/// Whether SIGINT arrived during the current watched decode (only the decodes that hold a
+/// `SigintWatch` ask: Ctrl-C is for the main thread's work, not every thread's).
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::Acquire)
 }
@@ -30,15 +31,16 @@ extern "C" fn on_sigint(signal: libc::c_int) {
 }
 
 /// Our SIGINT handler for as long as this value lives; the previous one is restored on drop.
+/// A watch started while another is active (a decode inside a callback of a decode) shares it.
 pub struct SigintWatch {
-    previous: libc::sigaction,
+    /// The handler to restore, or `None` for a watch nested in another.
+    previous: Option<libc::sigaction>,
 }
 
 impl SigintWatch {
     /// Starts watching when called on the process's main thread (the only thread Python runs
     /// signal handlers on) and a Python handler is installed; otherwise does nothing.
     pub fn start() -> Option<Self> {
-        INTERRUPTED.store(false, Ordering::Release);
         if !on_main_thread() {
             return None;
         }
@@ -50,27 +52,37 @@ impl SigintWatch {
                 return None;
             }
             let current = previous.sa_sigaction;
+            let ours = on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            if current == ours {
+                // Installing again would make our handler call itself forever.
+                return Some(Self { previous: None });
+            }
             if current == libc::SIG_DFL || current == libc::SIG_IGN || previous.sa_flags & libc::SA_SIGINFO != 0 {
                 return None;
             }
+            INTERRUPTED.store(false, Ordering::Release);
             PREVIOUS_HANDLER.store(current, Ordering::Release);
-            let mut ours: libc::sigaction = std::mem::zeroed();
-            ours.sa_sigaction = on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            ours.sa_flags = previous.sa_flags;
-            ours.sa_mask = previous.sa_mask;
-            if libc::sigaction(libc::SIGINT, &raw const ours, std::ptr::null_mut()) != 0 {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = ours;
+            action.sa_flags = previous.sa_flags;
+            action.sa_mask = previous.sa_mask;
+            if libc::sigaction(libc::SIGINT, &raw const action, std::ptr::null_mut()) != 0 {
                 return None;
             }
-            Some(Self { previous })
+            Some(Self {
+                previous: Some(previous),
+            })
         }
     }
 }
 
 impl Drop for SigintWatch {
     fn drop(&mut self) {
-        // SAFETY: restores the handler saved by `start`, from the same (main) thread.
-        unsafe { libc::sigaction(libc::SIGINT, &raw const self.previous, std::ptr::null_mut()) };
-        PREVIOUS_HANDLER.store(0, Ordering::Release);
+        if let Some(previous) = &self.previous {
+            // SAFETY: restores the handler saved by `start`, from the same (main) thread.
+            unsafe { libc::sigaction(libc::SIGINT, previous, std::ptr::null_mut()) };
+            PREVIOUS_HANDLER.store(0, Ordering::Release);
+        }
     }
 }
 

@@ -10,6 +10,7 @@ mod interrupt;
 mod lora;
 mod metadata;
 mod model;
+mod owned_lock;
 mod paths;
 mod perf;
 mod sampler;

@@ -25,6 +25,8 @@ use crate::tokens::{check_vocab, extract_token_ids, to_ids, to_llama_tokens};
 pub struct PyLlamaModel {
     model: RwLock<Option<Arc<LlamaModel>>>,
     path: PathBuf,
+    /// Loaded without weights: llama.cpp makes a context for it that aborts on its first decode.
+    vocab_only: bool,
 }
 
 impl PyLlamaModel {
@@ -123,6 +125,7 @@ impl PyLlamaModel {
         Ok(Self {
             model: RwLock::new(Some(Arc::new(model))),
             path,
+            vocab_only,
         })
     }
 
@@ -131,10 +134,19 @@ impl PyLlamaModel {
     /// Keywords are the crate's `LlamaContextParams::with_*` builders without `with_`; `None`
     /// keeps llama.cpp's default. `pooling_type`, `flash_attn_type` and `attention_type` take
     /// the matching IntEnum or its int value; `cache_type_k`/`cache_type_v` take a ggml type
-    /// name such as `"f16"` or `"q8_0"`.
+    /// name such as `"f16"` or `"q8_0"`. `TypeError` for an unknown keyword (it lists them);
+    /// `ValueError` for values llama.cpp would abort on, and for a model loaded with
+    /// `vocab_only=True` (it has no weights to compute with).
     #[pyo3(signature = (**options))]
     fn new_context(slf: &Bound<'_, Self>, options: Option<&Bound<'_, PyDict>>) -> PyResult<PyLlamaContext> {
-        PyLlamaContext::create(slf, ContextOptions::from_kwargs(options)?)
+        let options = ContextOptions::from_kwargs(options)?;
+        if slf.get().vocab_only {
+            return Err(Error::value(
+                "this model was loaded with vocab_only=True: it has no weights to make a context with",
+            )
+            .into());
+        }
+        PyLlamaContext::create(slf, options)
     }
 
     /// Tokenizes `text`. `add_bos` adds the BOS (and EOS) tokens where the model's tokenizer

@@ -1,5 +1,6 @@
 //! `LlamaSampler`: llama.cpp's token samplers, built with the crate's constructors.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use llama_cpp_4::model::LlamaModel;
@@ -27,6 +28,9 @@ unsafe impl Send for SendSampler {}
 #[pyclass(frozen, module = "llamactx", name = "LlamaSampler")]
 pub struct PyLlamaSampler {
     sampler: Mutex<SendSampler>,
+    /// Set when the sampler refused a token: llama.cpp's grammar then keeps an empty state that
+    /// aborts the process on its next use. Only `reset()` repairs it.
+    broken: AtomicBool,
     /// Models whose vocabulary the sampler points into (grammar, DRY, infill, and chains
     /// holding them). Declared after `sampler`, so it is dropped first.
     models: Vec<Arc<LlamaModel>>,
@@ -37,6 +41,7 @@ impl PyLlamaSampler {
     /// given as one).
     pub fn backend_copy(&self, py: Python<'_>) -> PyResult<SendSampler> {
         self.with_sampler(py, |sampler| {
+            self.check_usable()?;
             let copy = sampler.clone_sampler();
             Ok(SendSampler(if copy.name() == "chain" {
                 copy
@@ -47,10 +52,45 @@ impl PyLlamaSampler {
     }
 
     fn new(sampler: LlamaSampler) -> Self {
+        Self::with_models(sampler, Vec::new())
+    }
+
+    fn with_models(sampler: LlamaSampler, models: Vec<Arc<LlamaModel>>) -> Self {
         Self {
             sampler: Mutex::new(SendSampler(sampler)),
-            models: Vec::new(),
+            broken: AtomicBool::new(false),
+            models,
         }
+    }
+
+    /// Refuses a sampler that a refused token left unusable.
+    fn check_usable(&self) -> Result<()> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(Error::value(
+                "this sampler refused a token and llama.cpp left its grammar unusable: call reset()",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Accepts `token` into `sampler` (this sampler, locked), unless a grammar cannot take it.
+    fn accept_locked(&self, sampler: &mut LlamaSampler, token: LlamaToken) -> Result<()> {
+        let end_of_generation = self.models.iter().any(|model| model.is_eog_token(token));
+        if end_of_generation && rejects(sampler, token) {
+            return Err(Error::llama(
+                ExcClass::ShimError,
+                "Failed",
+                None,
+                format!(
+                    "the grammar does not accept the end-of-generation token {} here",
+                    token.0
+                ),
+            ));
+        }
+        sampler.try_accept(token).map_err(|err| {
+            self.broken.store(true, Ordering::Release);
+            shim_error(err)
+        })
     }
 
     /// Runs `work` on the sampler with the GIL released (a decode may hold it while its
@@ -124,10 +164,7 @@ impl ModelSampler {
     }
 
     fn into_sampler(self) -> PyLlamaSampler {
-        PyLlamaSampler {
-            sampler: Mutex::new(self.0),
-            models: vec![self.1],
-        }
+        PyLlamaSampler::with_models(self.0 .0, vec![self.1])
     }
 }
 
@@ -336,29 +373,52 @@ impl PyLlamaSampler {
         let mut models = Vec::new();
         for sampler in &samplers {
             let sampler = sampler.get();
+            sampler.check_usable()?;
             copies.push(sampler.with_sampler(py, |sampler| Ok(SendSampler(sampler.clone_sampler())))?);
             models.extend(sampler.models.iter().cloned());
         }
         let chain = LlamaSampler::chain(copies.into_iter().map(|copy| copy.0), no_perf);
-        Ok(Self {
-            sampler: Mutex::new(SendSampler(chain)),
-            models,
-        })
+        Ok(Self::with_models(chain, models))
     }
 
     /// Samples a token from output row `idx` of `ctx` (negative counts from the last output)
     /// and returns its id; like llama.cpp's `llama_sampler_sample`, this also accepts the
-    /// token (do not `accept` it again). `IndexError` if that row has no logits.
+    /// token (do not `accept` it again). `IndexError` if that row has no logits (or the context
+    /// computes none); `ValueError` if the sampler selects no token (it must end with greedy,
+    /// dist, mirostat, mirostat_v2 or adaptive_p) or a refused token left it unusable (call
+    /// `reset()`); `ShimError` when no candidate is left that the sampler allows (e.g. a grammar
+    /// after top_k), in which case nothing is accepted.
     #[pyo3(signature = (ctx, idx=-1), text_signature = "(self, ctx, idx=-1)")]
     fn sample(&self, py: Python<'_>, ctx: &Bound<'_, PyLlamaContext>, idx: i32) -> PyResult<i32> {
         ctx.get().run(py, |native| {
             let row = native.full_logits_row(idx)?;
             self.check_model(native.model())?;
-            let sampler = self.lock()?;
-            Ok(native
-                .with(|context| sampler.0.try_sample(context, row))
-                .map_err(shim_error)?
-                .0)
+            let mut sampler = self.lock()?;
+            self.check_usable()?;
+            // llama_sampler_sample's steps, with its asserts turned into exceptions.
+            let mut candidates =
+                native.with(|context| LlamaTokenDataArray::from_iter(context.candidates_ith(row), false));
+            candidates.apply_sampler(&mut sampler.0);
+            let chosen = candidates
+                .selected
+                .and_then(|i| candidates.data.get(i).copied())
+                .ok_or_else(|| {
+                    Error::value(
+                        "the sampler selected no token: end it with a selecting stage (greedy(), dist(), \
+                         mirostat(), mirostat_v2() or adaptive_p()), e.g. chain([top_k(40), dist(seed)])",
+                    )
+                })?;
+            if chosen.logit() == f32::NEG_INFINITY {
+                return Err(Error::llama(
+                    ExcClass::ShimError,
+                    "Failed",
+                    None,
+                    "no candidate is left that the sampler allows (a grammar after top_k/top_p/min_p may \
+                     have ruled out every token they kept: put the grammar first)",
+                ));
+            }
+            self.accept_locked(&mut sampler.0, chosen.id())?;
+            Ok(chosen.id().0)
         })
     }
 
@@ -367,6 +427,7 @@ impl PyLlamaSampler {
     fn apply(&self, py: Python<'_>, candidates: &Bound<'_, PyLlamaTokenDataArray>) -> PyResult<()> {
         let candidates = candidates.get();
         self.with_sampler(py, |sampler| {
+            self.check_usable()?;
             let mut guard = candidates.lock()?;
             if let Some(token) = guard.data.iter().map(|data| data.id().0).max() {
                 self.check_token(token)?;
@@ -379,20 +440,9 @@ impl PyLlamaSampler {
     /// Tells the sampler that `token` was chosen (updates penalties, grammar state, ...).
     fn accept(&self, py: Python<'_>, token: i32) -> PyResult<()> {
         let token = self.check_token(token)?;
-        let end_of_generation = self.models.iter().any(|model| model.is_eog_token(token));
         self.with_sampler(py, |sampler| {
-            if end_of_generation && rejects(sampler, token) {
-                return Err(Error::llama(
-                    ExcClass::ShimError,
-                    "Failed",
-                    None,
-                    format!(
-                        "the grammar does not accept the end-of-generation token {} here",
-                        token.0
-                    ),
-                ));
-            }
-            sampler.try_accept(token).map_err(shim_error)
+            self.check_usable()?;
+            self.accept_locked(sampler, token)
         })
     }
 
@@ -400,6 +450,7 @@ impl PyLlamaSampler {
     fn reset(&self, py: Python<'_>) -> PyResult<()> {
         self.with_sampler(py, |sampler| {
             sampler.reset();
+            self.broken.store(false, Ordering::Release);
             Ok(())
         })
     }

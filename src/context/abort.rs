@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::errors::Error;
 use crate::interrupt;
@@ -27,6 +28,8 @@ pub struct AbortFlags {
     last_poll: Mutex<Option<Instant>>,
     /// Set when the callback asked to abort (or raised) during the current computation.
     fired: AtomicBool,
+    /// Whether the current computation watches Ctrl-C (it runs on the main thread).
+    watches_sigint: AtomicBool,
     /// The exception the callback raised, re-raised after the aborted decode.
     raised: Mutex<Option<PyErr>>,
 }
@@ -39,9 +42,30 @@ impl AbortFlags {
         Ok(())
     }
 
-    /// Resets the per-computation state before a decode or encode.
-    pub fn arm(&self) {
+    /// Shows the callback to Python's cyclic garbage collector (a bound method of an object
+    /// that holds the context makes a cycle). Skipped while a decode polls it.
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Ok(slot) = self.callback.try_lock() {
+            if let Some(callback) = slot.as_ref() {
+                visit.call(callback)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the callback for the garbage collector, unless a decode is polling it.
+    pub fn clear(&self) {
+        if let Ok(mut slot) = self.callback.try_lock() {
+            self.has_callback.store(false, Ordering::Release);
+            slot.take();
+        }
+    }
+
+    /// Resets the per-computation state before a decode or encode; `watches_sigint` when the
+    /// computation holds a `SigintWatch`.
+    pub fn arm(&self, watches_sigint: bool) {
         self.fired.store(false, Ordering::Release);
+        self.watches_sigint.store(watches_sigint, Ordering::Release);
         if let Ok(mut last) = self.last_poll.lock() {
             *last = None;
         }
@@ -58,9 +82,13 @@ impl AbortFlags {
         match self.raised.lock().ok().and_then(|mut raised| raised.take()) {
             Some(exception) => Error::Python(exception),
             None => Error::Aborted {
-                interrupted: interrupt::interrupted(),
+                interrupted: self.sigint(),
             },
         }
+    }
+
+    fn sigint(&self) -> bool {
+        self.watches_sigint.load(Ordering::Acquire) && interrupt::interrupted()
     }
 
     fn due(&self) -> bool {
@@ -79,7 +107,7 @@ impl AbortFlags {
         if self.fired.load(Ordering::Acquire) {
             return true;
         }
-        if interrupt::interrupted() {
+        if self.sigint() {
             self.fired.store(true, Ordering::Release);
             return true;
         }

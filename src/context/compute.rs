@@ -1,5 +1,6 @@
 //! Running the model (decode, encode) and the switches that change how it runs.
 
+use llama_cpp_4::context::params::LlamaPoolingType;
 use llama_cpp_4::context::LlamaContext;
 use llama_cpp_4::llama_batch::LlamaBatch;
 use pyo3::prelude::*;
@@ -13,6 +14,27 @@ use crate::shared_pool::SharedPools;
 use crate::threadpool::{check_threads, FORKED};
 
 impl OpenContext {
+    /// Switches embeddings on or off, refusing what llama.cpp cannot pool: its graph for MEAN and
+    /// RANK pooling splits `min(n_ctx, n_ubatch)` rows evenly across the sequences and asserts
+    /// when they do not divide (upstream llama.cpp issue 27175).
+    pub(super) fn enable_embeddings(&mut self, embeddings: bool) -> Result<()> {
+        if embeddings {
+            let (pooling, n_ctx) = self.with(|context| (context.pooling_type(), context.n_ctx()));
+            let rows = n_ctx.min(self.n_ubatch);
+            let splits = matches!(pooling, LlamaPoolingType::Mean | LlamaPoolingType::Rank);
+            if splits && self.n_seq_max > 1 && !rows.is_multiple_of(self.n_seq_max) {
+                return Err(Error::value(format!(
+                    "with embeddings and {pooling:?} pooling, llama.cpp needs min(n_ctx, n_ubatch) = {rows} to be a \
+                     multiple of n_seq_max ({}): choose n_ubatch accordingly",
+                    self.n_seq_max
+                )));
+            }
+        }
+        self.with_mut(|context| context.set_embeddings(embeddings));
+        self.embeddings = embeddings;
+        Ok(())
+    }
+
     /// The shared pools to compute on when the user attached none. Refuses a user's pool
     /// started before this process was forked: its threads are not here.
     fn shared_pools(&self) -> Result<Option<SharedPools>> {
@@ -52,8 +74,8 @@ impl OpenContext {
         state.check_for(self.n_vocab, self.n_seq_max, limit, limit_name)?;
         let checkpoint = self.checkpoint(&state, !encoding)?;
         let shared = self.shared_pools()?;
-        self.abort_flags.arm();
         let watch = SigintWatch::start();
+        self.abort_flags.arm(watch.is_some());
         let (outcome, logged) = capture_errors(|| {
             self.with_mut(|context| match &shared {
                 Some(pools) => pools.run_on(context, |context| run(context, &mut state.batch)),
@@ -135,13 +157,9 @@ impl PyLlamaContext {
     }
 
     /// Switches embedding output on or off. With it, a decode may hold at most `n_ubatch`
-    /// tokens.
+    /// tokens. `ValueError` where llama.cpp cannot pool them (see `new_context`).
     fn set_embeddings(&self, py: Python<'_>, embeddings: bool) -> PyResult<()> {
-        self.run(py, |native| {
-            native.with_mut(|context| context.set_embeddings(embeddings));
-            native.embeddings = embeddings;
-            Ok(())
-        })
+        self.run(py, |native| native.enable_embeddings(embeddings))
     }
 
     /// Sets the threads for single-token and for batch decoding (each in 1..=512).

@@ -48,7 +48,16 @@ impl OpenContext {
                 "a backend sampler is set (set_sampler): full logits are not kept; use the get_sampled_* methods",
             ));
         }
-        self.output_row(i)
+        let row = self.output_row(i)?;
+        // SAFETY: `as_ptr` is the live context this value owns; `llama_get_logits` returns its
+        // logits buffer, null when the context computes none.
+        if self.with(|context| unsafe { llama_cpp_sys_4::llama_get_logits(context.as_ptr()) }.is_null()) {
+            return Err(Error::index(
+                "this context computes no logits (pooled embeddings, or a model without an output head): \
+                 use the embeddings getters, or a context with embeddings=False",
+            ));
+        }
+        Ok(row)
     }
 
     fn read_row<T: Send>(&self, i: i32, read: impl for<'a> FnOnce(&LlamaContext<'a>, i32) -> T) -> Result<T> {

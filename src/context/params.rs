@@ -11,11 +11,8 @@ use pyo3::types::PyDict;
 use crate::errors::{Error, Result};
 use crate::threadpool::check_threads;
 
-/// llama.cpp's defaults where the caller passes `None`, needed to check combinations
-/// [llama.cpp internal].
+/// llama.cpp's default `n_batch`, needed to check combinations [llama.cpp internal].
 const DEFAULT_N_BATCH: u32 = 2048;
-const DEFAULT_N_UBATCH: u32 = 512;
-const POOLING_MEAN: i32 = 1;
 
 /// Declares `ContextOptions` from one list of `name: type`: the struct, the keyword names
 /// `new_context` accepts, and their extraction. A new llama.cpp parameter is one line here and
@@ -134,25 +131,24 @@ fn cache_type(name: &str) -> Result<GgmlType> {
 }
 
 impl ContextOptions {
-    /// Mean pooling reserves a graph that splits each micro-batch evenly across sequences and
-    /// asserts inside llama.cpp when it cannot (upstream issue 27175).
-    fn check_mean_pooling(&self) -> Result<()> {
+    /// llama.cpp reserves an output row per sequence within `n_batch`, which it first caps at
+    /// `n_ctx`, and asserts when they do not fit.
+    pub fn check_for_model(&self, n_ctx_train: u32) -> Result<()> {
         let n_seq_max = self.n_seq_max.unwrap_or(1);
-        if !self.embeddings.unwrap_or(false) || self.pooling_type != Some(POOLING_MEAN) || n_seq_max <= 1 {
-            return Ok(());
-        }
-        let n_batch = self.n_batch.unwrap_or(DEFAULT_N_BATCH);
-        let n_ubatch = self.n_ubatch.unwrap_or(DEFAULT_N_UBATCH).min(n_batch);
-        if !n_ubatch.is_multiple_of(n_seq_max) {
+        let n_ctx = self.n_ctx.unwrap_or(n_ctx_train).max(1);
+        let n_batch = self.n_batch.unwrap_or(DEFAULT_N_BATCH).min(n_ctx);
+        if n_seq_max > n_batch {
             return Err(Error::value(format!(
-                "with embeddings and MEAN pooling, n_ubatch ({n_ubatch}) must be a multiple of n_seq_max ({n_seq_max})"
+                "n_seq_max ({n_seq_max}) must not exceed n_batch ({n_batch}, capped at n_ctx): llama.cpp \
+                 reserves an output row per sequence in each batch"
             )));
         }
         Ok(())
     }
 
+    /// The crate's params for these options, except `embeddings`, which the context switches
+    /// on once it has checked that llama.cpp can pool them (see `OpenContext::check_pooling`).
     pub fn to_params(&self) -> Result<LlamaContextParams> {
-        self.check_mean_pooling()?;
         let mut params = LlamaContextParams::default();
         if let Some(n_ctx) = self.n_ctx {
             params = params.with_n_ctx(NonZeroU32::new(n_ctx));
@@ -175,9 +171,6 @@ impl ContextOptions {
             None => default_threads(params.n_threads_batch()),
         };
         params = params.with_n_threads(n_threads).with_n_threads_batch(n_threads_batch);
-        if let Some(embeddings) = self.embeddings {
-            params = params.with_embeddings(embeddings);
-        }
         if let Some(pooling) = self.pooling_type {
             params = params.with_pooling_type(LlamaPoolingType::from(in_range("pooling_type", pooling, -1, 4)?));
         }
@@ -224,20 +217,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn refuses_mean_pooling_that_cannot_split() {
+    fn refuses_more_sequences_than_batch_rows() {
         let options = ContextOptions {
-            embeddings: Some(true),
-            pooling_type: Some(POOLING_MEAN),
-            n_seq_max: Some(3),
+            n_ctx: Some(4),
+            n_seq_max: Some(8),
             ..ContextOptions::default()
         };
-        assert!(matches!(options.to_params(), Err(Error::Value(_))));
-        let fits = ContextOptions {
-            n_ubatch: Some(513),
-            n_batch: Some(513),
-            ..options
+        assert!(matches!(options.check_for_model(8192), Err(Error::Value(_))));
+        let default_ctx = ContextOptions {
+            n_seq_max: Some(8),
+            ..ContextOptions::default()
         };
-        assert!(fits.to_params().is_ok());
+        assert!(default_ctx.check_for_model(8192).is_ok());
+        assert!(default_ctx.check_for_model(4).is_err());
     }
 
     #[test]
