@@ -11,13 +11,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from llamactx._chat import ChatSession
+from llamactx._embedding import embed
 from llamactx._enums import LlamaPoolingType
+from llamactx._generation import stream
 from llamactx._llamactx import LlamaModel, LlamaSampler
+from llamactx._models import default_model_path
 from llamactx.bench import speeds
-from llamactx.chat import ChatSession
-from llamactx.embed import embed
-from llamactx.generate import stream
-from llamactx.models import default_model_path
 
 __all__ = ["main"]
 
