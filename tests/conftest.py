@@ -27,6 +27,13 @@ def model(model_path: Path) -> llamactx.LlamaModel:
 
 
 @pytest.fixture(scope="session")
+def paris(model: llamactx.LlamaModel) -> int:
+    """The token of " Paris", the greedy continuation of ``PARIS_PROMPT``."""
+    (token,) = model.str_to_token(" Paris", False)
+    return token
+
+
+@pytest.fixture(scope="session")
 def tiny_bert_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthetic.write_tiny_bert(tmp_path_factory.mktemp("models") / "tiny-bert.gguf")
 
