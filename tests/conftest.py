@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import synthetic
 import llamactx
 
 PARIS_PROMPT = "The capital of France is"
+CHILDREN = Path(__file__).with_name("children")
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +24,13 @@ def model_path() -> Path:
 @pytest.fixture(scope="session")
 def model(model_path: Path) -> llamactx.LlamaModel:
     return llamactx.LlamaModel.load_from_file(model_path)
+
+
+@pytest.fixture(scope="session")
+def paris(model: llamactx.LlamaModel) -> int:
+    """The token of " Paris", the greedy continuation of ``PARIS_PROMPT``."""
+    (token,) = model.str_to_token(" Paris", False)
+    return token
 
 
 @pytest.fixture(scope="session")
@@ -49,32 +56,16 @@ def decode_prompt(ctx: llamactx.LlamaContext, tokens: list[int], seq_id: int = 0
     ctx.decode(batch)
 
 
-def run_isolated(model_path: Path, code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Runs ``code`` in a fresh interpreter with ``model`` loaded, so a crash fails one test
-    instead of killing pytest. The snippet sees ``llamactx``, ``model`` and ``MODEL_PATH``."""
-    prelude = (
-        f"import llamactx\nMODEL_PATH = {str(model_path)!r}\nmodel = llamactx.LlamaModel.load_from_file(MODEL_PATH)\n"
-    )
+def run_child(
+    model_path: Path, program: str, case: str, *, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``case`` of ``tests/children/PROGRAM.py`` on the model in a fresh interpreter, so a
+    crash fails one test instead of killing pytest (see ``children/harness.py``)."""
     return subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        [sys.executable, str(CHILDREN / f"{program}.py"), str(model_path), case],
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
     )
-
-
-def raised_in_subprocess(model_path: Path, call: str) -> str:
-    """The name of the exception that ``call`` raises in a child process (``"none"`` if it
-    returns). A crash of the child fails the calling test with its exit status."""
-    code = f"""
-    try:
-        {call}
-    except BaseException as error:
-        print("RAISED", type(error).__name__)
-    else:
-        print("RAISED none")
-    """
-    result = run_isolated(model_path, code)
-    assert result.returncode == 0, f"child died with {result.returncode}: {result.stderr[-2000:]}"
-    return result.stdout.split("RAISED ", 1)[1].strip()

@@ -6,20 +6,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import llamactx
 from conftest import PARIS_PROMPT
 
+QUESTION = "What is the capital of France?"
 
-def test_generate_command_streams_paris(model_path: Path) -> None:
-    command = [sys.executable, "-m", "llamactx", "generate", PARIS_PROMPT, "-m", str(model_path), "-n", "8"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(" Paris")
+
+def run_cli(*arguments: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "llamactx", *arguments]
+    return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_generate_command_streams_paris_when_greedy(model_path: Path) -> None:
+    greedy = run_cli("generate", PARIS_PROMPT, "-m", str(model_path), "-n", "8", "--greedy")
+    assert greedy.returncode == 0, greedy.stderr
+    assert greedy.stdout.startswith(" Paris")
+    assert run_cli("generate", PARIS_PROMPT, "-m", str(model_path), "-n", "8", "--temp", "0").stdout == greedy.stdout
 
 
 def test_info_command_prints_metadata(model_path: Path) -> None:
-    command = [sys.executable, "-m", "llamactx", "info", "-m", str(model_path)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    result = run_cli("info", "-m", str(model_path))
     assert result.returncode == 0, result.stderr
     assert "general.architecture: llama" in result.stdout
 
@@ -38,15 +46,76 @@ def test_stop_strings_end_generation_before_them(ctx: llamactx.LlamaContext) -> 
     assert stopped == full[: full.index(".")]
 
 
-def run_cli(*arguments: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "llamactx", *arguments]
-    return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=300, check=False)
-
-
 def test_chat_command_keeps_the_conversation(model_path: Path) -> None:
-    result = run_cli("chat", "-m", str(model_path), "-n", "20", stdin="What is the capital of France?\n\n")
+    result = run_cli("chat", "-m", str(model_path), "-n", "20", "--greedy", stdin=f"{QUESTION}\n\n")
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
+
+
+def test_chat_answers_one_message_like_the_chat_function(model_path: Path, ctx: llamactx.LlamaContext) -> None:
+    result = run_cli("chat", QUESTION, "-m", str(model_path), "-n", "32", "--n-ctx", "512", "--greedy")
+    assert result.returncode == 0, result.stderr
+    expected = llamactx.chat(ctx, [{"role": "user", "content": QUESTION}], max_tokens=32)
+    assert result.stdout == expected + "\n"
+    assert "Paris" in result.stdout
+
+
+def test_default_sampling_is_llama_cpps_chain(model_path: Path, ctx: llamactx.LlamaContext) -> None:
+    result = run_cli("chat", QUESTION, "-m", str(model_path), "-n", "32", "--n-ctx", "512", "--stats")
+    assert result.returncode == 0, result.stderr
+    assert "tokens/s" in result.stderr
+    sampler = llamactx.LlamaSampler.chain(
+        [
+            llamactx.LlamaSampler.top_k(40),
+            llamactx.LlamaSampler.top_p(0.95),
+            llamactx.LlamaSampler.min_p(0.05),
+            llamactx.LlamaSampler.temp(0.8),
+            llamactx.LlamaSampler.dist(0),
+        ]
+    )
+    expected = llamactx.chat(ctx, [{"role": "user", "content": QUESTION}], max_tokens=32, sampler=sampler)
+    assert result.stdout == expected + "\n"
+
+
+def test_the_seed_decides_the_sampled_text(model_path: Path) -> None:
+    hot = ("-m", str(model_path), "-n", "12", "--temp", "3", "--top-k", "0", "--top-p", "1", "--min-p", "0")
+    first, again, other = (run_cli("generate", PARIS_PROMPT, *hot, "--seed", seed) for seed in ("7", "7", "8"))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == again.stdout
+    assert first.stdout != other.stdout
+
+
+def test_help_states_the_sampling_defaults() -> None:
+    result = run_cli("chat", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for setting in ("top-k 40", "top-p 0.95", "min-p 0.05", "temperature 0.8", "--greedy", "--seed"):
+        assert setting in text
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--top-p", "1.5"],
+        ["--min-p", "-0.1"],
+        ["--temp", "-1"],
+        ["--temp", "nan"],
+        ["--seed", "-1"],
+        ["--seed", str(2**32)],
+        ["--top-k", "-5"],
+        ["-n", "many"],
+        ["--threads", "0"],
+        ["--threads", "513"],
+        ["--n-ctx", "0"],
+        ["--model", "/no/such/model.gguf"],
+    ],
+    ids=" ".join,
+)
+def test_a_bad_option_value_is_a_usage_error(bad: list[str]) -> None:
+    result = run_cli("generate", PARIS_PROMPT, *bad)
+    assert result.returncode == 2
+    assert "usage:" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_embed_command_writes_json_and_npy(model_path: Path, tmp_path: Path) -> None:

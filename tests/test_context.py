@@ -22,7 +22,7 @@ def test_greedy_next_token_after_the_capital_of_france_is_paris(
     assert int(np.argmax(ctx.get_logits_ith(-1))) == token
 
 
-def test_logits_are_owned_float32_copies(model: llamactx.LlamaModel, ctx: llamactx.LlamaContext) -> None:
+def test_logits_are_owned_float32_copies(model: llamactx.LlamaModel, ctx: llamactx.LlamaContext, paris: int) -> None:
     tokens = model.str_to_token(PARIS_PROMPT, False)
     decode_prompt(ctx, tokens)
     logits = ctx.get_logits_ith(len(tokens) - 1)
@@ -34,7 +34,7 @@ def test_logits_are_owned_float32_copies(model: llamactx.LlamaModel, ctx: llamac
     assert ctx.get_logits_ith(-1)[0] == logits[0] - 1.0
     before = logits.copy()
     batch = llamactx.LlamaBatch(1)
-    batch.add(model.str_to_token(" Paris", False)[0], len(tokens), [0], True)
+    batch.add(paris, len(tokens), [0], True)
     ctx.decode(batch)
     np.testing.assert_array_equal(logits, before)
     assert not np.array_equal(ctx.get_logits_ith(0), before)
@@ -84,10 +84,9 @@ def test_context_sizes(model: llamactx.LlamaModel) -> None:
         assert ctx.model is not None
 
 
-def test_context_outlives_its_python_model(model_path: Path) -> None:
+def test_context_outlives_its_python_model(model_path: Path, paris: int) -> None:
     model = llamactx.LlamaModel.load_from_file(model_path)
     tokens = model.str_to_token(PARIS_PROMPT, False)
-    paris = model.str_to_token(" Paris", False)[0]
     ctx = model.new_context(n_ctx=256)
     model.close()
     del model

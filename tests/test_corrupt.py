@@ -1,9 +1,11 @@
 """Truncated and bit-flipped model, session, state and sequence-state files: each raises an
-exception and the process survives. All cases run in one child process, which prints each case
-before trying it, so a crash names the case that caused it."""
+exception and the process survives. All cases run in one child process
+(``children/corrupt_files.py``), which prints each case before trying it, so a crash names the
+case that caused it."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 import synthetic
 
 import llamactx
-from conftest import PARIS_PROMPT, decode_prompt, run_isolated
+from conftest import PARIS_PROMPT, decode_prompt, run_child
 
 SEED = 20261129
 
@@ -37,40 +39,6 @@ def write_cases(directory: Path, prefix: str, cases: list[tuple[str, bytes]]) ->
         path.write_bytes(data)
         paths.append((f"{prefix}: {name}", path))
     return paths
-
-
-CHILD = """
-import llamactx, sys
-cases = {cases!r}
-tokens = model.str_to_token("The capital of France is", False)
-for name, kind, path in cases:
-    print("CASE", name, flush=True)
-    try:
-        if kind == "model":
-            loaded = llamactx.LlamaModel.load_from_file(path)
-            ctx = loaded.new_context(n_ctx=256)
-            batch = llamactx.LlamaBatch(len(tokens))
-            batch.add_sequence(tokens, 0, False)
-            ctx.decode(batch)
-            outcome = "loaded"
-        else:
-            ctx = model.new_context(n_ctx=256, n_seq_max=2)
-            if kind == "session":
-                ctx.load_session_file(path, 64)
-            elif kind == "state-file":
-                ctx.state_load_file(path, 64)
-            elif kind == "seq-file":
-                ctx.state_seq_load_file(path, 1, 64)
-            elif kind == "state-bytes":
-                ctx.state_set_data(open(path, "rb").read())
-            elif kind == "seq-bytes":
-                ctx.state_seq_set_data(open(path, "rb").read(), 1)
-            outcome = "loaded"
-    except Exception as error:
-        outcome = "raised " + type(error).__name__
-    print("RESULT", name, "=>", outcome, flush=True)
-print("ALL DONE")
-"""
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +72,7 @@ def test_corrupted_files_raise_and_the_process_survives(
     for kind, data in saved.items():
         for name, path in write_cases(tmp_path, kind, mutations(data, 4096, 12)):
             cases.append((name, kind, str(path)))
-    result = run_isolated(model_path, CHILD.format(cases=cases), timeout=900)
+    result = run_child(model_path, "corrupt_files", "load_each", stdin=json.dumps(cases), timeout=900)
     started = [line[5:] for line in result.stdout.splitlines() if line.startswith("CASE ")]
     assert result.returncode == 0, f"crashed on {started[-1] if started else '?'}: {result.stderr[-1500:]}"
     assert "ALL DONE" in result.stdout

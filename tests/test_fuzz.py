@@ -1,5 +1,5 @@
 """Random programs of API calls with hostile arguments find no crash, panic or undocumented
-exception. The examples run in a child process (tests/fuzz_child.py): a crash fails this test
+exception. The examples run in a child process (``children/fuzz.py``): a crash fails this test
 and names the call that caused it. ``make fuzz`` runs more examples."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import CHILDREN
+
 EXAMPLES = int(os.environ.get("LLAMACTX_FUZZ_EXAMPLES", "2000"))
-CHILD = Path(__file__).with_name("fuzz_child.py")
+CHILD = CHILDREN / "fuzz.py"
 
 
 @pytest.mark.timeout(3700)

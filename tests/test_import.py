@@ -6,8 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from conftest import CHILDREN
+
 
 def test_import_does_not_load_numpy() -> None:
-    code = "import sys, llamactx; print(sorted(m for m in ('numpy', 'llamactx') if m in sys.modules))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    child = CHILDREN / "import_cost.py"
+    result = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "['llamactx']"

@@ -21,12 +21,13 @@ def next_logits(ctx: llamactx.LlamaContext, token: int, pos: int, seq: int) -> n
     return ctx.get_logits_ith(0)
 
 
-def test_copied_sequence_continues_like_its_source(model: llamactx.LlamaModel, two_seq: llamactx.LlamaContext) -> None:
+def test_copied_sequence_continues_like_its_source(
+    model: llamactx.LlamaModel, two_seq: llamactx.LlamaContext, paris: int
+) -> None:
     tokens = model.str_to_token(PARIS_PROMPT, False)
     decode_prompt(two_seq, tokens, seq_id=0)
     two_seq.copy_kv_cache_seq(0, 1)
     assert two_seq.kv_cache_seq_pos_max(1) == len(tokens) - 1
-    paris = model.str_to_token(" Paris", False)[0]
     from_source = next_logits(two_seq, paris, len(tokens), 0)
     from_copy = next_logits(two_seq, paris, len(tokens), 1)
     np.testing.assert_allclose(from_copy, from_source, rtol=1e-5, atol=1e-4)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import llamactx
-from conftest import run_isolated
+from conftest import run_child
 
 
 def test_model_load_logs_to_the_llamactx_logger(model_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -19,21 +19,7 @@ def test_model_load_logs_to_the_llamactx_logger(model_path: Path, caplog: pytest
 
 
 def test_nothing_is_written_to_stderr_when_logging_is_silenced(model_path: Path) -> None:
-    code = """
-    import logging
-    logging.getLogger("llamactx").addHandler(logging.NullHandler())
-    logging.getLogger("llamactx").propagate = False
-    ctx = model.new_context(n_ctx=256)
-    batch = llamactx.LlamaBatch(4)
-    batch.add_sequence(model.str_to_token("Hello there"), 0, False)
-    ctx.decode(batch)
-    try:
-        ctx.decode(llamactx.LlamaBatch(1))  # llama.cpp logs an error for an empty batch
-    except llamactx.DecodeError:
-        pass
-    print("done")
-    """
-    result = run_isolated(model_path, code)
+    result = run_child(model_path, "logging_output", "silenced_logger")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "done"
     assert result.stderr == ""
@@ -48,38 +34,20 @@ def test_error_lines_reach_the_logger(ctx: llamactx.LlamaContext, caplog: pytest
 def test_unconfigured_logging_prints_nothing(model_path: Path) -> None:
     # n_ctx=300 with 2 sequences makes llama.cpp log a warning; the library's NullHandler keeps
     # Python's "last resort" handler from printing it.
-    code = """
-    ctx = model.new_context(n_ctx=300, n_seq_max=2)
-    print("done")
-    """
-    result = run_isolated(model_path, code)
+    result = run_child(model_path, "logging_output", "unconfigured_logging")
     assert result.returncode == 0
     assert result.stderr == ""
 
 
 def test_basic_config_debug_shows_llama_cpp_lines(model_path: Path) -> None:
-    code = """
-    import logging
-    logging.basicConfig(level=logging.DEBUG)
-    llamactx.LlamaModel.load_from_file(MODEL_PATH, vocab_only=True)
-    """
-    result = run_isolated(model_path, code)
+    result = run_child(model_path, "logging_output", "basic_config_debug")
     assert result.returncode == 0
     assert "DEBUG:llamactx:" in result.stderr or "INFO:llamactx:" in result.stderr
     assert "general.architecture" in result.stderr
 
 
 def test_set_verbose_switches_the_log_on_and_off(model_path: Path) -> None:
-    code = """
-    llamactx.set_verbose(True)
-    llamactx.LlamaModel.load_from_file(MODEL_PATH, vocab_only=True)
-    print("---", flush=True)
-    import sys
-    sys.stderr.write("MARK")
-    llamactx.set_verbose(False)
-    llamactx.LlamaModel.load_from_file(MODEL_PATH, vocab_only=True)
-    """
-    result = run_isolated(model_path, code)
+    result = run_child(model_path, "logging_output", "set_verbose_on_then_off")
     assert result.returncode == 0
     before, _, after = result.stderr.partition("MARK")
     assert "llamactx INFO:" in before

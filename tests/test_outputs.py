@@ -18,14 +18,13 @@ def decoded(model: llamactx.LlamaModel, ctx: llamactx.LlamaContext) -> llamactx.
     return ctx
 
 
-def test_candidates_mirror_the_logits(model: llamactx.LlamaModel, decoded: llamactx.LlamaContext) -> None:
+def test_candidates_mirror_the_logits(model: llamactx.LlamaModel, decoded: llamactx.LlamaContext, paris: int) -> None:
     candidates = decoded.candidates_ith(-1)
     assert len(candidates) == model.n_vocab()
     np.testing.assert_array_equal(candidates.ids, np.arange(model.n_vocab(), dtype=np.int32))
     np.testing.assert_array_equal(candidates.logits, decoded.get_logits_ith(-1))
     assert candidates.ids.dtype == np.int32
     assert not candidates.p.any()
-    paris = model.str_to_token(" Paris", False)[0]
     item = candidates[paris]
     assert (item.id, item.logit) == (paris, float(decoded.get_logits_ith(-1)[paris]))
     assert candidates[-1].id == model.n_vocab() - 1
@@ -36,8 +35,7 @@ def test_candidates_mirror_the_logits(model: llamactx.LlamaModel, decoded: llama
     np.testing.assert_array_equal(decoded.candidates().logits, decoded.get_logits_ith(0))
 
 
-def test_samplers_applied_to_candidates(model: llamactx.LlamaModel, decoded: llamactx.LlamaContext) -> None:
-    paris = model.str_to_token(" Paris", False)[0]
+def test_samplers_applied_to_candidates(decoded: llamactx.LlamaContext, paris: int) -> None:
     candidates = decoded.candidates_ith(-1)
     assert candidates.selected is None
     llamactx.LlamaSampler.top_k(5).apply(candidates)
@@ -94,8 +92,7 @@ def test_embeddings_error_when_disabled(decoded: llamactx.LlamaContext) -> None:
     assert raised.value.kind == "NotEnabled"
 
 
-def test_backend_sampler_results(model: llamactx.LlamaModel) -> None:
-    paris = model.str_to_token(" Paris", False)[0]
+def test_backend_sampler_results(model: llamactx.LlamaModel, paris: int) -> None:
     with model.new_context(n_ctx=256) as ctx:
         with pytest.raises(IndexError, match="no backend sampler"):
             ctx.get_sampled_token_ith(-1)

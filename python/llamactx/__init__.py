@@ -7,7 +7,10 @@ input can crash the interpreter: bad arguments raise exceptions.
 
 import logging
 
+from llamactx._chat import ChatSession, chat
+from llamactx._embedding import embed
 from llamactx._enums import LlamaAttentionType, LlamaFlashAttnType, LlamaPoolingType
+from llamactx._generation import continue_sequence, generate, generate_batch, prefill, stream
 from llamactx._llamactx import (
     ApplyChatTemplateError,
     BatchAddError,
@@ -44,10 +47,7 @@ from llamactx._llamactx import (
     __version__,
 )
 from llamactx._logging import set_verbose
-from llamactx.chat import ChatSession, chat
-from llamactx.embed import embed
-from llamactx.generate import generate, generate_batch, stream
-from llamactx.models import default_model_path
+from llamactx._models import default_model_path
 
 # A library's logger: silent unless the application configures logging (no "last resort"
 # printing of llama.cpp's warnings to stderr).
@@ -92,10 +92,12 @@ __all__ = [
     "TokenToStringError",
     "__version__",
     "chat",
+    "continue_sequence",
     "default_model_path",
     "embed",
     "generate",
     "generate_batch",
+    "prefill",
     "set_verbose",
     "stream",
 ]

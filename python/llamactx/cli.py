@@ -1,37 +1,116 @@
-"""The ``llamactx`` command line: ``generate`` (stream text), ``chat``, ``embed``, ``bench`` and
-``info``."""
+"""The ``llamactx`` command line: ``generate`` (stream text), ``chat`` (answer one message, or
+converse), ``embed``, ``bench`` and ``info``. ``generate`` and ``chat`` sample as llama.cpp does
+by default, with a fixed seed."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
+from llamactx._chat import ChatSession
+from llamactx._embedding import embed
 from llamactx._enums import LlamaPoolingType
-from llamactx._llamactx import LlamaModel, LlamaSampler
+from llamactx._generation import stream
+from llamactx._llamactx import LlamaContext, LlamaModel, LlamaSampler
+from llamactx._models import default_model_path
 from llamactx.bench import speeds
-from llamactx.chat import ChatSession
-from llamactx.embed import embed
-from llamactx.generate import stream
-from llamactx.models import default_model_path
 
 __all__ = ["main"]
 
+Number = TypeVar("Number", int, float)
+
+# llama.cpp's sampling defaults (common/common.h), so that the command line samples as llama-cli
+# does; except the seed, which llama.cpp picks at random and we fix so that a run can be repeated.
+DEFAULT_TEMP = 0.8
+DEFAULT_TOP_K = 40
+DEFAULT_TOP_P = 0.95
+DEFAULT_MIN_P = 0.05
+DEFAULT_SEED = 0
+RANDOM_SEED = 2**32 - 1  # llama.cpp's LLAMA_DEFAULT_SEED: the sampler seeds itself at random
+MAX_THREADS = 512  # ggml's limit; the context refuses more
+INT32_MAX = 2**31 - 1
+
+
+def _in_range(convert: Callable[[str], Number], low: Number, high: Number) -> Callable[[str], Number]:
+    """An argparse type: ``convert(text)`` between ``low`` and ``high``, else a usage error
+    (exit status 2) instead of a traceback from deep inside the run."""
+
+    def parse(text: str) -> Number:
+        value = convert(text)  # a ValueError here makes argparse say "invalid int value"
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not in [{low}, {high}]")
+        return value
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
+COUNT = _in_range(int, 1, INT32_MAX)
+NON_NEGATIVE = _in_range(int, 0, INT32_MAX)
+PROBABILITY = _in_range(float, 0.0, 1.0)
+
+
+def _model_file(text: str) -> Path:
+    """An argparse type: an existing file (the default model when the option is absent)."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return path
+
 
 def _model_path(arguments: argparse.Namespace) -> Path:
-    return Path(arguments.model) if arguments.model else default_model_path()
+    chosen: Path | None = arguments.model
+    return chosen or default_model_path()
 
 
 def _sampler(arguments: argparse.Namespace) -> LlamaSampler:
-    if arguments.temp <= 0:
+    """llama.cpp's default sampler chain with the command line's values; greedy on request."""
+    if arguments.greedy or arguments.temp == 0:
         return LlamaSampler.greedy()
-    stages = [LlamaSampler.top_k(arguments.top_k), LlamaSampler.top_p(arguments.top_p, 1)]
-    stages += [LlamaSampler.temp(arguments.temp), LlamaSampler.dist(arguments.seed)]
-    return LlamaSampler.chain(stages)
+    return LlamaSampler.chain(
+        [
+            LlamaSampler.top_k(arguments.top_k),
+            LlamaSampler.top_p(arguments.top_p, 1),
+            LlamaSampler.min_p(arguments.min_p, 1),
+            LlamaSampler.temp(arguments.temp),
+            LlamaSampler.dist(arguments.seed),
+        ]
+    )
+
+
+def _context(arguments: argparse.Namespace) -> LlamaContext:
+    """A context on the chosen model for ``generate`` and ``chat``."""
+    model = LlamaModel.load_from_file(_model_path(arguments))
+    threads = arguments.threads
+    return model.new_context(
+        n_ctx=arguments.n_ctx, n_threads=threads, n_threads_batch=threads, no_perf=not arguments.stats
+    )
+
+
+def _write(pieces: Iterable[str]) -> None:
+    """Prints text as it is generated, then ends the line."""
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+def _print_speed(ctx: LlamaContext) -> None:
+    timings = ctx.timings()
+    prompt_rate = 1000 * timings.n_p_eval / timings.t_p_eval_ms if timings.t_p_eval_ms else float("nan")
+    rate = 1000 * timings.n_eval / timings.t_eval_ms if timings.t_eval_ms else float("nan")
+    print(
+        f"llamactx: prompt {timings.n_p_eval} tokens at {prompt_rate:.1f} tokens/s, "
+        f"generation {timings.n_eval} tokens at {rate:.1f} tokens/s",
+        file=sys.stderr,
+    )
 
 
 def _prompt_progress(done: int, total: int) -> None:
@@ -47,48 +126,37 @@ def _prompt_progress(done: int, total: int) -> None:
 
 
 def _generate(arguments: argparse.Namespace) -> int:
-    model = LlamaModel.load_from_file(_model_path(arguments))
-    threads = arguments.threads
-    ctx = model.new_context(
-        n_ctx=arguments.n_ctx, n_threads=threads, n_threads_batch=threads, no_perf=not arguments.stats
-    )
+    ctx = _context(arguments)
     progress = _prompt_progress if sys.stderr.isatty() else None
-    pieces = stream(
-        ctx, arguments.prompt, max_tokens=arguments.max_tokens, sampler=_sampler(arguments), progress=progress
+    _write(
+        stream(ctx, arguments.prompt, max_tokens=arguments.max_tokens, sampler=_sampler(arguments), progress=progress)
     )
-    for piece in pieces:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
     if arguments.stats:
-        timings = ctx.timings()
-        prompt_rate = 1000 * timings.n_p_eval / timings.t_p_eval_ms if timings.t_p_eval_ms else float("nan")
-        rate = 1000 * timings.n_eval / timings.t_eval_ms if timings.t_eval_ms else float("nan")
-        print(
-            f"llamactx: prompt {timings.n_p_eval} tokens at {prompt_rate:.1f} tokens/s, "
-            f"generation {timings.n_eval} tokens at {rate:.1f} tokens/s",
-            file=sys.stderr,
-        )
+        _print_speed(ctx)
     return 0
 
 
 def _chat(arguments: argparse.Namespace) -> int:
-    model = LlamaModel.load_from_file(_model_path(arguments))
-    ctx = model.new_context(n_ctx=arguments.n_ctx, n_threads=arguments.threads, n_threads_batch=arguments.threads)
+    ctx = _context(arguments)
     session = ChatSession(ctx, system=arguments.system, max_tokens=arguments.max_tokens)
-    print("llamactx chat: an empty line or Ctrl-D ends it.", file=sys.stderr)
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            break
-        if not line.strip():
-            break
-        for piece in session.send(line, _sampler(arguments)):
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
+    sampler = _sampler(arguments)
+    if arguments.message is not None:
+        _write(session.send(arguments.message, sampler))
+    else:
+        print("llamactx chat: an empty line or Ctrl-D ends it.", file=sys.stderr)
+        while (line := _read_line()).strip():
+            _write(session.send(line, sampler))
+    if arguments.stats:
+        _print_speed(ctx)
     return 0
+
+
+def _read_line() -> str:
+    """The user's next line, or an empty one at the end of input."""
+    try:
+        return input("> ")
+    except EOFError:
+        return ""
 
 
 def _embed(arguments: argparse.Namespace) -> int:
@@ -146,56 +214,123 @@ def _info(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _add_model_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "-m",
+        "--model",
+        type=_model_file,
+        metavar="PATH",
+        help="GGUF file (default: SmolLM2-135M-Instruct, fetched once)",
+    )
+
+
+def _add_threads_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "-t",
+        "--threads",
+        type=_in_range(int, 1, MAX_THREADS),
+        metavar="N",
+        help="compute threads (default: up to 4, one per CPU)",
+    )
+
+
+def _add_generation_options(command: argparse.ArgumentParser, *, max_tokens: int, n_ctx: int) -> None:
+    """The options ``generate`` and ``chat`` share: model, lengths, threads, sampling, --stats."""
+    _add_model_option(command)
+    command.add_argument(
+        "-n",
+        "--max-tokens",
+        type=NON_NEGATIVE,
+        default=max_tokens,
+        metavar="N",
+        help="most tokens to generate (default: %(default)s)",
+    )
+    command.add_argument(
+        "--n-ctx", type=COUNT, default=n_ctx, metavar="N", help="context size in tokens (default: %(default)s)"
+    )
+    _add_threads_option(command)
+    command.add_argument("--stats", action="store_true", help="print speed on stderr")
+    sampling = command.add_argument_group(
+        "sampling",
+        f"llama.cpp's default chain: top-k {DEFAULT_TOP_K}, then top-p {DEFAULT_TOP_P}, then min-p "
+        f"{DEFAULT_MIN_P}, then temperature {DEFAULT_TEMP}, then a random pick seeded with --seed "
+        f"(default {DEFAULT_SEED}; a seed always gives the same text). --greedy, or --temp 0, takes the "
+        "most likely token instead.",
+    )
+    sampling.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    sampling.add_argument(
+        "--temp",
+        type=_in_range(float, 0.0, math.inf),
+        default=DEFAULT_TEMP,
+        metavar="T",
+        help="temperature; 0 is greedy",
+    )
+    sampling.add_argument(
+        "--top-k",
+        type=NON_NEGATIVE,
+        default=DEFAULT_TOP_K,
+        metavar="K",
+        help="keep the K most likely; 0 keeps all",
+    )
+    sampling.add_argument(
+        "--top-p",
+        type=PROBABILITY,
+        default=DEFAULT_TOP_P,
+        metavar="P",
+        help="keep the likeliest with P of the mass; 1 keeps all",
+    )
+    sampling.add_argument(
+        "--min-p",
+        type=PROBABILITY,
+        default=DEFAULT_MIN_P,
+        metavar="P",
+        help="drop those under P x the likeliest; 0 keeps all",
+    )
+    sampling.add_argument(
+        "--seed",
+        type=_in_range(int, 0, RANDOM_SEED),
+        default=DEFAULT_SEED,
+        metavar="S",
+        help=f"seed of the random pick; {RANDOM_SEED} picks one at random, as llama.cpp does",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llamactx", description="Run GGUF models with llama.cpp from Python.")
     parser.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log on stderr")
     commands = parser.add_subparsers(dest="command", required=True)
 
     generate = commands.add_parser("generate", help="stream text that continues PROMPT")
-    generate.add_argument("prompt")
-    generate.add_argument("-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct, fetched once)")
-    generate.add_argument("-n", "--max-tokens", type=int, default=128)
-    generate.add_argument("--temp", type=float, default=0.0, help="0 (the default) is greedy")
-    generate.add_argument("--top-k", type=int, default=40)
-    generate.add_argument("--top-p", type=float, default=0.95)
-    generate.add_argument("--seed", type=int, default=0)
-    generate.add_argument("--n-ctx", type=int, default=2048)
-    generate.add_argument("-t", "--threads", type=int, default=None)
-    generate.add_argument("--stats", action="store_true", help="print speed on stderr")
+    generate.add_argument("prompt", help="the text to continue")
+    _add_generation_options(generate, max_tokens=128, n_ctx=2048)
     generate.set_defaults(run=_generate)
 
-    chat = commands.add_parser("chat", help="chat with the model, using its chat template")
-    chat.add_argument("-m", "--model", help="GGUF file (default: the default model)")
-    chat.add_argument("--system", help="a system message")
-    chat.add_argument("-n", "--max-tokens", type=int, default=256)
-    chat.add_argument("--temp", type=float, default=0.0, help="0 (the default) is greedy")
-    chat.add_argument("--top-k", type=int, default=40)
-    chat.add_argument("--top-p", type=float, default=0.95)
-    chat.add_argument("--seed", type=int, default=0)
-    chat.add_argument("--n-ctx", type=int, default=4096)
-    chat.add_argument("-t", "--threads", type=int, default=None)
+    chat = commands.add_parser("chat", help="answer MESSAGE, or chat, with the model's chat template")
+    chat.add_argument("message", nargs="?", help="answer this message and exit (default: chat until an empty line)")
+    chat.add_argument("--system", metavar="TEXT", help="a system message")
+    _add_generation_options(chat, max_tokens=256, n_ctx=4096)
     chat.set_defaults(run=_chat)
 
     embed_command = commands.add_parser("embed", help="embed texts (arguments, or lines of stdin) as JSON or .npy")
     embed_command.add_argument("texts", nargs="*")
-    embed_command.add_argument("-m", "--model", help="GGUF file (default: the default model)")
+    _add_model_option(embed_command)
     embed_command.add_argument("-o", "--output", help="write here (.npy: a numpy array; else JSON)")
     embed_command.add_argument("--raw", action="store_true", help="do not normalise the vectors")
-    embed_command.add_argument("--n-ubatch", type=int, default=512, help="most tokens per decode")
-    embed_command.add_argument("-t", "--threads", type=int, default=None)
+    embed_command.add_argument("--n-ubatch", type=COUNT, default=512, help="most tokens per decode")
+    _add_threads_option(embed_command)
     embed_command.set_defaults(run=_embed)
 
     bench = commands.add_parser("bench", help="prompt (pp) and generation (tg) tokens/s, like llama-bench")
-    bench.add_argument("-m", "--model", help="GGUF file (default: the default model)")
-    bench.add_argument("-p", "--pp", type=int, default=512)
-    bench.add_argument("-n", "--tg", type=int, default=128)
-    bench.add_argument("-r", "--repetitions", type=int, default=3)
-    bench.add_argument("-t", "--threads", type=int, default=None)
+    _add_model_option(bench)
+    bench.add_argument("-p", "--pp", type=COUNT, default=512)
+    bench.add_argument("-n", "--tg", type=COUNT, default=128)
+    bench.add_argument("-r", "--repetitions", type=COUNT, default=3)
+    _add_threads_option(bench)
     bench.add_argument("--flash-attn", type=int, default=0, choices=(-1, 0, 1))
     bench.set_defaults(run=_bench)
 
     info = commands.add_parser("info", help="print a model's metadata")
-    info.add_argument("-m", "--model", help="GGUF file (default: the default model)")
+    _add_model_option(info)
     info.set_defaults(run=_info)
     return parser
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 
-__all__ = ["generate", "generate_batch", "stream"]
+__all__ = ["continue_sequence", "generate", "generate_batch", "prefill", "stream"]
 
 
 def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int], max_tokens: int) -> list[int]:

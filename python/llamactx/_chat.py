@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
+from llamactx._generation import continue_sequence, generate, prefill
 from llamactx._llamactx import LlamaContext, LlamaSampler
-from llamactx.generate import continue_sequence, generate, prefill
 
 __all__ = ["ChatSession", "chat"]
 

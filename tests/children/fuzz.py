@@ -4,7 +4,7 @@ every call is printed before it runs, so if llama.cpp crashes the process, the p
 the call. A call may return or raise one of the documented exceptions; anything else (a panic,
 an internal error, a crash) fails.
 
-    python tests/fuzz_child.py MODEL_PATH EXAMPLES
+    python tests/children/fuzz.py MODEL_PATH EXAMPLES
 """
 
 from __future__ import annotations

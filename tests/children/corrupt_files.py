@@ -1,0 +1,54 @@
+"""Loads each damaged file listed on stdin (see test_corrupt.py): a JSON list of ``[name, kind,
+path]``. Prints ``CASE name`` before each load, so that a crash names its case, and ``RESULT
+name => loaded`` or ``=> raised ExceptionName`` after it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import harness
+
+import llamactx
+
+
+def load(model: llamactx.LlamaModel, kind: str, path: str, tokens: list[int]) -> None:
+    """Loads ``path`` as a file of ``kind``; a damaged model must also survive a decode."""
+    if kind == "model":
+        loaded = llamactx.LlamaModel.load_from_file(path)
+        ctx = loaded.new_context(n_ctx=256)
+        batch = llamactx.LlamaBatch(len(tokens))
+        batch.add_sequence(tokens, 0, False)
+        ctx.decode(batch)
+        return
+    ctx = model.new_context(n_ctx=256, n_seq_max=2)
+    if kind == "session":
+        ctx.load_session_file(path, 64)
+    elif kind == "state-file":
+        ctx.state_load_file(path, 64)
+    elif kind == "seq-file":
+        ctx.state_seq_load_file(path, 1, 64)
+    elif kind == "state-bytes":
+        ctx.state_set_data(Path(path).read_bytes())
+    elif kind == "seq-bytes":
+        ctx.state_seq_set_data(Path(path).read_bytes(), 1)
+    else:
+        raise SystemExit(f"unknown kind {kind!r}")
+
+
+def load_each(model: llamactx.LlamaModel) -> None:
+    tokens = model.str_to_token("The capital of France is", False)
+    for name, kind, path in json.load(sys.stdin):
+        print("CASE", name, flush=True)
+        try:
+            load(model, kind, path, tokens)
+            outcome = "loaded"
+        except Exception as error:
+            outcome = "raised " + type(error).__name__
+        print("RESULT", name, "=>", outcome, flush=True)
+    print("ALL DONE")
+
+
+if __name__ == "__main__":
+    harness.run(load_each)
