@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Outside the checkout, so that fresh clones reuse the (long) llama.cpp build.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/llamactx/target
-PROMPT ?= The capital of France is
+QUESTION ?= What is the capital of France?
 WHEEL_VENV ?= .venv-wheel
 PEERS_VENV ?= .venv-peers
 # Every build runs with the native toolchain (libclang, cmake) from the venv's PyPI wheels.
@@ -17,8 +17,8 @@ TOOLCHAIN := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/llamactx_build.py
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-demo: build model ## set up, then stream text from the default model
-	$(PY) -m llamactx generate "$(PROMPT)" --max-tokens 64 --stats
+demo: build model ## set up, then let the default model answer a question through its chat template
+	$(PY) -m llamactx chat "$(QUESTION)" --max-tokens 128 --stats
 
 test: build model ## set up, then run the Rust unit tests, the Python tests and stubtest
 	$(TOOLCHAIN) cargo test --release --lib
@@ -53,7 +53,7 @@ lint: build ## rustfmt, clippy, ruff and mypy --strict
 	$(TOOLCHAIN) cargo clippy --release --all-targets -- -D warnings
 	$(PY) -m ruff check python tests benches scripts
 	$(PY) -m ruff format --check python tests benches scripts
-	$(PY) -m mypy --strict python/llamactx
+	$(PY) -m mypy --strict python/llamactx tests/children
 	$(PY) scripts/stub_docstrings.py --check
 	rm -rf .readme-examples && $(PY) scripts/readme_examples.py .readme-examples
 	$(PY) -m mypy --strict .readme-examples

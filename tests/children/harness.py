@@ -5,6 +5,7 @@ crash, a signal, a fork, the process's own threads, memory and stderr."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 
@@ -18,3 +19,23 @@ def run(*cases: Case) -> None:
     model_path, name = sys.argv[1:]
     chosen = {case.__name__: case for case in cases}[name]
     chosen(llamactx.LlamaModel.load_from_file(model_path))
+
+
+def reporting(cases: list[Case]) -> Callable[[Case], Case]:
+    """A decorator that registers a case in ``cases``, run so that it prints ``RAISED`` and the
+    name of the exception it raised (``RAISED none`` if it returned) instead of raising it."""
+
+    def register(run: Case) -> Case:
+        @functools.wraps(run)
+        def report(model: llamactx.LlamaModel) -> None:
+            try:
+                run(model)
+            except BaseException as error:
+                print("RAISED", type(error).__name__, flush=True)
+            else:
+                print("RAISED none", flush=True)
+
+        cases.append(report)
+        return run
+
+    return register

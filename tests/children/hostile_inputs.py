@@ -3,29 +3,12 @@ case prints ``RAISED`` and the name of the exception it raised, or ``RAISED none
 
 from __future__ import annotations
 
-import functools
-
 import harness
 
 import llamactx
 
 CASES: list[harness.Case] = []
-
-
-def case(run: harness.Case) -> harness.Case:
-    """Registers ``run`` as a case that prints what it raised instead of raising it."""
-
-    @functools.wraps(run)
-    def report(model: llamactx.LlamaModel) -> None:
-        try:
-            run(model)
-        except BaseException as error:
-            print("RAISED", type(error).__name__)
-        else:
-            print("RAISED none")
-
-    CASES.append(report)
-    return run
+case = harness.reporting(CASES)
 
 
 def small_context(model: llamactx.LlamaModel) -> tuple[llamactx.LlamaContext, llamactx.LlamaBatch]:

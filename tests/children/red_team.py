@@ -1,0 +1,199 @@
+"""What an independent red team found could kill the interpreter or hang it (issue 17): each
+case prints ``RAISED`` and the name of the exception it raised (``none`` if it returned), and
+``test_red_team.py`` checks the name. A crash or a hang fails the test, not pytest."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+import time
+import weakref
+
+import harness
+
+import llamactx
+from llamactx import LlamaSampler
+
+CASES: list[harness.Case] = []
+case = harness.reporting(CASES)
+
+
+def prompted(model: llamactx.LlamaModel, **options: object) -> llamactx.LlamaContext:
+    """A context that has decoded a short prompt, with logits for its last token."""
+    ctx = model.new_context(n_ctx=256, **options)
+    tokens = model.str_to_token("The capital of France is", True)
+    batch = llamactx.LlamaBatch(len(tokens))
+    batch.add_sequence(tokens, 0, False)
+    ctx.decode(batch)
+    return ctx
+
+
+# 1. Sampling that cannot select a token
+
+
+@case
+def sampler_without_a_selecting_stage(model: llamactx.LlamaModel) -> None:
+    LlamaSampler.top_k(40).sample(prompted(model), -1)
+
+
+@case
+def generate_with_top_k_alone(model: llamactx.LlamaModel) -> None:
+    llamactx.generate(model.new_context(n_ctx=256), "Hello", sampler=LlamaSampler.top_k(40))
+
+
+@case
+def sampling_pooled_embeddings(model: llamactx.LlamaModel) -> None:
+    ctx = prompted(model, embeddings=True, pooling_type=llamactx.LlamaPoolingType.MEAN)
+    LlamaSampler.greedy().sample(ctx, -1)
+
+
+@case
+def logits_of_pooled_embeddings(model: llamactx.LlamaModel) -> None:
+    prompted(model, embeddings=True, pooling_type=llamactx.LlamaPoolingType.MEAN).get_logits()
+
+
+# 2. Grammars
+
+
+@case
+def grammar_after_top_k_keeps_no_candidate(model: llamactx.LlamaModel) -> None:
+    grammar = LlamaSampler.grammar(model, 'root ::= "zzzqqq"')
+    LlamaSampler.chain([LlamaSampler.top_k(5), grammar, LlamaSampler.greedy()]).sample(prompted(model), -1)
+
+
+def refused_grammar(model: llamactx.LlamaModel) -> LlamaSampler:
+    grammar = LlamaSampler.chain([LlamaSampler.grammar(model, 'root ::= "yes"'), LlamaSampler.greedy()])
+    try:
+        grammar.accept(model.str_to_token("no", False)[0])
+    except llamactx.ShimError:
+        return grammar
+    raise AssertionError("the grammar accepted a token it cannot take")
+
+
+@case
+def grammar_reused_after_a_refused_token(model: llamactx.LlamaModel) -> None:
+    refused_grammar(model).sample(prompted(model), -1)
+
+
+@case
+def grammar_chained_after_a_refused_token(model: llamactx.LlamaModel) -> None:
+    LlamaSampler.chain([refused_grammar(model)])
+
+
+@case
+def grammar_reset_after_a_refused_token(model: llamactx.LlamaModel) -> None:
+    grammar = refused_grammar(model)
+    grammar.reset()
+    assert model.token_to_str(grammar.sample(prompted(model), -1)).strip() in "yes"
+
+
+# 3. Parameters llama.cpp asserts on
+
+
+@case
+def more_sequences_than_batch_rows(model: llamactx.LlamaModel) -> None:
+    model.new_context(n_ctx=4, n_seq_max=8)
+
+
+@case
+def mean_pooling_switched_on_later(model: llamactx.LlamaModel) -> None:
+    model.new_context(pooling_type=llamactx.LlamaPoolingType.MEAN, n_seq_max=3).set_embeddings(True)
+
+
+@case
+def context_of_a_vocabulary_only_model(model: llamactx.LlamaModel) -> None:
+    llamactx.LlamaModel.load_from_file(model.path, vocab_only=True).new_context()
+
+
+# 6. Re-entrancy and signals
+
+
+def decode_calling(model: llamactx.LlamaModel, call: str) -> None:
+    ctx = model.new_context(n_ctx=256)
+    batch = llamactx.LlamaBatch(8)
+    batch.add_sequence(model.str_to_token("one two three four", True), 0, False)
+    calls = {"context": ctx.n_ctx, "batch": batch.clear}
+    ctx.set_abort_callback(lambda: calls[call]() and False)
+    ctx.decode(batch)
+
+
+@case
+def abort_callback_calling_its_context(model: llamactx.LlamaModel) -> None:
+    decode_calling(model, "context")
+
+
+@case
+def abort_callback_calling_its_batch(model: llamactx.LlamaModel) -> None:
+    decode_calling(model, "batch")
+
+
+@case
+def ctrl_c_during_a_decode_nested_in_a_callback(model: llamactx.LlamaModel) -> None:
+    outer, inner = model.new_context(n_ctx=512), model.new_context(n_ctx=512)
+    tokens = model.str_to_token("the quick brown fox " * 40, False)[:128]
+
+    def batch() -> llamactx.LlamaBatch:
+        made = llamactx.LlamaBatch(len(tokens))
+        made.add_sequence(tokens, 0, False)
+        return made
+
+    calls = []
+
+    def press_ctrl_c() -> bool:
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return False
+
+    inner.set_abort_callback(press_ctrl_c)
+    outer.set_abort_callback(lambda: inner.decode(batch()) or False)
+    outer.decode(batch())
+
+
+@case
+def context_used_after_a_fork_while_another_thread_decodes(model: llamactx.LlamaModel) -> None:
+    ctx = model.new_context(n_ctx=512)
+    tokens = model.str_to_token("the quick brown fox " * 40, False)[:128]
+    batch = llamactx.LlamaBatch(len(tokens))
+    batch.add_sequence(tokens, 0, False)
+    decoding = threading.Event()
+    ctx.set_abort_callback(lambda: decoding.set() or time.sleep(0.01) or False)
+    worker = threading.Thread(target=ctx.decode, args=(batch,))
+    worker.start()
+    decoding.wait()
+    child = os.fork()
+    if child == 0:
+        try:
+            ctx.n_ctx()
+        except RuntimeError:
+            os._exit(3)
+        os._exit(0)
+    _, status = os.waitpid(child, 0)
+    worker.join()
+    if os.waitstatus_to_exitcode(status) == 3:
+        raise RuntimeError("the child was refused the context")
+
+
+# 9. Leaks
+
+
+@case
+def abort_callback_bound_to_the_context_owner(model: llamactx.LlamaModel) -> None:
+    class Owner:
+        def __init__(self) -> None:
+            self.ctx = model.new_context(n_ctx=256)
+            self.ctx.set_abort_callback(self.keep_going)
+
+        def keep_going(self) -> bool:
+            return False
+
+    owner = weakref.ref(Owner())
+    gc.collect()
+    if owner() is not None:
+        raise MemoryError("the context and its owner were never collected")
+
+
+if __name__ == "__main__":
+    harness.run(*CASES)

@@ -1,0 +1,41 @@
+"""What the red team of issue 17 found could kill or hang the interpreter now raises a typed
+exception (or works): each case runs in a child process with a timeout
+(``children/red_team.py``), so a crash or a hang fails one test instead of pytest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_child
+
+RAISES = {
+    # 1. Sampling that cannot select a token
+    "sampler_without_a_selecting_stage": "ValueError",
+    "generate_with_top_k_alone": "ValueError",
+    "sampling_pooled_embeddings": "IndexError",
+    "logits_of_pooled_embeddings": "IndexError",
+    # 2. Grammars
+    "grammar_after_top_k_keeps_no_candidate": "ShimError",
+    "grammar_reused_after_a_refused_token": "ValueError",
+    "grammar_chained_after_a_refused_token": "ValueError",
+    "grammar_reset_after_a_refused_token": "none",
+    # 3. Parameters llama.cpp asserts on
+    "more_sequences_than_batch_rows": "ValueError",
+    "mean_pooling_switched_on_later": "ValueError",
+    "context_of_a_vocabulary_only_model": "ValueError",
+    # 6. Re-entrancy and signals
+    "abort_callback_calling_its_context": "RuntimeError",
+    "abort_callback_calling_its_batch": "RuntimeError",
+    "ctrl_c_during_a_decode_nested_in_a_callback": "KeyboardInterrupt",
+    "context_used_after_a_fork_while_another_thread_decodes": "RuntimeError",
+    # 9. Leaks
+    "abort_callback_bound_to_the_context_owner": "none",
+}
+
+
+@pytest.mark.parametrize(("case", "expected"), RAISES.items(), ids=list(RAISES))
+def test_red_team_case_raises_instead_of_crashing(model_path: Path, case: str, expected: str) -> None:
+    result = run_child(model_path, "red_team", case, timeout=120)
+    assert result.returncode == 0, f"child died with {result.returncode}: {result.stderr[-2000:]}"
+    assert result.stdout.split("RAISED ", 1)[1].strip() == expected
