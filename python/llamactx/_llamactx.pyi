@@ -180,7 +180,9 @@ class LlamaModel:
         Keywords are the crate's `LlamaContextParams::with_*` builders without `with_`; `None`
         keeps llama.cpp's default. `pooling_type`, `flash_attn_type` and `attention_type` take
         the matching IntEnum or its int value; `cache_type_k`/`cache_type_v` take a ggml type
-        name such as `"f16"` or `"q8_0"`.
+        name such as `"f16"` or `"q8_0"`. `TypeError` for an unknown keyword (it lists them);
+        `ValueError` for values llama.cpp would abort on, and for a model loaded with
+        `vocab_only=True` (it has no weights to compute with).
         """
     def str_to_token(self, text: str, add_bos: bool = True, *, special: bool = True) -> list[int]:
         """Tokenizes `text`. `add_bos` adds the BOS (and EOS) tokens where the model's tokenizer
@@ -312,7 +314,7 @@ class LlamaContext:
         """
     def set_embeddings(self, embeddings: bool) -> None:
         """Switches embedding output on or off. With it, a decode may hold at most `n_ubatch`
-        tokens.
+        tokens. `ValueError` where llama.cpp cannot pool them (see `new_context`).
         """
     def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
         """Sets the threads for single-token and for batch decoding (each in 1..=512)."""
@@ -620,7 +622,11 @@ class LlamaSampler:
     def sample(self, ctx: LlamaContext, idx: int = -1) -> int:
         """Samples a token from output row `idx` of `ctx` (negative counts from the last output)
         and returns its id; like llama.cpp's `llama_sampler_sample`, this also accepts the
-        token (do not `accept` it again). `IndexError` if that row has no logits.
+        token (do not `accept` it again). `IndexError` if that row has no logits (or the context
+        computes none); `ValueError` if the sampler selects no token (it must end with greedy,
+        dist, mirostat, mirostat_v2 or adaptive_p) or a refused token left it unusable (call
+        `reset()`); `ShimError` when no candidate is left that the sampler allows (e.g. a grammar
+        after top_k), in which case nothing is accepted.
         """
     def apply(self, candidates: LlamaTokenDataArray) -> None:
         """Applies the sampler to `candidates` in place (filters, sorts, sets probabilities or
