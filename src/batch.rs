@@ -12,9 +12,18 @@ use crate::gil::detached;
 use crate::owned_lock::{OwnedGuard, OwnedMutex};
 use crate::tokens::{check_vocab, extract_token_ids};
 
-/// Most cells (`n_tokens * n_seq_max`) one batch may allocate: a guard against a typo that
-/// would ask for many GiB and abort in `malloc`.
-const MAX_BATCH_CELLS: usize = 1 << 28;
+/// Most bytes one batch may allocate (llama.cpp's unchecked mallocs plus our bookkeeping): a
+/// guard against a typo that would ask for many GiB and abort in `malloc`.
+const MAX_BATCH_BYTES: usize = 1 << 30;
+
+/// Bytes a batch takes per token (token, position, sequence count, sequence pointer, logits
+/// flag, our token copy) and per token and sequence id.
+const BYTES_PER_TOKEN: usize = 4 + 4 + 4 + 8 + 1 + 4;
+const BYTES_PER_SEQ_ID: usize = 4;
+
+/// The highest position a token may take: llama.cpp removes cells by half-open ranges that end
+/// at `i32::MAX` at most, so a cell at `i32::MAX` could never be removed again.
+pub const MAX_POSITION: i32 = i32::MAX - 1;
 
 /// Where one sequence's tokens sit in a batch, gathered as they are added: what llama.cpp
 /// checks before it decodes (positions continue the sequence without gaps or steps back).
@@ -83,8 +92,8 @@ impl BatchState {
         if token < 0 {
             return Err(Error::value(format!("token id {token} is negative")));
         }
-        if pos < 0 {
-            return Err(Error::value(format!("position {pos} is negative")));
+        if !(0..=MAX_POSITION).contains(&pos) {
+            return Err(Error::value(format!("position {pos} is outside 0..={MAX_POSITION}")));
         }
         let row = i32::try_from(self.tokens.len()).map_err(|_| Error::value("batch is too large"))?;
         self.batch.add(LlamaToken::new(token), pos, seq_ids, logits)?;
@@ -162,9 +171,11 @@ impl PyLlamaBatch {
         if n_tokens == 0 || n_seq_max == 0 {
             return Err(Error::value("n_tokens and n_seq_max must be at least 1").into());
         }
-        if n_tokens.saturating_mul(n_seq_max) > MAX_BATCH_CELLS || i32::try_from(n_seq_max).is_err() {
+        let bytes = n_tokens.saturating_mul(BYTES_PER_TOKEN.saturating_add(n_seq_max.saturating_mul(BYTES_PER_SEQ_ID)));
+        if bytes > MAX_BATCH_BYTES || i32::try_from(n_tokens).is_err() {
             return Err(Error::value(format!(
-                "a batch of {n_tokens} tokens x {n_seq_max} sequences is too large (limit {MAX_BATCH_CELLS} cells)"
+                "a batch of {n_tokens} tokens x {n_seq_max} sequences is too large ({bytes} bytes, limit \
+                 {MAX_BATCH_BYTES})"
             ))
             .into());
         }

@@ -73,6 +73,8 @@ pub struct OpenContext {
     has_encoder: bool,
     /// One KV stream for all sequences (`kv_unified=True`) instead of one per sequence.
     kv_unified: bool,
+    /// False for a K cache type the CPU cannot RoPE-shift (see `can_shift`).
+    k_cache_shifts: bool,
     /// False for models without a KV cache (BERT-style): llama.cpp's memory calls would
     /// dereference null.
     has_memory: bool,
@@ -173,6 +175,10 @@ impl PyLlamaContext {
                 causal_attn,
                 has_encoder,
                 kv_unified: options.kv_unified.unwrap_or(false),
+                k_cache_shifts: !options
+                    .cache_type_k
+                    .as_deref()
+                    .is_some_and(|name| name.eq_ignore_ascii_case("bf16")),
                 has_memory,
             };
             if options.embeddings == Some(true) {

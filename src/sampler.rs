@@ -151,6 +151,27 @@ fn probability(name: &str, p: f32) -> Result<f32> {
     }
 }
 
+/// A parameter that must be a finite number: NaN or infinity quietly yields degenerate output.
+fn finite(name: &str, value: f32) -> Result<f32> {
+    if value.is_finite() {
+        Ok(value)
+    } else {
+        Err(Error::value(format!("{name} must be a finite number, got {value}")))
+    }
+}
+
+/// The longest token window a sampler may keep: llama.cpp allocates it up front (and again
+/// on every copy), so a typo must not ask for gigabytes.
+const MAX_WINDOW: i32 = 1 << 20;
+
+fn window(name: &str, n: i32, low: i32) -> Result<i32> {
+    if (low..=MAX_WINDOW).contains(&n) {
+        Ok(n)
+    } else {
+        Err(Error::value(format!("{name} must be in {low}..={MAX_WINDOW}, got {n}")))
+    }
+}
+
 fn model_of(model: &Bound<'_, PyLlamaModel>) -> Result<Arc<LlamaModel>> {
     model.get().native()
 }
@@ -184,8 +205,8 @@ impl PyLlamaSampler {
 
     /// Divides the logits by temperature `t` (`t <= 0` keeps only the most likely token).
     #[staticmethod]
-    fn temp(t: f32) -> Self {
-        Self::new(LlamaSampler::temp(t))
+    fn temp(t: f32) -> PyResult<Self> {
+        Ok(Self::new(LlamaSampler::temp(finite("t", t)?)))
     }
 
     /// Keeps the `k` most likely tokens (`k <= 0` keeps all).
@@ -210,8 +231,12 @@ impl PyLlamaSampler {
 
     /// Temperature with dynamic range: `t` adjusted by entropy within `delta`, `exponent`.
     #[staticmethod]
-    fn temp_ext(t: f32, delta: f32, exponent: f32) -> Self {
-        Self::new(LlamaSampler::temp_ext(t, delta, exponent))
+    fn temp_ext(t: f32, delta: f32, exponent: f32) -> PyResult<Self> {
+        Ok(Self::new(LlamaSampler::temp_ext(
+            finite("t", t)?,
+            finite("delta", delta)?,
+            finite("exponent", exponent)?,
+        )))
     }
 
     /// Locally typical sampling with mass `p` (at least `min_keep` tokens).
@@ -225,13 +250,18 @@ impl PyLlamaSampler {
     #[staticmethod]
     #[pyo3(signature = (p, t, min_keep=1, seed=0))]
     fn xtc(p: f32, t: f32, min_keep: usize, seed: u32) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::xtc(probability("p", p)?, t, min_keep, seed)))
+        Ok(Self::new(LlamaSampler::xtc(
+            probability("p", p)?,
+            finite("t", t)?,
+            min_keep,
+            seed,
+        )))
     }
 
     /// Keeps tokens within `n` standard deviations of the top logit.
     #[staticmethod]
-    fn top_n_sigma(n: f32) -> Self {
-        Self::new(LlamaSampler::top_n_sigma(n))
+    fn top_n_sigma(n: f32) -> PyResult<Self> {
+        Ok(Self::new(LlamaSampler::top_n_sigma(finite("n", n)?)))
     }
 
     /// Mirostat 1.0 with target surprise `tau`, learning rate `eta` and `m` tokens for its
@@ -241,13 +271,23 @@ impl PyLlamaSampler {
         if n_vocab < 1 || m < 1 {
             return Err(Error::value("n_vocab and m must be at least 1").into());
         }
-        Ok(Self::new(LlamaSampler::mirostat(n_vocab, seed, tau, eta, m)))
+        Ok(Self::new(LlamaSampler::mirostat(
+            n_vocab,
+            seed,
+            finite("tau", tau)?,
+            finite("eta", eta)?,
+            m,
+        )))
     }
 
     /// Mirostat 2.0 with target surprise `tau` and learning rate `eta`.
     #[staticmethod]
-    fn mirostat_v2(seed: u32, tau: f32, eta: f32) -> Self {
-        Self::new(LlamaSampler::mirostat_v2(seed, tau, eta))
+    fn mirostat_v2(seed: u32, tau: f32, eta: f32) -> PyResult<Self> {
+        Ok(Self::new(LlamaSampler::mirostat_v2(
+            seed,
+            finite("tau", tau)?,
+            finite("eta", eta)?,
+        )))
     }
 
     /// Adaptive-p: steers toward tokens of probability `target`, with history `decay`.
@@ -255,12 +295,14 @@ impl PyLlamaSampler {
     fn adaptive_p(target: f32, decay: f32, seed: u32) -> PyResult<Self> {
         Ok(Self::new(LlamaSampler::adaptive_p(
             probability("target", target)?,
-            decay,
+            finite("decay", decay)?,
             seed,
         )))
     }
 
-    /// Repetition penalties over the last `penalty_last_n` tokens (-1: the whole context).
+    /// Repetition penalties over the last `penalty_last_n` tokens (0 disables them; at most
+    /// 2**20). `ValueError` for -1, which means "the context size" only on llama.cpp's command
+    /// line: the sampler itself would penalise nothing.
     #[staticmethod]
     fn penalties(
         n_vocab: i32,
@@ -269,15 +311,19 @@ impl PyLlamaSampler {
         penalty_freq: f32,
         penalty_present: f32,
     ) -> PyResult<Self> {
-        if penalty_last_n < -1 {
-            return Err(Error::value("penalty_last_n must be -1 or more").into());
+        if penalty_last_n == -1 {
+            return Err(Error::value(
+                "penalty_last_n=-1 means the context size only on llama.cpp's command line; this sampler would \
+                 then penalise nothing: pass the window in tokens (e.g. the context's n_ctx())",
+            )
+            .into());
         }
         Ok(Self::new(LlamaSampler::penalties(
             n_vocab,
-            penalty_last_n,
-            penalty_repeat,
-            penalty_freq,
-            penalty_present,
+            window("penalty_last_n", penalty_last_n, 0)?,
+            finite("penalty_repeat", penalty_repeat)?,
+            finite("penalty_freq", penalty_freq)?,
+            finite("penalty_present", penalty_present)?,
         )))
     }
 
@@ -286,6 +332,10 @@ impl PyLlamaSampler {
     fn logit_bias(n_vocab: i32, biases: Vec<(i32, f32)>) -> PyResult<Self> {
         if let Some((token, _)) = biases.iter().find(|(token, _)| *token < 0 || *token >= n_vocab) {
             return Err(Error::value(format!("token id {token} is outside [0, {n_vocab})")).into());
+        }
+        // Infinite biases are how tokens are banned or forced; NaN poisons every comparison.
+        if let Some((token, _)) = biases.iter().find(|(_, bias)| bias.is_nan()) {
+            return Err(Error::value(format!("the bias of token {token} is NaN")).into());
         }
         let biases: Vec<(LlamaToken, f32)> = biases
             .into_iter()
@@ -343,6 +393,8 @@ impl PyLlamaSampler {
         seq_breakers: Vec<String>,
     ) -> PyResult<Self> {
         let model = model_of(model)?;
+        let (multiplier, base) = (finite("multiplier", multiplier)?, finite("base", base)?);
+        let penalty_last_n = window("penalty_last_n", penalty_last_n, -1)?;
         detached(py, move || {
             let sampler = LlamaSampler::greedy().try_dry(
                 &model,

@@ -25,13 +25,27 @@ RAISES = {
     "more_sequences_than_batch_rows": "ValueError",
     "mean_pooling_switched_on_later": "ValueError",
     "context_of_a_vocabulary_only_model": "ValueError",
+    # 4. Capabilities claimed but absent
+    "shifting_a_bf16_k_cache": "ValueError",
+    # 5. Sizes taken from user numbers
+    "penalty_window_of_a_billion_tokens": "ValueError",
+    "dry_window_of_a_billion_tokens": "ValueError",
+    "batch_of_a_hundred_million_tokens": "ValueError",
     # 6. Re-entrancy and signals
     "abort_callback_calling_its_context": "RuntimeError",
     "abort_callback_calling_its_batch": "RuntimeError",
     "ctrl_c_during_a_decode_nested_in_a_callback": "KeyboardInterrupt",
     "context_used_after_a_fork_while_another_thread_decodes": "RuntimeError",
+    # 7. Silent wrong results
+    "position_that_no_range_can_remove": "ValueError",
+    "shift_past_the_last_position": "ValueError",
+    "penalties_over_minus_one_tokens": "ValueError",
     # 9. Leaks
     "abort_callback_bound_to_the_context_owner": "none",
+    # 10. Garbage in
+    "nan_temperature": "ValueError",
+    "nan_logit_bias": "ValueError",
+    "infinite_rope_frequency": "ValueError",
 }
 
 

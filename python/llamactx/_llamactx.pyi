@@ -585,7 +585,10 @@ class LlamaSampler:
     def penalties(
         n_vocab: int, penalty_last_n: int, penalty_repeat: float, penalty_freq: float, penalty_present: float
     ) -> LlamaSampler:
-        """Repetition penalties over the last `penalty_last_n` tokens (-1: the whole context)."""
+        """Repetition penalties over the last `penalty_last_n` tokens (0 disables them; at most
+        2**20). `ValueError` for -1, which means "the context size" only on llama.cpp's command
+        line: the sampler itself would penalise nothing.
+        """
     @staticmethod
     def logit_bias(n_vocab: int, biases: Sequence[tuple[int, float]]) -> LlamaSampler:
         """Adds `bias` to the logits of given tokens: `biases` is a sequence of `(token, bias)`."""

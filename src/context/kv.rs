@@ -10,6 +10,7 @@ use llama_cpp_4::context::kv_cache::KvCacheConversionError;
 use pyo3::prelude::*;
 
 use super::{OpenContext, PyLlamaContext};
+use crate::batch::MAX_POSITION;
 use crate::errors::{Error, Result};
 
 /// A position bound: `None` (or the crate's "to the end") stays `None`.
@@ -74,13 +75,20 @@ impl OpenContext {
         Ok(())
     }
 
+    /// Whether positions can be shifted: llama.cpp says yes for a BF16 K cache, whose shift
+    /// then aborts in the CPU's RoPE kernel (F16 and F32 only; quantized types are converted).
+    fn can_shift(&self) -> bool {
+        self.has_memory && self.k_cache_shifts && self.with(|context| context.memory_can_shift())
+    }
+
     fn require_shift(&self) -> Result<()> {
         self.require_memory()?;
-        if self.with(|context| context.memory_can_shift()) {
+        if self.can_shift() {
             Ok(())
         } else {
             Err(Error::value(
-                "this context's KV cache cannot shift positions (memory_can_shift() is False)",
+                "this context's KV cache cannot shift positions (memory_can_shift() is False; a bf16 K cache \
+                 cannot be shifted on the CPU)",
             ))
         }
     }
@@ -163,6 +171,12 @@ impl PyLlamaContext {
         self.run(py, |native| {
             native.require_shift()?;
             let seq_id = native.seq(seq_id)?;
+            let end = native.with(|context| context.kv_cache_seq_pos_max(seq_id));
+            if i64::from(end) + i64::from(delta) > i64::from(MAX_POSITION) {
+                return Err(Error::value(format!(
+                    "shifting sequence {seq_id} (ending at position {end}) by {delta} would pass position {MAX_POSITION}"
+                )));
+            }
             let p0 = position(p0, KvCacheConversionError::P0TooLarge)?;
             let p1 = position(p1, KvCacheConversionError::P1TooLarge)?;
             Ok(native.with_mut(|context| context.kv_cache_seq_add(seq_id, p0, p1, delta))?)
@@ -204,8 +218,6 @@ impl PyLlamaContext {
 
     /// Whether the KV cache supports shifting positions (`kv_cache_seq_add`/`_div`).
     fn memory_can_shift(&self, py: Python<'_>) -> PyResult<bool> {
-        self.run(py, |native| {
-            Ok(native.has_memory && native.with(|context| context.memory_can_shift()))
-        })
+        self.run(py, |native| Ok(native.can_shift()))
     }
 }

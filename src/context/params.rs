@@ -95,6 +95,17 @@ fn in_range(name: &str, value: i32, low: i32, high: i32) -> Result<i32> {
     }
 }
 
+/// A finite number of at least 0 (0 keeps the model's value).
+fn not_negative(name: &str, value: f32) -> Result<f32> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(value)
+    } else {
+        Err(Error::value(format!(
+            "{name} must be a finite number of at least 0, got {value}"
+        )))
+    }
+}
+
 fn positive(name: &str, value: u32) -> Result<u32> {
     if value == 0 {
         return Err(Error::value(format!("{name} must be at least 1")));
@@ -203,10 +214,10 @@ impl ContextOptions {
             params = params.with_no_perf(no_perf);
         }
         if let Some(base) = self.rope_freq_base {
-            params = params.with_rope_freq_base(base);
+            params = params.with_rope_freq_base(not_negative("rope_freq_base", base)?);
         }
         if let Some(scale) = self.rope_freq_scale {
-            params = params.with_rope_freq_scale(scale);
+            params = params.with_rope_freq_scale(not_negative("rope_freq_scale", scale)?);
         }
         Ok(params)
     }

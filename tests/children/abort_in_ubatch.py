@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 
+import harness
+
 import llamactx
 
 N_UBATCH = 32
@@ -52,6 +54,7 @@ def press_ctrl_c_when(reached: threading.Event) -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
+harness.answer_ctrl_c()
 MODEL_PATH, HOW, UBATCH = sys.argv[1], sys.argv[2], int(sys.argv[3])
 model = llamactx.LlamaModel.load_from_file(MODEL_PATH)
 tokens = model.str_to_token("the quick brown fox jumps over the lazy dog " * 20, False)

@@ -6,6 +6,7 @@ crash, a signal, a fork, the process's own threads, memory and stderr."""
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 from collections.abc import Callable
 
@@ -14,8 +15,15 @@ import llamactx
 Case = Callable[[llamactx.LlamaModel], None]
 
 
+def answer_ctrl_c() -> None:
+    """Makes Ctrl-C raise KeyboardInterrupt, as in an interactive Python. A test run started in
+    the background inherits SIGINT ignored from the shell, and Python then leaves it ignored."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run(*cases: Case) -> None:
     """Runs the case named on the command line with the model named there."""
+    answer_ctrl_c()
     model_path, name = sys.argv[1:]
     chosen = {case.__name__: case for case in cases}[name]
     chosen(llamactx.LlamaModel.load_from_file(model_path))

@@ -107,6 +107,35 @@ def context_of_a_vocabulary_only_model(model: llamactx.LlamaModel) -> None:
     llamactx.LlamaModel.load_from_file(model.path, vocab_only=True).new_context()
 
 
+# 4. Capabilities claimed but absent
+
+
+@case
+def shifting_a_bf16_k_cache(model: llamactx.LlamaModel) -> None:
+    ctx = prompted(model, cache_type_k="bf16")
+    if ctx.memory_can_shift():
+        raise AssertionError("memory_can_shift() claims a shift the CPU cannot do")
+    ctx.kv_cache_seq_add(0, None, None, 4)
+
+
+# 5. Sizes taken from user numbers
+
+
+@case
+def penalty_window_of_a_billion_tokens(model: llamactx.LlamaModel) -> None:
+    LlamaSampler.penalties(model.n_vocab(), 1_000_000_000, 1.1, 0.0, 0.0)
+
+
+@case
+def dry_window_of_a_billion_tokens(model: llamactx.LlamaModel) -> None:
+    LlamaSampler.dry(model, 0.8, 1.75, 2, 1_000_000_000)
+
+
+@case
+def batch_of_a_hundred_million_tokens(model: llamactx.LlamaModel) -> None:
+    llamactx.LlamaBatch(100_000_000)
+
+
 # 6. Re-entrancy and signals
 
 
@@ -176,6 +205,24 @@ def context_used_after_a_fork_while_another_thread_decodes(model: llamactx.Llama
         raise RuntimeError("the child was refused the context")
 
 
+# 7. Silent wrong results
+
+
+@case
+def position_that_no_range_can_remove(model: llamactx.LlamaModel) -> None:
+    llamactx.LlamaBatch(1).add(1, 2**31 - 1, [0], True)
+
+
+@case
+def shift_past_the_last_position(model: llamactx.LlamaModel) -> None:
+    prompted(model).kv_cache_seq_add(0, None, None, 2**31 - 4)
+
+
+@case
+def penalties_over_minus_one_tokens(model: llamactx.LlamaModel) -> None:
+    LlamaSampler.penalties(model.n_vocab(), -1, 1.1, 0.0, 0.0)
+
+
 # 9. Leaks
 
 
@@ -193,6 +240,24 @@ def abort_callback_bound_to_the_context_owner(model: llamactx.LlamaModel) -> Non
     gc.collect()
     if owner() is not None:
         raise MemoryError("the context and its owner were never collected")
+
+
+# 10. Garbage in
+
+
+@case
+def nan_temperature(model: llamactx.LlamaModel) -> None:
+    LlamaSampler.temp(float("nan"))
+
+
+@case
+def nan_logit_bias(model: llamactx.LlamaModel) -> None:
+    LlamaSampler.logit_bias(model.n_vocab(), [(1, float("nan"))])
+
+
+@case
+def infinite_rope_frequency(model: llamactx.LlamaModel) -> None:
+    model.new_context(n_ctx=256, rope_freq_base=float("inf"))
 
 
 if __name__ == "__main__":
