@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 import weakref
+from typing import Any
 
 import harness
 
@@ -20,7 +21,7 @@ CASES: list[harness.Case] = []
 case = harness.reporting(CASES)
 
 
-def prompted(model: llamactx.LlamaModel, **options: object) -> llamactx.LlamaContext:
+def prompted(model: llamactx.LlamaModel, **options: Any) -> llamactx.LlamaContext:
     """A context that has decoded a short prompt, with logits for its last token."""
     ctx = model.new_context(n_ctx=256, **options)
     tokens = model.str_to_token("The capital of France is", True)
@@ -176,8 +177,12 @@ def ctrl_c_during_a_decode_nested_in_a_callback(model: llamactx.LlamaModel) -> N
             os.kill(os.getpid(), signal.SIGINT)
         return False
 
+    def decode_inner() -> bool:
+        inner.decode(batch())
+        return False
+
     inner.set_abort_callback(press_ctrl_c)
-    outer.set_abort_callback(lambda: inner.decode(batch()) or False)
+    outer.set_abort_callback(decode_inner)
     outer.decode(batch())
 
 
@@ -188,7 +193,13 @@ def context_used_after_a_fork_while_another_thread_decodes(model: llamactx.Llama
     batch = llamactx.LlamaBatch(len(tokens))
     batch.add_sequence(tokens, 0, False)
     decoding = threading.Event()
-    ctx.set_abort_callback(lambda: decoding.set() or time.sleep(0.01) or False)
+
+    def slowly() -> bool:
+        decoding.set()
+        time.sleep(0.01)
+        return False
+
+    ctx.set_abort_callback(slowly)
     worker = threading.Thread(target=ctx.decode, args=(batch,))
     worker.start()
     decoding.wait()
