@@ -114,3 +114,16 @@ def test_every_stub_definition_carries_the_native_docstring() -> None:
         if words(ast.get_docstring(node)) != words(getattr(getattr(native, "__func__", native), "__doc__", None))
     ]
     assert not stale, f"{stale}: run python scripts/stub_docstrings.py"
+
+
+def test_the_guard_ledger_names_real_cases() -> None:
+    ledger = (ROOT / "docs" / "guards.md").read_text()
+    programs = {"red_team": "red_team.py", "hostile": "hostile_inputs.py"}
+    named = re.findall(r"`(red_team|hostile)::(\w+)`", ledger)
+    assert len(named) > 20
+    missing = [
+        f"{program}::{name}"
+        for program, name in named
+        if f"def {name}(" not in (ROOT / "tests" / "children" / programs[program]).read_text()
+    ]
+    assert not missing, missing
