@@ -94,6 +94,15 @@ fn capture_error(level: ggml_log_level, text: &str) {
     });
 }
 
+/// Runs a fallible llama.cpp call; its error carries what llama.cpp logged as errors meanwhile.
+pub fn explained<T, E>(call: impl FnOnce() -> std::result::Result<T, E>) -> Result<T>
+where
+    Error: From<E>,
+{
+    let (result, logged) = capture_errors(call);
+    result.map_err(|err| Error::from(err).with_logged_reason(&logged))
+}
+
 /// Runs `work` and returns, beside its result, what llama.cpp logged as errors on this thread
 /// meanwhile, lines joined by "; " (its return codes alone often do not say what was wrong).
 pub fn capture_errors<T>(work: impl FnOnce() -> T) -> (T, String) {

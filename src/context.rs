@@ -25,7 +25,7 @@ use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 use self_cell::self_cell;
 
-use crate::backend::backend;
+use crate::backend::{backend, explained};
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::lora::AdapterLease;
@@ -141,7 +141,7 @@ impl PyLlamaContext {
             let backend = backend()?;
             let n_vocab = native_model.n_vocab();
             let has_encoder = native_model.has_encoder();
-            let cell = ContextCell::try_new(native_model, |model| model.new_context(backend, params))?;
+            let cell = ContextCell::try_new(native_model, |model| explained(|| model.new_context(backend, params)))?;
             let (n_seq_max, n_batch, n_ubatch, has_memory, causal_attn) = cell.with_dependent(|_, context| {
                 let raw = context.as_ptr();
                 // SAFETY: `raw` is the live context this cell owns; both calls only read it.

@@ -18,6 +18,7 @@ mod shared_pool;
 mod threadpool;
 mod token_data;
 mod tokens;
+mod trigger_patterns;
 
 use pyo3::prelude::*;
 

@@ -5,7 +5,7 @@
 //! scalars and strings (arrays are skipped), so the longest string in the file's header bounds
 //! them all: we read that bound from the header once and size every buffer by it.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
@@ -39,6 +39,8 @@ struct Header<R> {
     longest: u64,
     /// A token that `tokenizer.ggml.tokens` lists twice: llama.cpp asserts (aborts) on those.
     duplicate_token: Option<String>,
+    /// The ggml types of the file's tensors (read by `scan_tensors`).
+    tensor_types: BTreeSet<u32>,
 }
 
 impl<R: Read> Header<R> {
@@ -47,6 +49,7 @@ impl<R: Read> Header<R> {
             reader,
             longest: 0,
             duplicate_token: None,
+            tensor_types: BTreeSet::new(),
         }
     }
 
@@ -131,27 +134,79 @@ impl<R: Read> Header<R> {
         Ok(())
     }
 
-    /// Reads the key-value section of the header.
-    fn scan(mut self) -> std::io::Result<Self> {
+    /// Reads the key-value section of the header; returns the number of tensors.
+    fn scan(&mut self) -> std::io::Result<u64> {
         if self.u32()? != u32::from_le_bytes(*b"GGUF") {
             return Err(std::io::ErrorKind::InvalidData.into());
         }
         let _version = self.u32()?;
-        let _n_tensors = self.u64()?;
+        let n_tensors = self.u64()?;
         let n_kv = self.u64()?;
         for _ in 0..n_kv {
             let key = self.read_string()?;
             let value_type = self.u32()?;
             self.value(value_type, &key)?;
         }
-        Ok(self)
+        Ok(n_tensors)
+    }
+
+    /// Reads the tensor infos that follow the key-value section (name, dimensions, type,
+    /// offset), keeping their types.
+    fn scan_tensors(&mut self, n_tensors: u64) -> std::io::Result<()> {
+        for _ in 0..n_tensors {
+            let name_len = self.string_len(false)?;
+            self.skip(name_len)?;
+            let n_dims = self.u32()?;
+            self.skip(u64::from(n_dims).saturating_mul(8))?;
+            let tensor_type = self.u32()?;
+            self.tensor_types.insert(tensor_type);
+            let _offset = self.u64()?;
+        }
+        Ok(())
     }
 }
 
 static BOUNDS: Mutex<Vec<(std::path::PathBuf, usize)>> = Mutex::new(Vec::new());
 
 fn scan_file(path: &Path) -> std::io::Result<Header<BufReader<File>>> {
-    Header::new(BufReader::new(File::open(path)?)).scan()
+    let mut header = Header::new(BufReader::new(File::open(path)?));
+    header.scan()?;
+    Ok(header)
+}
+
+/// ggml types whose CPU kernels cannot multiply (no `vec_dot` in ggml-cpu's type table): a
+/// LoRA tensor of one of them makes the first decode call through a null pointer
+/// [llama.cpp internal].
+const NO_CPU_MATMUL: [u32; 7] = [
+    llama_cpp_sys_4::GGML_TYPE_Q8_1,
+    llama_cpp_sys_4::GGML_TYPE_Q8_K,
+    llama_cpp_sys_4::GGML_TYPE_I8,
+    llama_cpp_sys_4::GGML_TYPE_I16,
+    llama_cpp_sys_4::GGML_TYPE_I32,
+    llama_cpp_sys_4::GGML_TYPE_I64,
+    llama_cpp_sys_4::GGML_TYPE_F64,
+];
+
+/// Refuses a LoRA adapter with tensors no CPU kernel multiplies. A file that is not readable
+/// GGUF passes: llama.cpp refuses it with an error of its own.
+pub fn check_adapter_file(path: &Path) -> Result<()> {
+    let mut header =
+        Header::new(BufReader::new(File::open(path).map_err(|err| {
+            Error::value(format!("cannot open {}: {err}", path.display()))
+        })?));
+    let Ok(n_tensors) = header.scan() else { return Ok(()) };
+    if header.scan_tensors(n_tensors).is_err() {
+        return Ok(());
+    }
+    if let Some(bad) = header.tensor_types.iter().find(|t| NO_CPU_MATMUL.contains(t)) {
+        return Err(Error::llama(
+            ExcClass::LlamaLoraAdapterInitError,
+            "UnsupportedTensorType",
+            Some(i64::from(*bad)),
+            format!("the adapter has tensors of ggml type {bad}, which no CPU kernel can multiply"),
+        ));
+    }
+    Ok(())
 }
 
 fn remember_bound(path: &Path, longest: u64) -> Result<usize> {
@@ -250,7 +305,8 @@ mod tests {
         file.extend(text("n"));
         file.extend(4u32.to_le_bytes());
         file.extend(7u32.to_le_bytes());
-        let header = Header::new(file.as_slice()).scan().unwrap();
+        let mut header = Header::new(file.as_slice());
+        header.scan().unwrap();
         assert_eq!(header.longest, "general.name".len() as u64);
         assert_eq!(header.duplicate_token, None);
     }
@@ -268,8 +324,33 @@ mod tests {
         for token in ["a", "b", "a"] {
             file.extend(text(token));
         }
-        let header = Header::new(file.as_slice()).scan().unwrap();
+        let mut header = Header::new(file.as_slice());
+        header.scan().unwrap();
         assert_eq!(header.duplicate_token.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn reads_the_tensor_types() {
+        let mut file = b"GGUF".to_vec();
+        file.extend(3u32.to_le_bytes());
+        file.extend(2u64.to_le_bytes());
+        file.extend(0u64.to_le_bytes());
+        for (name, tensor_type) in [
+            ("a", llama_cpp_sys_4::GGML_TYPE_F32),
+            ("b", llama_cpp_sys_4::GGML_TYPE_I32),
+        ] {
+            file.extend(text(name));
+            file.extend(2u32.to_le_bytes());
+            file.extend(4u64.to_le_bytes());
+            file.extend(8u64.to_le_bytes());
+            file.extend(tensor_type.to_le_bytes());
+            file.extend(0u64.to_le_bytes());
+        }
+        let mut header = Header::new(file.as_slice());
+        let n_tensors = header.scan().unwrap();
+        header.scan_tensors(n_tensors).unwrap();
+        let expected = [llama_cpp_sys_4::GGML_TYPE_F32, llama_cpp_sys_4::GGML_TYPE_I32];
+        assert_eq!(header.tensor_types.into_iter().collect::<Vec<_>>(), expected);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use llama_cpp_4::TokenToStringError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyType};
 
-use crate::backend::backend;
+use crate::backend::{backend, explained};
 use crate::context::{ContextOptions, PyLlamaContext};
 use crate::errors::{Error, Result};
 use crate::gil::detached;
@@ -120,7 +120,8 @@ impl PyLlamaModel {
             if let Some(main_gpu) = main_gpu {
                 params = params.with_main_gpu(main_gpu);
             }
-            Ok(LlamaModel::load_from_file(backend()?, &path, &params)?)
+            let backend = backend()?;
+            explained(|| LlamaModel::load_from_file(backend, &path, &params))
         })?;
         Ok(Self {
             model: RwLock::new(Some(Arc::new(model))),
@@ -340,12 +341,14 @@ impl PyLlamaModel {
     }
 
     /// Loads a LoRA adapter (GGUF) made for this model. Releases the GIL.
-    /// `LlamaLoraAdapterInitError` when llama.cpp refuses the file.
+    /// `LlamaLoraAdapterInitError` when llama.cpp refuses the file, and for tensors of a type no
+    /// CPU kernel multiplies (`kind == "UnsupportedTensorType"`).
     fn lora_adapter_init(&self, py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<PyLlamaLoraAdapter> {
         let path = existing_file(path)?;
         let model = self.native()?;
         detached(py, move || {
-            let adapter = model.lora_adapter_init(&path)?;
+            metadata::check_adapter_file(&path)?;
+            let adapter = explained(|| model.lora_adapter_init(&path))?;
             Ok(PyLlamaLoraAdapter::new(adapter, model))
         })
     }

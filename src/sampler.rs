@@ -16,6 +16,7 @@ use crate::gil::detached;
 use crate::model::PyLlamaModel;
 use crate::token_data::PyLlamaTokenDataArray;
 use crate::tokens::{check_vocab, extract_token_ids, to_llama_tokens};
+use crate::trigger_patterns;
 
 pub struct SendSampler(pub LlamaSampler);
 
@@ -372,6 +373,9 @@ impl PyLlamaSampler {
         let tokens = extract_token_ids(trigger_tokens)?;
         detached(py, move || {
             check_vocab(&tokens, model.n_vocab())?;
+            trigger_patterns
+                .iter()
+                .try_for_each(|pattern| trigger_patterns::check(pattern))?;
             let patterns: Vec<&str> = trigger_patterns.iter().map(String::as_str).collect();
             let sampler =
                 LlamaSampler::try_grammar_lazy_patterns(&model, &grammar, &root, &patterns, &to_llama_tokens(&tokens))?;

@@ -78,8 +78,11 @@ def write_tiny_bert(path: Path, seed: int = 0, duplicate_token: bool = False) ->
     return path
 
 
-def write_lora_for_smollm2(path: Path, rank: int = 8, scale: float = 0.05, seed: int = 0) -> Path:
-    """A random LoRA on every ``attn_q`` of SmolLM2-135M (30 layers, width 576)."""
+def write_lora_for_smollm2(
+    path: Path, rank: int = 8, scale: float = 0.05, seed: int = 0, dtype: type[np.generic] = np.float32
+) -> Path:
+    """A random LoRA on every ``attn_q`` of SmolLM2-135M (30 layers, width 576), its tensors
+    stored as ``dtype``."""
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_type(gguf.GGUFType.ADAPTER)
@@ -88,8 +91,8 @@ def write_lora_for_smollm2(path: Path, rank: int = 8, scale: float = 0.05, seed:
     width = 576
     for block in range(30):
         # numpy shapes are ggml's reversed: lora_a is [n_in, rank], lora_b [rank, n_out] in ggml.
-        lora_a = (rng.standard_normal((rank, width)) * scale).astype(np.float32)
-        lora_b = (rng.standard_normal((width, rank)) * scale).astype(np.float32)
+        lora_a = (rng.standard_normal((rank, width)) * scale).astype(dtype)
+        lora_b = (rng.standard_normal((width, rank)) * scale).astype(dtype)
         writer.add_tensor(f"blk.{block}.attn_q.weight.lora_a", lora_a)
         writer.add_tensor(f"blk.{block}.attn_q.weight.lora_b", lora_b)
     _finish(writer)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import synthetic
 
 from conftest import run_child
 
@@ -21,6 +23,9 @@ RAISES = {
     "grammar_reused_after_a_refused_token": "ValueError",
     "grammar_chained_after_a_refused_token": "ValueError",
     "grammar_reset_after_a_refused_token": "none",
+    "lazy_grammar_with_an_invalid_pattern": "ValueError",
+    "lazy_grammar_with_a_deeply_nested_pattern": "ValueError",
+    "lazy_grammar_with_a_valid_pattern": "none",
     # 3. Parameters llama.cpp asserts on
     "more_sequences_than_batch_rows": "ValueError",
     "mean_pooling_switched_on_later": "ValueError",
@@ -31,6 +36,8 @@ RAISES = {
     "penalty_window_of_a_billion_tokens": "ValueError",
     "dry_window_of_a_billion_tokens": "ValueError",
     "batch_of_a_hundred_million_tokens": "ValueError",
+    "state_announcing_a_2_gib_architecture_name": "StateError",
+    "state_file_announcing_a_2_gib_architecture_name": "StateError",
     # 6. Re-entrancy and signals
     "abort_callback_calling_its_context": "RuntimeError",
     "abort_callback_calling_its_batch": "RuntimeError",
@@ -49,8 +56,17 @@ RAISES = {
 }
 
 
+def raised_by(model_path: Path, case: str, stdin: str | None = None) -> str:
+    result = run_child(model_path, "red_team", case, stdin=stdin, timeout=120)
+    assert result.returncode == 0, f"child died with {result.returncode}: {result.stderr[-2000:]}"
+    return result.stdout.split("RAISED ", 1)[1].strip()
+
+
 @pytest.mark.parametrize(("case", "expected"), RAISES.items(), ids=list(RAISES))
 def test_red_team_case_raises_instead_of_crashing(model_path: Path, case: str, expected: str) -> None:
-    result = run_child(model_path, "red_team", case, timeout=120)
-    assert result.returncode == 0, f"child died with {result.returncode}: {result.stderr[-2000:]}"
-    assert result.stdout.split("RAISED ", 1)[1].strip() == expected
+    assert raised_by(model_path, case) == expected
+
+
+def test_an_adapter_no_cpu_kernel_multiplies_is_refused(model_path: Path, tmp_path: Path) -> None:
+    adapter = synthetic.write_lora_for_smollm2(tmp_path / "f64.gguf", dtype=np.float64)
+    assert raised_by(model_path, "adapter_no_cpu_kernel_multiplies", stdin=str(adapter)) == "LlamaLoraAdapterInitError"

@@ -41,20 +41,30 @@ class ChatSession:
         """Adds the user's ``text`` and yields the reply as it is generated (greedy when
         ``sampler`` is None)."""
         model = self.ctx.model
-        self.messages.append(("user", text))
-        tokens = model.str_to_token(model.apply_chat_template(self.messages, None, True), False)
+        messages = [*self.messages, ("user", text)]
+        tokens = model.str_to_token(model.apply_chat_template(messages, None, True), False)
         if len(tokens) >= self.ctx.n_ctx_seq():
             raise ValueError("the conversation no longer fits the context")
-        keep = 0
-        while keep < min(len(tokens), len(self._cached)) - 1 and tokens[keep] == self._cached[keep]:
-            keep += 1
-        self.ctx.clear_kv_cache_seq(0, keep, None)
-        prefill(self.ctx, tokens, 0, start=keep)
-        self._cached = tokens
-        reply = []
-        for piece in continue_sequence(
-            self.ctx, self._cached, max_tokens=self.max_tokens, sampler=sampler or LlamaSampler.greedy()
-        ):
-            reply.append(piece)
-            yield piece
-        self.messages.append(("assistant", "".join(reply)))
+        reply: list[str] = []
+        try:
+            keep = 0
+            while keep < min(len(tokens), len(self._cached)) - 1 and tokens[keep] == self._cached[keep]:
+                keep += 1
+            self.ctx.clear_kv_cache_seq(0, keep, None)
+            self._cached = []
+            prefill(self.ctx, tokens, 0, start=keep)
+            self._cached = tokens
+            for piece in continue_sequence(
+                self.ctx, tokens, max_tokens=self.max_tokens, sampler=sampler or LlamaSampler.greedy()
+            ):
+                reply.append(piece)
+                yield piece
+        except GeneratorExit:
+            # The caller stopped reading: what it read is the assistant's turn.
+            self.messages = [*messages, ("assistant", "".join(reply))]
+            raise
+        except BaseException:
+            # A failed turn leaves the conversation as it was; the next one decodes it afresh.
+            self._cached = []
+            raise
+        self.messages = [*messages, ("assistant", "".join(reply))]

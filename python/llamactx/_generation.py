@@ -49,7 +49,9 @@ class _StopFilter:
     """Holds back text that may be the start of a stop string, and finds complete ones."""
 
     def __init__(self, stop: Sequence[str]) -> None:
-        self._stop = [s for s in stop if s]
+        # One string is one stop string, not a sequence of one-character ones.
+        stops = (stop,) if isinstance(stop, str) else stop
+        self._stop = [s for s in stops if s]
         self._pending = ""
 
     def push(self, text: str) -> tuple[str, bool]:

@@ -243,7 +243,8 @@ class LlamaModel:
         """The model's chat template (a Jinja string); `ChatTemplateError` when it has none."""
     def lora_adapter_init(self, path: _Path) -> LlamaLoraAdapter:
         """Loads a LoRA adapter (GGUF) made for this model. Releases the GIL.
-        `LlamaLoraAdapterInitError` when llama.cpp refuses the file.
+        `LlamaLoraAdapterInitError` when llama.cpp refuses the file, and for tensors of a type no
+        CPU kernel multiplies (`kind == "UnsupportedTensorType"`).
         """
     def apply_chat_template(
         self, messages: Sequence[_ChatMessage], tmpl: str | None = None, add_ass: bool = True

@@ -75,6 +75,9 @@ impl PyLlamaContext {
         };
         self.run(py, |native| {
             let seq_id = native.seq(seq_id)?;
+            // The last decode's outputs were written for the samplers it ran with: with a backend
+            // sampler, llama.cpp keeps no full logits, and what its buffer holds is stale.
+            native.output_rows.clear();
             let accepted = if let Some(copy) = copy {
                 let mut copy: LlamaSampler = copy.0;
                 let accepted = native.with_mut(|context| context.set_sampler(seq_id, &mut copy));

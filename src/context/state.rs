@@ -6,12 +6,15 @@
 //! exactly: the crate's `copy_state_data`/`set_state_data` pass unbounded pointers and are
 //! never used.
 
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::{OpenContext, PyLlamaContext};
+use crate::backend::capture_errors;
 use crate::errors::{Error, Result};
 use crate::paths::{existing_file, extract_path};
 use crate::tokens::{check_vocab, extract_token_ids, to_ids, to_llama_tokens};
@@ -123,6 +126,47 @@ fn parse_seq_state_file(file: &[u8], capacity: usize) -> Result<(Vec<i32>, &[u8]
     Ok((tokens.collect(), &file[state_at..]))
 }
 
+/// The start of a whole state: the model architecture's name, behind its length
+/// [llama.cpp internal]. llama.cpp allocates that length as read (up to 4 GiB) before it
+/// checks anything, so restores compare it with this context's own first.
+fn architecture_header(state: &[u8]) -> &[u8] {
+    let length = state
+        .get(..4)
+        .and_then(|word| word.try_into().ok())
+        .map_or(0, |word| u32::from_le_bytes(word) as usize);
+    state.get(..4 + length).unwrap_or(state)
+}
+
+fn foreign_state() -> Error {
+    Error::state(
+        "ForeignState",
+        "this state was not saved by a model of this architecture (or is corrupt)",
+    )
+}
+
+/// Checks a whole-state file (session magic and version, token count, tokens, state) as far
+/// as its state header, which must be `header`; files llama.cpp refuses before that are left
+/// to it [llama.cpp internal].
+fn check_state_file(path: &Path, capacity: usize, header: &[u8]) -> Result<()> {
+    let mut file = File::open(path).map_err(|err| Error::state("LoadFile", err.to_string()))?;
+    let mut head = [0_u8; 12];
+    if file.read_exact(&mut head).is_err() {
+        return Ok(());
+    }
+    let word = |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+    let n_tokens = word(8) as usize;
+    let ours = word(0) == llama_cpp_sys_4::LLAMA_SESSION_MAGIC && word(4) == llama_cpp_sys_4::LLAMA_SESSION_VERSION;
+    if !ours || n_tokens > capacity {
+        return Ok(());
+    }
+    let mut found = vec![0_u8; header.len()];
+    let start = 12 + 4 * n_tokens as u64;
+    if file.seek(SeekFrom::Start(start)).is_err() || file.read_exact(&mut found).is_err() || found != header {
+        return Err(foreign_state());
+    }
+    Ok(())
+}
+
 impl OpenContext {
     /// Restoring state leaves llama.cpp without outputs (see the module comment).
     fn forget_outputs(&mut self) {
@@ -136,13 +180,41 @@ impl OpenContext {
         })
     }
 
-    fn set_state_bytes(&mut self, src: &[u8]) -> Result<usize> {
-        let read = self.with_mut(|context| context.state_set_data(src));
+    /// Runs a restore of the whole state as a transaction: llama.cpp may fail after clearing or
+    /// partly writing the KV cache, so the state before is kept and put back on failure. The
+    /// error carries what llama.cpp logged.
+    /// `restore` gets the state before, whose first bytes are this model's own state header.
+    fn restore_all<T>(&mut self, restore: impl FnOnce(&mut Self, &[u8]) -> Result<T>) -> Result<T> {
+        let before = self.state_bytes()?;
+        let (result, logged) = capture_errors(|| restore(self, &before));
         self.forget_outputs();
-        if read == 0 {
-            return Err(Error::state("SetData", "llama.cpp rejected the state data"));
-        }
-        Ok(read)
+        result.map_err(|err| {
+            self.with_mut(|context| context.state_set_data(&before));
+            err.with_logged_reason(&logged)
+        })
+    }
+
+    /// `restore_all` for one sequence's state.
+    fn restore_seq<T>(&mut self, seq_id: i32, restore: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        let before = self.seq_state_bytes(seq_id, 0)?;
+        let (result, logged) = capture_errors(|| restore(self));
+        self.forget_outputs();
+        result.map_err(|err| {
+            self.with_mut(|context| context.state_seq_set_data_ext(&before, seq_id, 0));
+            err.with_logged_reason(&logged)
+        })
+    }
+
+    fn set_state_bytes(&mut self, src: &[u8]) -> Result<usize> {
+        self.restore_all(|native, before| {
+            if !src.starts_with(architecture_header(before)) {
+                return Err(foreign_state());
+            }
+            match native.with_mut(|context| context.state_set_data(src)) {
+                0 => Err(Error::state("SetData", "llama.cpp rejected the state data")),
+                read => Ok(read),
+            }
+        })
     }
 
     fn seq_state_bytes(&mut self, seq_id: i32, flags: u32) -> Result<Vec<u8>> {
@@ -153,12 +225,12 @@ impl OpenContext {
     }
 
     fn set_seq_state_bytes(&mut self, src: &[u8], dest_seq_id: i32, flags: u32) -> Result<usize> {
-        let read = self.with_mut(|context| context.state_seq_set_data_ext(src, dest_seq_id, flags));
-        self.forget_outputs();
-        if read == 0 {
-            return Err(Error::state("SeqSetData", "llama.cpp rejected the sequence state data"));
-        }
-        Ok(read)
+        self.restore_seq(dest_seq_id, |native| {
+            match native.with_mut(|context| context.state_seq_set_data_ext(src, dest_seq_id, flags)) {
+                0 => Err(Error::state("SeqSetData", "llama.cpp rejected the sequence state data")),
+                read => Ok(read),
+            }
+        })
     }
 }
 
@@ -181,9 +253,11 @@ impl PyLlamaContext {
         let path = existing_file(path)?;
         let max_tokens = check_capacity(max_tokens)?;
         self.run(py, |native| {
-            let loaded = native.with_mut(|context| context.load_session_file(&path, max_tokens));
-            native.forget_outputs();
-            Ok(to_ids(&loaded?))
+            native.restore_all(|native, before| {
+                check_state_file(&path, max_tokens, architecture_header(before))?;
+                let loaded = native.with_mut(|context| context.load_session_file(&path, max_tokens));
+                Ok(to_ids(&loaded?))
+            })
         })
     }
 
@@ -245,17 +319,18 @@ impl PyLlamaContext {
         let path = existing_file(path)?;
         let capacity = check_capacity(n_token_capacity)?;
         self.run(py, |native| {
-            let mut tokens = Vec::new();
-            let loaded = native.with_mut(|context| context.state_load_file(&path, &mut tokens, capacity));
-            native.forget_outputs();
-            if loaded {
-                Ok(to_ids(&tokens))
-            } else {
-                Err(Error::state(
-                    "LoadFile",
-                    format!("llama.cpp could not restore {}", path.display()),
-                ))
-            }
+            native.restore_all(|native, before| {
+                check_state_file(&path, capacity, architecture_header(before))?;
+                let mut tokens = Vec::new();
+                if native.with_mut(|context| context.state_load_file(&path, &mut tokens, capacity)) {
+                    Ok(to_ids(&tokens))
+                } else {
+                    Err(Error::state(
+                        "LoadFile",
+                        format!("llama.cpp could not restore {}", path.display()),
+                    ))
+                }
+            })
         })
     }
 

@@ -19,12 +19,15 @@ from hypothesis import strategies as st
 
 import llamactx
 
-ALLOWED = (llamactx.LlamaCppError, ValueError, IndexError, TypeError, OverflowError, FileNotFoundError)
+# RuntimeError: a callback that calls back into the context it runs in.
+ALLOWED = (llamactx.LlamaCppError, ValueError, IndexError, TypeError, OverflowError, FileNotFoundError, RuntimeError)
 N_SEQ = 3
 
 model = llamactx.LlamaModel.load_from_file(sys.argv[1])
 N_VOCAB = model.n_vocab()
 ctx = model.new_context(n_ctx=256, n_batch=32, n_ubatch=16, n_seq_max=N_SEQ, n_threads=2)
+# A K cache type the CPU cannot shift, for the shift operations.
+bf16_ctx = model.new_context(n_ctx=256, n_batch=32, cache_type_k="bf16", n_threads=2)
 batches = [llamactx.LlamaBatch(32, 2), llamactx.LlamaBatch(4, 1)]
 
 hostile_ints = st.sampled_from([-(2**63), -(2**31) - 1, -(2**31), -2, -1, 2**31 - 1, 2**31, 2**32, 2**40, 2**63 - 1])
@@ -56,6 +59,68 @@ def reset() -> None:
 def state_blob(mutation: int) -> bytes:
     data = ctx.state_get_data()
     return data[: mutation % (len(data) + 1)]
+
+
+def flipped_state(at: int, bits: int) -> bytes:
+    """This context's state with one byte changed (lengths, positions, cell counts...)."""
+    data = bytearray(ctx.state_get_data())
+    data[at % len(data)] ^= bits or 1
+    return bytes(data)
+
+
+GRAMMARS = ['root ::= "a"', 'root ::= [a-z]+ "."', 'root ::= "yes" | "no"']
+PATTERN_PIECES = st.sampled_from(["(", ")", "[", "]", "a", "\\", "*", "+", "?", "|", "^", "$", ".", "{2}", "\\s"])
+patterns = st.lists(PATTERN_PIECES, max_size=24).map("".join)
+
+# One stage of a sampler chain, in any order (the chain may select nothing, or mask everything).
+stages = st.one_of(
+    st.just(llamactx.LlamaSampler.greedy),
+    st.just(lambda: llamactx.LlamaSampler.dist(0)),
+    st.builds(lambda k: lambda: llamactx.LlamaSampler.top_k(k), st.integers(-2, 60000)),
+    st.builds(lambda p: lambda: llamactx.LlamaSampler.top_p(p, 1), st.floats(-0.5, 1.5)),
+    st.builds(lambda p: lambda: llamactx.LlamaSampler.min_p(p, 1), st.floats(-0.5, 1.5)),
+    st.builds(lambda t: lambda: llamactx.LlamaSampler.temp(t), st.floats(allow_nan=True, allow_infinity=True)),
+    st.builds(lambda n: lambda: llamactx.LlamaSampler.penalties(N_VOCAB, n, 1.3, 0.1, 0.1), st.integers(-2, 2**21)),
+    st.builds(lambda g: lambda: llamactx.LlamaSampler.grammar(model, g), st.sampled_from(GRAMMARS)),
+    st.builds(
+        lambda g, p: lambda: llamactx.LlamaSampler.grammar_lazy_patterns(model, g, "root", [p], []),
+        st.sampled_from(GRAMMARS),
+        patterns,
+    ),
+)
+
+
+def chain_of(made: list[Callable[[], llamactx.LlamaSampler]]) -> llamactx.LlamaSampler:
+    return llamactx.LlamaSampler.chain([make() for make in made])
+
+
+def sample_then_accept(made: list[Callable[[], llamactx.LlamaSampler]], i: int, extra: list[int]) -> None:
+    sampler = chain_of(made)
+    for token in extra:
+        with contextlib.suppress(*ALLOWED):
+            sampler.accept(token)
+    sampler.sample(ctx, i)
+    sampler.sample(ctx, i)
+
+
+def reentrant_decode(b: int) -> None:
+    """A decode whose abort callback calls back into the context."""
+    ctx.set_abort_callback(lambda: bool(ctx.n_ctx()))
+    try:
+        ctx.decode(batches[b])
+    finally:
+        ctx.set_abort_callback(None)
+
+
+def shift_bf16(delta: int) -> None:
+    batch = llamactx.LlamaBatch(4)
+    batch.add_sequence([1, 2, 3], 0, False)
+    bf16_ctx.clear_kv_cache()
+    bf16_ctx.decode(batch)
+    bf16_ctx.kv_cache_seq_add(0, None, None, delta)
+    batch.clear()
+    batch.add(4, bf16_ctx.kv_cache_seq_pos_max(0) + 1, [0], True)
+    bf16_ctx.decode(batch)
 
 
 OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = {
@@ -117,6 +182,16 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
         st.tuples(st.integers(0, 600), st.sampled_from([model.n_embd(), 1, -1]), small_ints, small_ints),
     ),
     "abort_callback": (lambda flag: ctx.set_abort_callback(lambda: flag), st.tuples(st.booleans())),
+    "sample_chain": (
+        sample_then_accept,
+        st.tuples(st.lists(stages, max_size=5), ints, st.lists(tokens, max_size=4)),
+    ),
+    "reentrant_decode": (reentrant_decode, st.tuples(st.integers(0, 1))),
+    "state_flip": (
+        lambda at, bits: ctx.state_set_data(flipped_state(at, bits)),
+        st.tuples(st.integers(0, 2**20), st.integers(0, 255)),
+    ),
+    "shift_bf16": (shift_bf16, st.tuples(ints)),
 }
 
 calls = st.lists(st.sampled_from(sorted(OPS)).flatmap(lambda name: st.tuples(st.just(name), OPS[name][1])), max_size=8)

@@ -7,9 +7,12 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import sys
+import tempfile
 import threading
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
 import harness
@@ -90,6 +93,25 @@ def grammar_reset_after_a_refused_token(model: llamactx.LlamaModel) -> None:
     assert model.token_to_str(grammar.sample(prompted(model), -1)).strip() in "yes"
 
 
+def lazy_grammar(model: llamactx.LlamaModel, pattern: str) -> LlamaSampler:
+    return LlamaSampler.grammar_lazy_patterns(model, 'root ::= "yes"', "root", [pattern], [])
+
+
+@case
+def lazy_grammar_with_an_invalid_pattern(model: llamactx.LlamaModel) -> None:
+    lazy_grammar(model, "([")
+
+
+@case
+def lazy_grammar_with_a_deeply_nested_pattern(model: llamactx.LlamaModel) -> None:
+    lazy_grammar(model, "(" * 5000 + "a" + ")" * 5000)
+
+
+@case
+def lazy_grammar_with_a_valid_pattern(model: llamactx.LlamaModel) -> None:
+    lazy_grammar(model, r"^\s*answer:")
+
+
 # 3. Parameters llama.cpp asserts on
 
 
@@ -119,6 +141,20 @@ def shifting_a_bf16_k_cache(model: llamactx.LlamaModel) -> None:
     ctx.kv_cache_seq_add(0, None, None, 4)
 
 
+@case
+def adapter_no_cpu_kernel_multiplies(model: llamactx.LlamaModel) -> None:
+    """The adapter's path comes on standard input (the test writes it: float64 tensors)."""
+    ctx = prompted(model)
+    ctx.lora_adapter_set(model.lora_adapter_init(sys.stdin.read().strip()), 1.0)
+    decode_one_more(ctx)
+
+
+def decode_one_more(ctx: llamactx.LlamaContext) -> None:
+    batch = llamactx.LlamaBatch(1)
+    batch.add(1, ctx.kv_cache_seq_pos_max(0) + 1, [0], True)
+    ctx.decode(batch)
+
+
 # 5. Sizes taken from user numbers
 
 
@@ -135,6 +171,22 @@ def dry_window_of_a_billion_tokens(model: llamactx.LlamaModel) -> None:
 @case
 def batch_of_a_hundred_million_tokens(model: llamactx.LlamaModel) -> None:
     llamactx.LlamaBatch(100_000_000)
+
+
+HUGE_NAME = (2**31).to_bytes(4, "little") + b"llama" * 20
+
+
+@case
+def state_announcing_a_2_gib_architecture_name(model: llamactx.LlamaModel) -> None:
+    prompted(model).state_set_data(HUGE_NAME)
+
+
+@case
+def state_file_announcing_a_2_gib_architecture_name(model: llamactx.LlamaModel) -> None:
+    header = b"".join(n.to_bytes(4, "little") for n in (0x6767736E, 11, 1, 7))
+    path = Path(tempfile.mkdtemp()) / "state.bin"
+    path.write_bytes(header + HUGE_NAME)
+    prompted(model).state_load_file(path, 8)
 
 
 # 6. Re-entrancy and signals
