@@ -53,6 +53,24 @@ def toolchain_env(environ: Mapping[str, str]) -> dict[str, str]:
     return added
 
 
+def forget_stale_cmake_caches(environ: Mapping[str, str]) -> None:
+    """Removes the CMake caches of llama.cpp builds configured without today's C flags.
+
+    llama-cpp-sys-4 keeps one CMake build directory per feature set in the target directory
+    and never configures it again, so a build made before the flags changed (e.g. with the AMX
+    kernels) would go on being linked. Without its CMakeCache.txt, CMake configures afresh.
+    """
+    flags = environ.get("CFLAGS", "")
+    if not flags:
+        return
+    target = Path(environ.get("CARGO_TARGET_DIR") or "target")
+    for cache in target.glob("llama-cmake-cache/*/build/CMakeCache.txt"):
+        lines = cache.read_text(errors="replace").splitlines()
+        configured = next((line for line in lines if line.startswith("CMAKE_C_FLAGS:")), "")
+        if flags not in configured:
+            cache.unlink()
+
+
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
@@ -101,6 +119,7 @@ def _compiler_accepts(environ: Mapping[str, str], flags: str) -> bool:
 def _with_toolchain(hook: Any) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
         os.environ.update(toolchain_env(os.environ))
+        forget_stale_cmake_caches(os.environ)
         return hook(*args, **kwargs)
 
     run.__name__ = hook.__name__
@@ -128,6 +147,7 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: python scripts/llamactx_build.py COMMAND [ARGS...]")
     environment = {**os.environ, **toolchain_env(os.environ)}
+    forget_stale_cmake_caches(environment)
     os.execvpe(sys.argv[1], sys.argv[1:], environment)
 else:
     globals().update(_backend_hooks())

@@ -25,6 +25,24 @@ pub struct SendSampler(pub LlamaSampler);
 // `Mutex` in `PyLlamaSampler` guarantees.
 unsafe impl Send for SendSampler {}
 
+/// What `set_sampler` must check of one stage of a sampler before llama.cpp runs it on the
+/// backend, where a mismatch trips a `GGML_ASSERT` (llama.cpp runs the stages on the backend up
+/// to the first one that only runs on the CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Keeps the `k` most likely candidates (`k <= 0` keeps all).
+    TopK(i32),
+    /// Indexes the candidates by token id: built for `n_vocab` tokens, biasing ids up to `max_token`.
+    Vocabulary { n_vocab: i32, max_token: Option<i32> },
+    /// Another stage that runs on the backend.
+    Plain,
+    /// A stage that runs on the CPU: it and the stages after it are not checked.
+    Cpu,
+}
+
+/// The candidates llama.cpp's backend probe builds when a sampler is set [llama.cpp internal].
+const PROBE_CANDIDATES: i32 = 128 * 1024;
+
 /// A llama.cpp sampler (or chain of samplers) that picks the next token from logits.
 #[pyclass(frozen, module = "llamactx", name = "LlamaSampler")]
 pub struct PyLlamaSampler {
@@ -35,6 +53,8 @@ pub struct PyLlamaSampler {
     /// Models whose vocabulary the sampler points into (grammar, DRY, infill, and chains
     /// holding them). Declared after `sampler`, so it is dropped first.
     models: Vec<Arc<LlamaModel>>,
+    /// Its stages, in order, for `check_backend`.
+    stages: Vec<Stage>,
 }
 
 impl PyLlamaSampler {
@@ -52,16 +72,54 @@ impl PyLlamaSampler {
         })
     }
 
-    fn new(sampler: LlamaSampler) -> Self {
-        Self::with_models(sampler, Vec::new())
+    fn new(sampler: LlamaSampler, stage: Stage) -> Self {
+        Self::with_models(sampler, Vec::new(), vec![stage])
     }
 
-    fn with_models(sampler: LlamaSampler, models: Vec<Arc<LlamaModel>>) -> Self {
+    fn with_models(sampler: LlamaSampler, models: Vec<Arc<LlamaModel>>, stages: Vec<Stage>) -> Self {
         Self {
             sampler: Mutex::new(SendSampler(sampler)),
             broken: AtomicBool::new(false),
             models,
+            stages,
         }
+    }
+
+    /// `ValueError` for a sampler whose backend stages do not fit a context of `n_vocab`
+    /// tokens: a `top_k` larger than the candidates left, or a vocabulary-indexed stage built
+    /// for another vocabulary or biasing a token past the candidates left.
+    pub fn check_backend(&self, n_vocab: i32) -> Result<()> {
+        let mut left = n_vocab.min(PROBE_CANDIDATES);
+        for stage in &self.stages {
+            match *stage {
+                Stage::Cpu => break,
+                Stage::Plain | Stage::TopK(i32::MIN..=0) => {}
+                Stage::TopK(k) => {
+                    if k > left {
+                        return Err(Error::value(format!(
+                            "top_k({k}) on the backend needs at least {k} candidates; {left} are left there"
+                        )));
+                    }
+                    left = k;
+                }
+                Stage::Vocabulary {
+                    n_vocab: built,
+                    max_token,
+                } => {
+                    if built != n_vocab {
+                        return Err(Error::value(format!(
+                            "a stage was built for {built} tokens; the context's model has {n_vocab}"
+                        )));
+                    }
+                    if let Some(token) = max_token.filter(|&token| token >= left) {
+                        return Err(Error::value(format!(
+                            "a logit bias for token {token} on the backend, where only {left} candidates are left"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Refuses a sampler that a refused token left unusable.
@@ -119,7 +177,11 @@ impl PyLlamaSampler {
     }
 
     fn check_token(&self, token: i32) -> Result<LlamaToken> {
-        let n_vocab = self.models.iter().map(|model| model.n_vocab()).min();
+        let built_for = self.stages.iter().filter_map(|stage| match stage {
+            Stage::Vocabulary { n_vocab, .. } => Some(*n_vocab),
+            _ => None,
+        });
+        let n_vocab = self.models.iter().map(|model| model.n_vocab()).chain(built_for).min();
         if token < 0 || n_vocab.is_some_and(|n_vocab| token >= n_vocab) {
             return Err(Error::value(format!(
                 "token id {token} is outside the sampler's vocabulary"
@@ -186,7 +248,7 @@ impl ModelSampler {
     }
 
     fn into_sampler(self) -> PyLlamaSampler {
-        PyLlamaSampler::with_models(self.0 .0, vec![self.1])
+        PyLlamaSampler::with_models(self.0 .0, vec![self.1], vec![Stage::Cpu])
     }
 }
 
@@ -195,74 +257,80 @@ impl PyLlamaSampler {
     /// Always picks the most likely token.
     #[staticmethod]
     fn greedy() -> Self {
-        Self::new(LlamaSampler::greedy())
+        Self::new(LlamaSampler::greedy(), Stage::Plain)
     }
 
     /// Picks a token at random by its probability, from a generator seeded with `seed`.
     #[staticmethod]
     fn dist(seed: u32) -> Self {
-        Self::new(LlamaSampler::dist(seed))
+        Self::new(LlamaSampler::dist(seed), Stage::Plain)
     }
 
     /// Divides the logits by temperature `t` (`t <= 0` keeps only the most likely token).
     #[staticmethod]
     fn temp(t: f32) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::temp(finite("t", t)?)))
+        Ok(Self::new(LlamaSampler::temp(finite("t", t)?), Stage::Plain))
     }
 
     /// Keeps the `k` most likely tokens (`k <= 0` keeps all).
     #[staticmethod]
     fn top_k(k: i32) -> Self {
-        Self::new(LlamaSampler::top_k(k))
+        Self::new(LlamaSampler::top_k(k), Stage::TopK(k))
     }
 
     /// Keeps the most likely tokens whose probabilities add up to `p` (at least `min_keep`).
     #[staticmethod]
     #[pyo3(signature = (p, min_keep=1))]
     fn top_p(p: f32, min_keep: usize) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::top_p(probability("p", p)?, min_keep)))
+        Ok(Self::new(
+            LlamaSampler::top_p(probability("p", p)?, min_keep),
+            Stage::Plain,
+        ))
     }
 
     /// Keeps tokens at least `p` times as likely as the most likely one (at least `min_keep`).
     #[staticmethod]
     #[pyo3(signature = (p, min_keep=1))]
     fn min_p(p: f32, min_keep: usize) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::min_p(probability("p", p)?, min_keep)))
+        Ok(Self::new(
+            LlamaSampler::min_p(probability("p", p)?, min_keep),
+            Stage::Plain,
+        ))
     }
 
     /// Temperature with dynamic range: `t` adjusted by entropy within `delta`, `exponent`.
     #[staticmethod]
     fn temp_ext(t: f32, delta: f32, exponent: f32) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::temp_ext(
-            finite("t", t)?,
-            finite("delta", delta)?,
-            finite("exponent", exponent)?,
-        )))
+        Ok(Self::new(
+            LlamaSampler::temp_ext(finite("t", t)?, finite("delta", delta)?, finite("exponent", exponent)?),
+            Stage::Plain,
+        ))
     }
 
     /// Locally typical sampling with mass `p` (at least `min_keep` tokens).
     #[staticmethod]
     #[pyo3(signature = (p, min_keep=1))]
     fn typical(p: f32, min_keep: usize) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::typical(probability("p", p)?, min_keep)))
+        Ok(Self::new(
+            LlamaSampler::typical(probability("p", p)?, min_keep),
+            Stage::Cpu,
+        ))
     }
 
     /// XTC: with probability `p`, removes the top tokens above threshold `t`.
     #[staticmethod]
     #[pyo3(signature = (p, t, min_keep=1, seed=0))]
     fn xtc(p: f32, t: f32, min_keep: usize, seed: u32) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::xtc(
-            probability("p", p)?,
-            finite("t", t)?,
-            min_keep,
-            seed,
-        )))
+        Ok(Self::new(
+            LlamaSampler::xtc(probability("p", p)?, finite("t", t)?, min_keep, seed),
+            Stage::Cpu,
+        ))
     }
 
     /// Keeps tokens within `n` standard deviations of the top logit.
     #[staticmethod]
     fn top_n_sigma(n: f32) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::top_n_sigma(finite("n", n)?)))
+        Ok(Self::new(LlamaSampler::top_n_sigma(finite("n", n)?), Stage::Cpu))
     }
 
     /// Mirostat 1.0 with target surprise `tau`, learning rate `eta` and `m` tokens for its
@@ -272,33 +340,28 @@ impl PyLlamaSampler {
         if n_vocab < 1 || m < 1 {
             return Err(Error::value("n_vocab and m must be at least 1").into());
         }
-        Ok(Self::new(LlamaSampler::mirostat(
-            n_vocab,
-            seed,
-            finite("tau", tau)?,
-            finite("eta", eta)?,
-            m,
-        )))
+        Ok(Self::new(
+            LlamaSampler::mirostat(n_vocab, seed, finite("tau", tau)?, finite("eta", eta)?, m),
+            Stage::Cpu,
+        ))
     }
 
     /// Mirostat 2.0 with target surprise `tau` and learning rate `eta`.
     #[staticmethod]
     fn mirostat_v2(seed: u32, tau: f32, eta: f32) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::mirostat_v2(
-            seed,
-            finite("tau", tau)?,
-            finite("eta", eta)?,
-        )))
+        Ok(Self::new(
+            LlamaSampler::mirostat_v2(seed, finite("tau", tau)?, finite("eta", eta)?),
+            Stage::Cpu,
+        ))
     }
 
     /// Adaptive-p: steers toward tokens of probability `target`, with history `decay`.
     #[staticmethod]
     fn adaptive_p(target: f32, decay: f32, seed: u32) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::adaptive_p(
-            probability("target", target)?,
-            finite("decay", decay)?,
-            seed,
-        )))
+        Ok(Self::new(
+            LlamaSampler::adaptive_p(probability("target", target)?, finite("decay", decay)?, seed),
+            Stage::Cpu,
+        ))
     }
 
     /// Repetition penalties over the last `penalty_last_n` tokens (0 disables them; at most
@@ -319,13 +382,19 @@ impl PyLlamaSampler {
             )
             .into());
         }
-        Ok(Self::new(LlamaSampler::penalties(
-            n_vocab,
-            window("penalty_last_n", penalty_last_n, 0)?,
-            finite("penalty_repeat", penalty_repeat)?,
-            finite("penalty_freq", penalty_freq)?,
-            finite("penalty_present", penalty_present)?,
-        )))
+        Ok(Self::new(
+            LlamaSampler::penalties(
+                n_vocab,
+                window("penalty_last_n", penalty_last_n, 0)?,
+                finite("penalty_repeat", penalty_repeat)?,
+                finite("penalty_freq", penalty_freq)?,
+                finite("penalty_present", penalty_present)?,
+            ),
+            Stage::Vocabulary {
+                n_vocab,
+                max_token: None,
+            },
+        ))
     }
 
     /// Adds `bias` to the logits of given tokens: `biases` is a sequence of `(token, bias)`.
@@ -342,7 +411,11 @@ impl PyLlamaSampler {
             .into_iter()
             .map(|(token, bias)| (LlamaToken::new(token), bias))
             .collect();
-        Ok(Self::new(LlamaSampler::logit_bias(n_vocab, &biases)))
+        let max_token = biases.iter().map(|(token, _)| token.0).max();
+        Ok(Self::new(
+            LlamaSampler::logit_bias(n_vocab, &biases),
+            Stage::Vocabulary { n_vocab, max_token },
+        ))
     }
 
     /// Constrains tokens to the GBNF `grammar`, starting at rule `root`. Keeps `model` alive.
@@ -427,14 +500,16 @@ impl PyLlamaSampler {
     fn chain(py: Python<'_>, samplers: Vec<Py<PyLlamaSampler>>, no_perf: bool) -> PyResult<Self> {
         let mut copies = Vec::with_capacity(samplers.len());
         let mut models = Vec::new();
+        let mut stages = Vec::new();
         for sampler in &samplers {
             let sampler = sampler.get();
             sampler.check_usable()?;
             copies.push(sampler.with_sampler(py, |sampler| Ok(SendSampler(sampler.clone_sampler())))?);
             models.extend(sampler.models.iter().cloned());
+            stages.extend(sampler.stages.iter().copied());
         }
         let chain = LlamaSampler::chain(copies.into_iter().map(|copy| copy.0), no_perf);
-        Ok(Self::with_models(chain, models))
+        Ok(Self::with_models(chain, models, stages))
     }
 
     /// Samples a token from output row `idx` of `ctx` (negative counts from the last output)

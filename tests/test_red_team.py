@@ -32,6 +32,10 @@ RAISES = {
     "context_of_a_vocabulary_only_model": "ValueError",
     # 4. Capabilities claimed but absent
     "shifting_a_bf16_k_cache": "ValueError",
+    "backend_top_k_beyond_the_candidates": "ValueError",
+    "backend_logit_bias_past_an_earlier_top_k": "ValueError",
+    "backend_penalties_of_another_vocabulary": "ValueError",
+    "backend_chain_that_fits": "none",
     # 5. Sizes taken from user numbers
     "penalty_window_of_a_billion_tokens": "ValueError",
     "dry_window_of_a_billion_tokens": "ValueError",

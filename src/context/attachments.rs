@@ -75,6 +75,9 @@ impl PyLlamaContext {
         };
         self.run(py, |native| {
             let seq_id = native.seq(seq_id)?;
+            if let Some(sampler) = &sampler {
+                sampler.get().check_backend(native.n_vocab)?;
+            }
             // The last decode's outputs were written for the samplers it ran with: with a backend
             // sampler, llama.cpp keeps no full logits, and what its buffer holds is stale.
             native.output_rows.clear();

@@ -149,6 +149,30 @@ def adapter_no_cpu_kernel_multiplies(model: llamactx.LlamaModel) -> None:
     decode_one_more(ctx)
 
 
+def on_the_backend(model: llamactx.LlamaModel, *stages: LlamaSampler) -> None:
+    prompted(model).set_sampler(0, LlamaSampler.chain([*stages, LlamaSampler.greedy()]))
+
+
+@case
+def backend_top_k_beyond_the_candidates(model: llamactx.LlamaModel) -> None:
+    on_the_backend(model, LlamaSampler.top_k(200_000))
+
+
+@case
+def backend_logit_bias_past_an_earlier_top_k(model: llamactx.LlamaModel) -> None:
+    on_the_backend(model, LlamaSampler.top_k(10), LlamaSampler.logit_bias(model.n_vocab(), [(1000, 1.0)]))
+
+
+@case
+def backend_penalties_of_another_vocabulary(model: llamactx.LlamaModel) -> None:
+    on_the_backend(model, LlamaSampler.penalties(100, 64, 1.1, 0.0, 0.0))
+
+
+@case
+def backend_chain_that_fits(model: llamactx.LlamaModel) -> None:
+    on_the_backend(model, LlamaSampler.top_k(40), LlamaSampler.temp(0.8))
+
+
 def decode_one_more(ctx: llamactx.LlamaContext) -> None:
     batch = llamactx.LlamaBatch(1)
     batch.add(1, ctx.kv_cache_seq_pos_max(0) + 1, [0], True)
