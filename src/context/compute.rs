@@ -6,7 +6,7 @@ use llama_cpp_4::llama_batch::LlamaBatch;
 use pyo3::prelude::*;
 
 use super::{OpenContext, PyLlamaContext};
-use crate::backend::capture_errors;
+use crate::backend::explained;
 use crate::batch::PyLlamaBatch;
 use crate::errors::{Error, Result};
 use crate::interrupt::SigintWatch;
@@ -76,7 +76,7 @@ impl OpenContext {
         let shared = self.shared_pools()?;
         let watch = SigintWatch::start();
         self.abort_flags.arm(watch.is_some());
-        let (outcome, logged) = capture_errors(|| {
+        let outcome = explained(|| {
             self.with_mut(|context| match &shared {
                 Some(pools) => pools.run_on(context, |context| run(context, &mut state.batch)),
                 None => run(context, &mut state.batch),
@@ -95,7 +95,7 @@ impl OpenContext {
                 self.output_rows.clear();
                 self.output_seqs.clear();
                 self.roll_back(&checkpoint);
-                Err(self.abort_flags.explain(Error::from(err).with_logged_reason(&logged)))
+                Err(self.abort_flags.explain(err))
             }
         }
     }

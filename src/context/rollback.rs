@@ -6,8 +6,6 @@
 //! current end) and remember those ends; after a failure we cut every touched sequence back to
 //! its end, which leaves its positions and cells as they were before the call.
 
-use llama_cpp_4::context::LlamaContext;
-
 use super::OpenContext;
 use crate::batch::BatchState;
 use crate::errors::{Error, Result};
@@ -26,10 +24,6 @@ pub struct Checkpoint {
     ends: Vec<(i32, i32)>,
 }
 
-fn pos_max(context: &LlamaContext<'_>, seq: i32) -> i32 {
-    context.kv_cache_seq_pos_max(seq)
-}
-
 impl OpenContext {
     /// Refuses, with a `ValueError` naming the sequence and positions, a batch whose positions
     /// llama.cpp would refuse with its catch-all -1, and records where each sequence ends.
@@ -46,7 +40,7 @@ impl OpenContext {
                 )));
             }
             let end = if memory {
-                self.with(|context| pos_max(context, seq))
+                self.with(|context| context.kv_cache_seq_pos_max(seq))
             } else {
                 -1
             };
@@ -95,7 +89,7 @@ impl OpenContext {
             )));
         }
         for &(a, b) in &batch.couplings {
-            let range = |seq| self.with(|context| (context.memory_seq_pos_min(seq), pos_max(context, seq)));
+            let range = |seq| self.with(|context| (context.memory_seq_pos_min(seq), context.kv_cache_seq_pos_max(seq)));
             let (range_a, range_b) = (range(a), range(b));
             if range_a != range_b {
                 return Err(Error::value(format!(

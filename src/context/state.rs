@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::{OpenContext, PyLlamaContext};
-use crate::backend::capture_errors;
+use crate::backend::explained;
 use crate::errors::{Error, Result};
 use crate::paths::{existing_file, extract_path};
 use crate::tokens::{check_vocab, extract_token_ids, to_ids, to_llama_tokens};
@@ -186,22 +186,20 @@ impl OpenContext {
     /// `restore` gets the state before, whose first bytes are this model's own state header.
     fn restore_all<T>(&mut self, restore: impl FnOnce(&mut Self, &[u8]) -> Result<T>) -> Result<T> {
         let before = self.state_bytes()?;
-        let (result, logged) = capture_errors(|| restore(self, &before));
+        let result = explained(|| restore(self, &before));
         self.forget_outputs();
-        result.map_err(|err| {
+        result.inspect_err(|_| {
             self.with_mut(|context| context.state_set_data(&before));
-            err.with_logged_reason(&logged)
         })
     }
 
     /// `restore_all` for one sequence's state.
     fn restore_seq<T>(&mut self, seq_id: i32, restore: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let before = self.seq_state_bytes(seq_id, 0)?;
-        let (result, logged) = capture_errors(|| restore(self));
+        let result = explained(|| restore(self));
         self.forget_outputs();
-        result.map_err(|err| {
+        result.inspect_err(|_| {
             self.with_mut(|context| context.state_seq_set_data_ext(&before, seq_id, 0));
-            err.with_logged_reason(&logged)
         })
     }
 
