@@ -7,6 +7,7 @@ mod context;
 mod errors;
 mod gil;
 mod interrupt;
+mod lazy_grammar;
 mod lora;
 mod metadata;
 mod model;
@@ -18,7 +19,6 @@ mod shared_pool;
 mod threadpool;
 mod token_data;
 mod tokens;
-mod trigger_patterns;
 
 use pyo3::prelude::*;
 

@@ -66,7 +66,7 @@ impl PyLlamaModel {
     /// The piece llama.cpp renders for `id`. The crate's `token_to_bytes` blanks some
     /// tokens by attribute and fails on pieces over 32 bytes; `token_to_raw_bytes` is
     /// `llama_token_to_piece` itself, whose only "error" is an empty piece.
-    fn piece(model: &LlamaModel, id: i32, special: bool) -> Result<Vec<u8>> {
+    pub(crate) fn piece(model: &LlamaModel, id: i32, special: bool) -> Result<Vec<u8>> {
         match model.token_to_raw_bytes(Self::token(model, id)?, self::special(special)) {
             Err(TokenToStringError::UnknownTokenType) => Ok(Vec::new()),
             other => Ok(other?),

@@ -16,7 +16,7 @@ use crate::gil::detached;
 use crate::model::PyLlamaModel;
 use crate::token_data::PyLlamaTokenDataArray;
 use crate::tokens::{check_vocab, extract_token_ids, to_llama_tokens};
-use crate::trigger_patterns;
+use crate::lazy_grammar;
 
 pub struct SendSampler(pub LlamaSampler);
 
@@ -146,10 +146,15 @@ impl PyLlamaSampler {
                 ),
             ));
         }
-        sampler.try_accept(token).map_err(|err| {
-            self.broken.store(true, Ordering::Release);
-            shim_error(err)
-        })
+        lazy_grammar::take_failure();
+        let failure = sampler.try_accept(token).map_err(shim_error).err();
+        match failure.or_else(lazy_grammar::take_failure) {
+            Some(err) => {
+                self.broken.store(true, Ordering::Release);
+                Err(err)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Runs `work` on the sampler with the GIL released (a decode may hold it while its
@@ -196,7 +201,7 @@ impl PyLlamaSampler {
 /// A grammar that is not complete aborts the process (`GGML_ABORT`, not an exception) when it
 /// is made to accept an end-of-generation token; applied to candidates, it just masks the
 /// token. So end-of-generation tokens are tried on a clone before they are accepted.
-fn rejects(sampler: &LlamaSampler, token: LlamaToken) -> bool {
+pub(crate) fn rejects(sampler: &LlamaSampler, token: LlamaToken) -> bool {
     let mut probe = sampler.clone_sampler();
     let mut candidates = LlamaTokenDataArray::new(vec![LlamaTokenData::new(token, 0.0, 0.0)], false);
     candidates.apply_sampler(&mut probe);
@@ -432,7 +437,12 @@ impl PyLlamaSampler {
     }
 
     /// A grammar that applies only after one of `trigger_patterns` (regexes) or
-    /// `trigger_tokens` appears.
+    /// `trigger_tokens` appears; the grammar then starts where the pattern's first matching
+    /// group starts (or the whole match, or the trigger token). Patterns use the `regex`
+    /// crate's syntax, matched byte-wise with ASCII classes like llama.cpp's `std::regex`, in
+    /// linear time: look-around and back-references are refused (`ValueError`), and a trigger
+    /// must lie within the last 16 KiB of accepted text. `SamplerInitError` for a grammar
+    /// llama.cpp cannot parse.
     #[staticmethod]
     fn grammar_lazy_patterns(
         py: Python<'_>,
@@ -446,12 +456,13 @@ impl PyLlamaSampler {
         let tokens = extract_token_ids(trigger_tokens)?;
         detached(py, move || {
             check_vocab(&tokens, model.n_vocab())?;
-            trigger_patterns
-                .iter()
-                .try_for_each(|pattern| trigger_patterns::check(pattern))?;
-            let patterns: Vec<&str> = trigger_patterns.iter().map(String::as_str).collect();
-            let sampler =
-                LlamaSampler::try_grammar_lazy_patterns(&model, &grammar, &root, &patterns, &to_llama_tokens(&tokens))?;
+            let sampler = lazy_grammar::new(
+                Arc::clone(&model),
+                grammar,
+                root,
+                &trigger_patterns,
+                to_llama_tokens(&tokens),
+            )?;
             Ok(ModelSampler::new(sampler, model))
         })
         .map(ModelSampler::into_sampler)

@@ -69,3 +69,10 @@ def run_child(
         timeout=timeout,
         check=False,
     )
+
+
+@pytest.fixture
+def paris_ctx(model: llamactx.LlamaModel, ctx: llamactx.LlamaContext) -> llamactx.LlamaContext:
+    """A fresh context that has decoded ``PARIS_PROMPT``."""
+    decode_prompt(ctx, model.str_to_token(PARIS_PROMPT, False))
+    return ctx

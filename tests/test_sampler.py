@@ -8,12 +8,6 @@ import llamactx
 from conftest import PARIS_PROMPT, decode_prompt
 
 
-@pytest.fixture
-def paris_ctx(model: llamactx.LlamaModel, ctx: llamactx.LlamaContext) -> llamactx.LlamaContext:
-    decode_prompt(ctx, model.str_to_token(PARIS_PROMPT, False))
-    return ctx
-
-
 def filtered(ctx: llamactx.LlamaContext, *samplers: llamactx.LlamaSampler) -> llamactx.LlamaTokenDataArray:
     candidates = ctx.candidates_ith(-1)
     for sampler in samplers:

@@ -603,7 +603,12 @@ class LlamaSampler:
         model: LlamaModel, grammar: str, root: str, trigger_patterns: Sequence[str], trigger_tokens: _Tokens
     ) -> LlamaSampler:
         """A grammar that applies only after one of `trigger_patterns` (regexes) or
-        `trigger_tokens` appears.
+        `trigger_tokens` appears; the grammar then starts where the pattern's first matching
+        group starts (or the whole match, or the trigger token). Patterns use the `regex`
+        crate's syntax, matched byte-wise with ASCII classes like llama.cpp's `std::regex`, in
+        linear time: look-around and back-references are refused (`ValueError`), and a trigger
+        must lie within the last 16 KiB of accepted text. `SamplerInitError` for a grammar
+        llama.cpp cannot parse.
         """
     @staticmethod
     def dry(

@@ -112,6 +112,16 @@ def lazy_grammar_with_a_valid_pattern(model: llamactx.LlamaModel) -> None:
     lazy_grammar(model, r"^\s*answer:")
 
 
+@case
+def lazy_grammar_waiting_through_a_backtracking_pattern(model: llamactx.LlamaModel) -> None:
+    """llama.cpp's std::regex took minutes for 1,000 tokens here, and could overflow the stack."""
+    grammar = LlamaSampler.grammar_lazy_patterns(model, "root ::= [ac]+", "root", ["(a|aa)*c"], [])
+    (four_as,) = model.str_to_token("aaaa", False)
+    for _ in range(20_000):
+        grammar.accept(four_as)
+    grammar.accept(model.str_to_token("c", False)[0])
+
+
 # 3. Parameters llama.cpp asserts on
 
 
