@@ -70,7 +70,10 @@ struct Spec {
 enum State {
     /// No trigger yet: the text accepted so far, and each token with the offset its piece
     /// ends at.
-    Awaiting { text: Vec<u8>, tokens: Vec<(LlamaToken, usize)> },
+    Awaiting {
+        text: Vec<u8>,
+        tokens: Vec<(LlamaToken, usize)>,
+    },
     /// Triggered: llama.cpp's grammar, constraining every later token. It is held as the one
     /// stage of a chain, the only way the crate lends a sampler's raw pointer (for `apply`).
     Triggered(LlamaSampler),

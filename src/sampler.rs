@@ -13,10 +13,10 @@ use pyo3::prelude::*;
 use crate::context::PyLlamaContext;
 use crate::errors::{shim_error, Error, ExcClass, Result};
 use crate::gil::detached;
+use crate::lazy_grammar;
 use crate::model::PyLlamaModel;
 use crate::token_data::PyLlamaTokenDataArray;
 use crate::tokens::{check_vocab, extract_token_ids, to_llama_tokens};
-use crate::lazy_grammar;
 
 pub struct SendSampler(pub LlamaSampler);
 

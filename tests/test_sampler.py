@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 import llamactx
-from conftest import PARIS_PROMPT, decode_prompt
 
 
 def filtered(ctx: llamactx.LlamaContext, *samplers: llamactx.LlamaSampler) -> llamactx.LlamaTokenDataArray:
