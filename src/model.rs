@@ -27,6 +27,64 @@ pub struct PyLlamaModel {
     path: PathBuf,
     /// Loaded without weights: llama.cpp makes a context for it that aborts on its first decode.
     vocab_only: bool,
+    /// What its vocabulary lacks for turning text into tokens and back.
+    gap: Option<VocabularyGap>,
+}
+
+/// What llama.cpp's vocabulary code aborts or throws across FFI on.
+#[derive(Clone, Copy)]
+enum VocabularyGap {
+    /// No tokenizer and no token texts (vocabulary type NONE): `GGML_ASSERT`s in tokenization
+    /// and in every token-to-text path.
+    NoTokenizer,
+    /// A SentencePiece vocabulary without a token for this byte: its tokenizer falls back to
+    /// byte tokens with `std::map::at`, which throws through `llama_tokenize`.
+    MissingByte(u8),
+}
+
+impl VocabularyGap {
+    fn find(model: &LlamaModel) -> Option<Self> {
+        let vocab = model.get_vocab();
+        match vocab.vocab_type() {
+            llama_cpp_sys_4::LLAMA_VOCAB_TYPE_NONE => Some(Self::NoTokenizer),
+            llama_cpp_sys_4::LLAMA_VOCAB_TYPE_SPM => {
+                let mut covered = [false; 256];
+                for id in 0..model.n_vocab() {
+                    match vocab.get_text_bytes(LlamaToken::new(id)).unwrap_or_default() {
+                        &[byte] => covered[usize::from(byte)] = true,
+                        text => {
+                            if let Some(byte) = byte_token(text) {
+                                covered[usize::from(byte)] = true;
+                            }
+                        }
+                    }
+                }
+                (0..=u8::MAX)
+                    .find(|&byte| !covered[usize::from(byte)])
+                    .map(Self::MissingByte)
+            }
+            _ => None,
+        }
+    }
+
+    fn error(self) -> Error {
+        Error::value(match self {
+            Self::NoTokenizer => {
+                "this model has no tokenizer (vocabulary type NONE): it works with token ids only".to_owned()
+            }
+            Self::MissingByte(byte) => format!(
+                "this model's SentencePiece vocabulary has no token for byte 0x{byte:02X}, which its \
+                 tokenizer falls back on: it works with token ids only"
+            ),
+        })
+    }
+}
+
+/// The byte a SentencePiece byte token such as `<0x0A>` stands for.
+fn byte_token(text: &[u8]) -> Option<u8> {
+    let hex = text.strip_prefix(b"<0x")?.strip_suffix(b">")?;
+    let hex = std::str::from_utf8(hex).ok().filter(|hex| hex.len() == 2)?;
+    u8::from_str_radix(hex, 16).ok()
 }
 
 impl PyLlamaModel {
@@ -34,6 +92,24 @@ impl PyLlamaModel {
     pub fn native(&self) -> Result<Arc<LlamaModel>> {
         let guard = self.model.read().map_err(|_| Error::Poisoned("LlamaModel"))?;
         guard.clone().ok_or_else(|| Error::closed("LlamaModel"))
+    }
+
+    /// The native model, for turning text into tokens: `ValueError` for a vocabulary
+    /// llama.cpp's tokenizer would abort or throw on.
+    pub fn tokenizer(&self) -> Result<Arc<LlamaModel>> {
+        match self.gap {
+            Some(gap) => Err(gap.error()),
+            None => self.native(),
+        }
+    }
+
+    /// The native model, for turning tokens into text: `ValueError` for a model without
+    /// token texts.
+    pub fn vocabulary(&self) -> Result<Arc<LlamaModel>> {
+        match self.gap {
+            Some(gap @ VocabularyGap::NoTokenizer) => Err(gap.error()),
+            _ => self.native(),
+        }
     }
 
     fn with_model<T>(&self, read: impl FnOnce(&LlamaModel) -> Result<T>) -> PyResult<T> {
@@ -111,7 +187,7 @@ impl PyLlamaModel {
             (false, false) => LlamaLoadMode::None,
             (false, true) => LlamaLoadMode::Mlock,
         };
-        let model = detached(py, || {
+        let (model, gap) = detached(py, || {
             // Built here: the params hold raw pointers, so they cannot cross threads.
             let mut params = LlamaModelParams::default()
                 .with_n_gpu_layers(n_gpu_layers)
@@ -121,9 +197,12 @@ impl PyLlamaModel {
                 params = params.with_main_gpu(main_gpu);
             }
             let backend = backend()?;
-            explained(|| LlamaModel::load_from_file(backend, &path, &params))
+            let model = explained(|| LlamaModel::load_from_file(backend, &path, &params))?;
+            let gap = VocabularyGap::find(&model);
+            Ok((model, gap))
         })?;
         Ok(Self {
+            gap,
             model: RwLock::new(Some(Arc::new(model))),
             path,
             vocab_only,
@@ -157,7 +236,7 @@ impl PyLlamaModel {
     #[pyo3(signature = (text, add_bos=true, *, special=true))]
     fn str_to_token(&self, py: Python<'_>, text: &str, add_bos: bool, special: bool) -> PyResult<Vec<i32>> {
         let add_bos = if add_bos { AddBos::Always } else { AddBos::Never };
-        let model = self.native()?;
+        let model = self.tokenizer()?;
         detached(py, || {
             if add_bos == AddBos::Always {
                 Self::check_special_tokens(&model)?;
@@ -175,16 +254,14 @@ impl PyLlamaModel {
     /// bytes are not valid UTF-8 on their own; use `token_to_bytes` for those.
     #[pyo3(signature = (token, special=true))]
     fn token_to_str(&self, token: i32, special: bool) -> PyResult<String> {
-        self.with_model(|model| {
-            let piece = Self::piece(model, token, special)?;
-            Ok(String::from_utf8(piece).map_err(TokenToStringError::FromUtf8Error)?)
-        })
+        let piece = Self::piece(&*self.vocabulary()?, token, special)?;
+        Ok(String::from_utf8(piece).map_err(|err| Error::from(TokenToStringError::FromUtf8Error(err)))?)
     }
 
     /// The raw bytes of one token (a multi-byte character may be split across tokens).
     #[pyo3(signature = (token, special=true))]
     fn token_to_bytes<'py>(&self, py: Python<'py>, token: i32, special: bool) -> PyResult<Bound<'py, PyBytes>> {
-        let bytes = self.with_model(|model| Self::piece(model, token, special))?;
+        let bytes = Self::piece(&*self.vocabulary()?, token, special)?;
         Ok(PyBytes::new(py, &bytes))
     }
 
@@ -193,7 +270,7 @@ impl PyLlamaModel {
     #[pyo3(signature = (tokens, remove_special=false, unparse_special=false))]
     fn detokenize(&self, tokens: &Bound<'_, PyAny>, remove_special: bool, unparse_special: bool) -> PyResult<String> {
         let ids = extract_token_ids(tokens)?;
-        let model = self.native()?;
+        let model = self.vocabulary()?;
         detached(tokens.py(), || {
             check_vocab(&ids, model.n_vocab())?;
             Ok(model.detokenize(&to_llama_tokens(&ids), remove_special, unparse_special)?)

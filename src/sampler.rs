@@ -240,8 +240,9 @@ fn window(name: &str, n: i32, low: i32) -> Result<i32> {
     }
 }
 
+/// The model a vocabulary-bound sampler reads token texts of.
 fn model_of(model: &Bound<'_, PyLlamaModel>) -> Result<Arc<LlamaModel>> {
-    model.get().native()
+    model.get().vocabulary()
 }
 
 /// A freshly built sampler with the model it points into, able to leave a GIL-free closure.
@@ -480,7 +481,8 @@ impl PyLlamaSampler {
         penalty_last_n: i32,
         seq_breakers: Vec<String>,
     ) -> PyResult<Self> {
-        let model = model_of(model)?;
+        // DRY tokenizes its sequence breakers.
+        let model = model.get().tokenizer()?;
         let (multiplier, base) = (finite("multiplier", multiplier)?, finite("base", base)?);
         let penalty_last_n = window("penalty_last_n", penalty_last_n, -1)?;
         detached(py, move || {

@@ -1,5 +1,5 @@
-"""Tiny GGUF files written with the ``gguf`` package: a random BERT encoder (for ``encode``)
-and a random LoRA adapter for SmolLM2 (for ``lora_adapter_*``)."""
+"""Tiny GGUF files written with the ``gguf`` package: a random BERT encoder (for ``encode``),
+a random LoRA adapter for SmolLM2 (for ``lora_adapter_*``) and vocabulary-only models."""
 
 from __future__ import annotations
 
@@ -104,3 +104,40 @@ def _finish(writer: gguf.GGUFWriter) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def write_vocabulary(path: Path, tokenizer: str, tokens: list[str]) -> Path:
+    """A Llama-architecture GGUF holding only hyperparameters and a vocabulary, for
+    ``vocab_only=True`` loads: ``tokenizer`` is the GGUF tokenizer model (``"llama"`` for
+    SentencePiece, ``"none"`` for none, which keeps only the number of ``tokens``)."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(64)
+    writer.add_embedding_length(8)
+    writer.add_feed_forward_length(16)
+    writer.add_block_count(1)
+    writer.add_head_count(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model(tokenizer)
+    if tokenizer == "none":
+        writer.add_vocab_size(len(tokens))
+    else:
+        writer.add_token_list(tokens)
+        writer.add_token_scores([-float(i) for i in range(len(tokens))])
+        writer.add_token_types([token_type(token) for token in tokens])
+    _finish(writer)
+    return path
+
+
+def token_type(token: str) -> gguf.TokenType:
+    if token.startswith("<0x"):
+        return gguf.TokenType.BYTE
+    if token in ("<unk>", "<s>", "</s>"):
+        return gguf.TokenType.CONTROL
+    return gguf.TokenType.NORMAL
+
+
+def spm_vocabulary(without_byte: int | None = None) -> list[str]:
+    """A SentencePiece vocabulary: unknown/BOS/EOS, the 256 byte tokens (but ``without_byte``)
+    and a few words."""
+    byte_tokens = [f"<0x{byte:02X}>" for byte in range(256) if byte != without_byte]
+    return ["<unk>", "<s>", "</s>", *byte_tokens, *(WORD_START + word for word in WORDS)]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import synthetic
 
+import llamactx
 from conftest import run_child
 
 RAISES = {
@@ -70,6 +71,32 @@ def raised_by(model_path: Path, case: str, stdin: str | None = None) -> str:
 @pytest.mark.parametrize(("case", "expected"), RAISES.items(), ids=list(RAISES))
 def test_red_team_case_raises_instead_of_crashing(model_path: Path, case: str, expected: str) -> None:
     assert raised_by(model_path, case) == expected
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "tokenizing_with_a_model_without_a_tokenizer",
+        "token_text_of_a_model_without_a_tokenizer",
+        "grammar_on_a_model_without_a_tokenizer",
+    ],
+)
+def test_a_model_without_a_tokenizer_refuses_text(model_path: Path, tmp_path: Path, case: str) -> None:
+    vocabulary = synthetic.write_vocabulary(tmp_path / "none.gguf", "none", synthetic.spm_vocabulary())
+    assert raised_by(model_path, case, stdin=str(vocabulary)) == "ValueError"
+
+
+def test_a_sentencepiece_vocabulary_without_a_byte_token_refuses_to_tokenize(model_path: Path, tmp_path: Path) -> None:
+    vocabulary = synthetic.write_vocabulary(tmp_path / "spm.gguf", "llama", synthetic.spm_vocabulary(without_byte=0x41))
+    case = "tokenizing_without_a_byte_token_to_fall_back_on"
+    assert raised_by(model_path, case, stdin=str(vocabulary)) == "ValueError"
+
+
+def test_a_complete_sentencepiece_vocabulary_tokenizes(tmp_path: Path) -> None:
+    vocabulary = synthetic.write_vocabulary(tmp_path / "spm.gguf", "llama", synthetic.spm_vocabulary())
+    model = llamactx.LlamaModel.load_from_file(vocabulary, vocab_only=True)
+    tokens = model.str_to_token("ABC", False)
+    assert model.detokenize(tokens).endswith("ABC")  # through the byte tokens <0x41>..<0x43>
 
 
 def test_an_adapter_no_cpu_kernel_multiplies_is_refused(model_path: Path, tmp_path: Path) -> None:

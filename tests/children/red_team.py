@@ -159,6 +159,31 @@ def adapter_no_cpu_kernel_multiplies(model: llamactx.LlamaModel) -> None:
     decode_one_more(ctx)
 
 
+def vocabulary_from_stdin() -> llamactx.LlamaModel:
+    """The vocabulary-only model whose path the test writes on standard input."""
+    return llamactx.LlamaModel.load_from_file(sys.stdin.read().strip(), vocab_only=True)
+
+
+@case
+def tokenizing_with_a_model_without_a_tokenizer(model: llamactx.LlamaModel) -> None:
+    vocabulary_from_stdin().str_to_token("hello", False)
+
+
+@case
+def token_text_of_a_model_without_a_tokenizer(model: llamactx.LlamaModel) -> None:
+    vocabulary_from_stdin().token_to_bytes(3)
+
+
+@case
+def grammar_on_a_model_without_a_tokenizer(model: llamactx.LlamaModel) -> None:
+    LlamaSampler.grammar(vocabulary_from_stdin(), 'root ::= "a"')
+
+
+@case
+def tokenizing_without_a_byte_token_to_fall_back_on(model: llamactx.LlamaModel) -> None:
+    vocabulary_from_stdin().str_to_token("ABC", False)
+
+
 def on_the_backend(model: llamactx.LlamaModel, *stages: LlamaSampler) -> None:
     prompted(model).set_sampler(0, LlamaSampler.chain([*stages, LlamaSampler.greedy()]))
 
