@@ -13,13 +13,23 @@ use crate::gil::close_unless_in_use;
 /// ggml's limit (`GGML_MAX_N_THREADS`) [llama.cpp internal].
 const MAX_THREADS: i32 = 512;
 
-/// `value` if it is a thread count ggml takes (1..=512), else `ValueError` naming `name`.
+/// The CPUs this process may use (its affinity and CPU quota), at most ggml's limit.
+pub fn available_cpus() -> i32 {
+    let available = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    i32::try_from(available).unwrap_or(MAX_THREADS).min(MAX_THREADS)
+}
+
+/// `value` if it is a thread count from 1 to the CPUs this process may use, else `ValueError`
+/// naming `name`. ggml's workers spin while they wait for each other, so more threads than
+/// CPUs is not just wasteful: decoding became over 100 times slower (4 threads on 2 CPUs).
 pub fn check_threads(name: &str, value: i32) -> Result<i32> {
-    if (1..=MAX_THREADS).contains(&value) {
+    let cpus = available_cpus();
+    if (1..=cpus).contains(&value) {
         Ok(value)
     } else {
         Err(Error::value(format!(
-            "{name} must be in 1..={MAX_THREADS}, got {value}"
+            "{name} must be in 1..={cpus} (the CPUs this process may use; ggml's threads spin, \
+             so more threads than CPUs run many times slower), got {value}"
         )))
     }
 }
@@ -59,7 +69,7 @@ pub struct RawPool {
 unsafe impl Send for RawPool {}
 
 impl RawPool {
-    /// Starts `n_threads` (1..=512) compute threads.
+    /// Starts `n_threads` (1..=the CPUs this process may use) compute threads.
     pub fn new(n_threads: i32, settings: &PoolSettings) -> Result<Self> {
         check_threads("n_threads", n_threads)?;
         crate::backend::backend()?;

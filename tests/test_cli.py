@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,7 +106,7 @@ def test_help_states_the_sampling_defaults() -> None:
         ["--top-k", "-5"],
         ["-n", "many"],
         ["--threads", "0"],
-        ["--threads", "513"],
+        ["--threads", str(len(os.sched_getaffinity(0)) + 1)],
         ["--n-ctx", "0"],
         ["--model", "/no/such/model.gguf"],
     ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -53,10 +54,11 @@ def test_encoder_model_has_no_kv_cache(tiny_bert_path: Path) -> None:
 def test_set_n_threads(ctx: llamactx.LlamaContext) -> None:
     ctx.set_n_threads(1, 2)
     assert (ctx.n_threads(), ctx.n_threads_batch()) == (1, 2)
-    with pytest.raises(ValueError, match=r"n_threads must be in 1\.\.=512"):
+    cpus = len(os.sched_getaffinity(0))
+    with pytest.raises(ValueError, match=rf"n_threads must be in 1\.\.={cpus} "):
         ctx.set_n_threads(0, 1)
-    with pytest.raises(ValueError, match=r"n_threads_batch must be in 1\.\.=512"):
-        ctx.set_n_threads(1, 513)  # ggml's limit; beyond it a decode never finished
+    with pytest.raises(ValueError, match=rf"n_threads_batch must be in 1\.\.={cpus} "):
+        ctx.set_n_threads(1, cpus + 1)  # ggml threads spin: more than the CPUs ran 100x slower
     assert (ctx.n_threads(), ctx.n_threads_batch()) == (1, 2)
 
 

@@ -59,6 +59,7 @@ RAISES = {
     "nan_temperature": "ValueError",
     "nan_logit_bias": "ValueError",
     "infinite_rope_frequency": "ValueError",
+    "more_threads_than_cpus": "ValueError",
 }
 
 

@@ -318,7 +318,9 @@ class LlamaContext:
         tokens. `ValueError` where llama.cpp cannot pool them (see `new_context`).
         """
     def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
-        """Sets the threads for single-token and for batch decoding (each in 1..=512)."""
+        """Sets the threads for single-token and for batch decoding (each from 1 to the CPUs this
+        process may use: ggml threads spin, so more run many times slower).
+        """
     def pooling_type(self) -> LlamaPoolingType:
         """How the context pools embeddings, as a `LlamaPoolingType`."""
     def clear_kv_cache(self) -> None:

@@ -34,7 +34,7 @@ DEFAULT_TOP_P = 0.95
 DEFAULT_MIN_P = 0.05
 DEFAULT_SEED = 0
 RANDOM_SEED = 2**32 - 1  # llama.cpp's LLAMA_DEFAULT_SEED: the sampler seeds itself at random
-MAX_THREADS = 512  # ggml's limit; the context refuses more
+USABLE_CPUS = len(os.sched_getaffinity(0))  # contexts refuse more threads: ggml's spin
 INT32_MAX = 2**31 - 1
 
 
@@ -228,7 +228,7 @@ def _add_threads_option(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "-t",
         "--threads",
-        type=_in_range(int, 1, MAX_THREADS),
+        type=_in_range(int, 1, USABLE_CPUS),
         metavar="N",
         help="compute threads (default: up to 4, one per CPU)",
     )

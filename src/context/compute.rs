@@ -162,7 +162,8 @@ impl PyLlamaContext {
         self.run(py, |native| native.enable_embeddings(embeddings))
     }
 
-    /// Sets the threads for single-token and for batch decoding (each in 1..=512).
+    /// Sets the threads for single-token and for batch decoding (each from 1 to the CPUs this
+    /// process may use: ggml threads spin, so more run many times slower).
     fn set_n_threads(&self, py: Python<'_>, n_threads: i32, n_threads_batch: i32) -> PyResult<()> {
         check_threads("n_threads", n_threads)?;
         check_threads("n_threads_batch", n_threads_batch)?;

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::{Error, Result};
-use crate::threadpool::check_threads;
+use crate::threadpool::{available_cpus, check_threads};
 
 /// llama.cpp's default `n_batch`, needed to check combinations [llama.cpp internal].
 const DEFAULT_N_BATCH: u32 = 2048;
@@ -113,12 +113,10 @@ fn positive(name: &str, value: u32) -> Result<u32> {
     Ok(value)
 }
 
-/// llama.cpp's default thread count (4), capped at the CPUs this process may use: ggml's
-/// workers spin while they wait, so more threads than cores makes decoding many times slower
-/// (seen: 0.3 instead of 155 tokens/s with 4 threads on 2 cores).
+/// llama.cpp's default thread count (4), capped at the CPUs this process may use (see
+/// `check_threads`).
 fn default_threads(llama_default: i32) -> i32 {
-    let available = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    llama_default.min(i32::try_from(available).unwrap_or(i32::MAX)).max(1)
+    llama_default.min(available_cpus()).max(1)
 }
 
 /// The ggml types llama.cpp accepts for its KV cache, by their lower-case ggml names.

@@ -382,5 +382,10 @@ def infinite_rope_frequency(model: llamactx.LlamaModel) -> None:
     model.new_context(n_ctx=256, rope_freq_base=float("inf"))
 
 
+@case
+def more_threads_than_cpus(model: llamactx.LlamaModel) -> None:
+    model.new_context(n_ctx=256, n_threads=len(os.sched_getaffinity(0)) + 1)
+
+
 if __name__ == "__main__":
     harness.run(*CASES)
