@@ -13,6 +13,7 @@ mod kv;
 mod outputs;
 mod params;
 mod rollback;
+mod seq_state_cells;
 mod state;
 
 use std::collections::BTreeMap;

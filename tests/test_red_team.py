@@ -53,6 +53,9 @@ RAISES = {
     "position_that_no_range_can_remove": "ValueError",
     "shift_past_the_last_position": "ValueError",
     "penalties_over_minus_one_tokens": "ValueError",
+    "state_with_a_negative_position": "StateError",
+    "state_with_a_position_no_range_can_remove": "StateError",
+    "sequence_state_with_a_position_no_range_can_remove": "StateError",
     # 9. Leaks
     "abort_callback_bound_to_the_context_owner": "none",
     # 10. Garbage in

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::{OpenContext, PyLlamaContext};
+use super::{seq_state_cells, OpenContext, PyLlamaContext};
 use crate::backend::explained;
+use crate::batch::MAX_POSITION;
 use crate::errors::{Error, Result};
 use crate::paths::{existing_file, extract_path};
 use crate::tokens::{check_vocab, extract_token_ids, to_ids, to_llama_tokens};
@@ -186,7 +187,13 @@ impl OpenContext {
     /// `restore` gets the state before, whose first bytes are this model's own state header.
     fn restore_all<T>(&mut self, restore: impl FnOnce(&mut Self, &[u8]) -> Result<T>) -> Result<T> {
         let before = self.state_bytes()?;
-        let result = explained(|| restore(self, &before));
+        let n_seq_max = self.with(|context| context.n_seq_max());
+        let result = explained(|| restore(self, &before)).and_then(|value| {
+            (0..n_seq_max)
+                .filter_map(|seq| i32::try_from(seq).ok())
+                .try_for_each(|seq| self.check_restored_positions(seq))?;
+            Ok(value)
+        });
         self.forget_outputs();
         result.inspect_err(|_| {
             self.with_mut(|context| context.state_set_data(&before));
@@ -196,11 +203,32 @@ impl OpenContext {
     /// `restore_all` for one sequence's state.
     fn restore_seq<T>(&mut self, seq_id: i32, restore: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let before = self.seq_state_bytes(seq_id, 0)?;
-        let result = explained(|| restore(self));
+        let result = explained(|| restore(self)).and_then(|value| {
+            self.check_restored_positions(seq_id)?;
+            Ok(value)
+        });
         self.forget_outputs();
         result.inspect_err(|_| {
             self.with_mut(|context| context.state_seq_set_data_ext(&before, seq_id, 0));
         })
+    }
+
+    /// llama.cpp takes a state's positions as they are: a negative one, or one at 2**31 - 1
+    /// that no range can remove, would silently corrupt the sequence (see `MAX_POSITION`).
+    fn check_restored_positions(&self, seq_id: i32) -> Result<()> {
+        let (first, last) =
+            self.with(|context| (context.memory_seq_pos_min(seq_id), context.kv_cache_seq_pos_max(seq_id)));
+        let empty = first == -1 && last == -1;
+        if empty || (first >= 0 && last <= MAX_POSITION) {
+            return Ok(());
+        }
+        Err(Error::state(
+            "Positions",
+            format!(
+                "the state puts sequence {seq_id} at positions {first}..={last}, outside 0..={MAX_POSITION}; \
+                 nothing was restored"
+            ),
+        ))
     }
 
     fn set_state_bytes(&mut self, src: &[u8]) -> Result<usize> {
@@ -223,6 +251,8 @@ impl OpenContext {
     }
 
     fn set_seq_state_bytes(&mut self, src: &[u8], dest_seq_id: i32, flags: u32) -> Result<usize> {
+        let n_layer = u32::try_from(self.model().n_layer()).unwrap_or(0);
+        seq_state_cells::check_positions(src, n_layer)?;
         self.restore_seq(dest_seq_id, |native| {
             match native.with_mut(|context| context.state_seq_set_data_ext(src, dest_seq_id, flags)) {
                 0 => Err(Error::state("SeqSetData", "llama.cpp rejected the sequence state data")),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import struct
 import sys
 import tempfile
 import threading
@@ -343,6 +344,41 @@ def shift_past_the_last_position(model: llamactx.LlamaModel) -> None:
 @case
 def penalties_over_minus_one_tokens(model: llamactx.LlamaModel) -> None:
     LlamaSampler.penalties(model.n_vocab(), -1, 1.1, 0.0, 0.0)
+
+
+def restore_with_cell_0_at(model: llamactx.LlamaModel, position: int, *, sequence: bool) -> None:
+    """Restores this context's own state with the first cell's position replaced; checks that a
+    refused restore left the KV cache as it was."""
+    ctx = prompted(model)
+    state = ctx.state_seq_get_data(0) if sequence else ctx.state_get_data()
+    # The first cell's position follows the header (io_magic and sequence id; or the
+    # architecture name), the stream count and the cell count.
+    offset = 16 if sequence else 4 + struct.unpack_from("<I", state)[0] + 8
+    crafted = bytearray(state)
+    struct.pack_into("<i", crafted, offset, position)
+    before = (ctx.memory_seq_pos_min(0), ctx.kv_cache_seq_pos_max(0))
+    try:
+        if sequence:
+            ctx.state_seq_set_data(bytes(crafted), 0)
+        else:
+            ctx.state_set_data(bytes(crafted))
+    finally:
+        assert (ctx.memory_seq_pos_min(0), ctx.kv_cache_seq_pos_max(0)) == before
+
+
+@case
+def state_with_a_negative_position(model: llamactx.LlamaModel) -> None:
+    restore_with_cell_0_at(model, -7, sequence=False)
+
+
+@case
+def state_with_a_position_no_range_can_remove(model: llamactx.LlamaModel) -> None:
+    restore_with_cell_0_at(model, 2**31 - 1, sequence=False)
+
+
+@case
+def sequence_state_with_a_position_no_range_can_remove(model: llamactx.LlamaModel) -> None:
+    restore_with_cell_0_at(model, 2**31 - 1, sequence=True)
 
 
 # 9. Leaks
