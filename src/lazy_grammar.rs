@@ -4,7 +4,8 @@
 //! accepted so far, once per token: backtracking that is quadratic at best and exponential for
 //! some patterns, recursive enough to overflow the stack, and never interruptible. This sampler
 //! waits for the trigger in Rust, with the `regex` crate (linear time, no recursion), and only
-//! then builds llama.cpp's grammar and feeds it the text from the trigger on, as llama.cpp would.
+//! then builds llama.cpp's grammar and feeds it the text from the trigger on, as llama.cpp would
+//! [llama.cpp internal].
 //! The one pattern llama.cpp still sees is our own, anchored and as short as a token.
 
 use std::cell::RefCell;
