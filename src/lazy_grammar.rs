@@ -21,7 +21,7 @@ use regex::bytes::{Regex, RegexBuilder};
 
 use crate::errors::{shim_error, Error, Result};
 use crate::model::PyLlamaModel;
-use crate::sampler::rejects;
+use crate::sampler::refuse_unfinished_end;
 
 /// The longest trigger pattern accepted, in bytes.
 const MAX_PATTERN_BYTES: usize = 1024;
@@ -189,12 +189,7 @@ fn replay(spec: &Spec, tokens: &[(LlamaToken, usize)], start: usize) -> Result<L
 /// Accepts `token` into llama.cpp's grammar, refusing an end-of-generation token the grammar
 /// cannot end on (llama.cpp aborts the process on one).
 fn forward(spec: &Spec, grammar: &mut LlamaSampler, token: LlamaToken) -> Result<()> {
-    if spec.model.is_eog_token(token) && rejects(grammar, token) {
-        return Err(Error::value(format!(
-            "the grammar does not accept the end-of-generation token {} here",
-            token.0
-        )));
-    }
+    refuse_unfinished_end(spec.model.is_eog_token(token), grammar, token)?;
     grammar.try_accept(token).map_err(shim_error)
 }
 

@@ -50,13 +50,8 @@ impl VocabularyGap {
             llama_cpp_sys_4::LLAMA_VOCAB_TYPE_SPM => {
                 let mut covered = [false; 256];
                 for id in 0..model.n_vocab() {
-                    match vocab.get_text_bytes(LlamaToken::new(id)).unwrap_or_default() {
-                        &[byte] => covered[usize::from(byte)] = true,
-                        text => {
-                            if let Some(byte) = byte_token(text) {
-                                covered[usize::from(byte)] = true;
-                            }
-                        }
+                    if let Some(byte) = byte_token(vocab.get_text_bytes(LlamaToken::new(id)).unwrap_or_default()) {
+                        covered[usize::from(byte)] = true;
                     }
                 }
                 (0..=u8::MAX)
@@ -80,8 +75,11 @@ impl VocabularyGap {
     }
 }
 
-/// The byte a SentencePiece byte token such as `<0x0A>` stands for.
+/// The byte a SentencePiece byte token such as `<0x0A>` (or a one-byte token) stands for.
 fn byte_token(text: &[u8]) -> Option<u8> {
+    if let &[byte] = text {
+        return Some(byte);
+    }
     let hex = text.strip_prefix(b"<0x")?.strip_suffix(b">")?;
     let hex = std::str::from_utf8(hex).ok().filter(|hex| hex.len() == 2)?;
     u8::from_str_radix(hex, 16).ok()

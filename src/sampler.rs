@@ -135,17 +135,7 @@ impl PyLlamaSampler {
     /// Accepts `token` into `sampler` (this sampler, locked), unless a grammar cannot take it.
     fn accept_locked(&self, sampler: &mut LlamaSampler, token: LlamaToken) -> Result<()> {
         let end_of_generation = self.models.iter().any(|model| model.is_eog_token(token));
-        if end_of_generation && rejects(sampler, token) {
-            return Err(Error::llama(
-                ExcClass::ShimError,
-                "Failed",
-                None,
-                format!(
-                    "the grammar does not accept the end-of-generation token {} here",
-                    token.0
-                ),
-            ));
-        }
+        refuse_unfinished_end(end_of_generation, sampler, token)?;
         lazy_grammar::take_failure();
         let failure = sampler.try_accept(token).map_err(shim_error).err();
         match failure.or_else(lazy_grammar::take_failure) {
@@ -201,7 +191,24 @@ impl PyLlamaSampler {
 /// A grammar that is not complete aborts the process (`GGML_ABORT`, not an exception) when it
 /// is made to accept an end-of-generation token; applied to candidates, it just masks the
 /// token. So end-of-generation tokens are tried on a clone before they are accepted.
-pub(crate) fn rejects(sampler: &LlamaSampler, token: LlamaToken) -> bool {
+/// `ShimError` when `token`, an end of generation, would end a grammar that is not complete
+/// (llama.cpp aborts the process then).
+pub(crate) fn refuse_unfinished_end(end_of_generation: bool, sampler: &LlamaSampler, token: LlamaToken) -> Result<()> {
+    if end_of_generation && rejects(sampler, token) {
+        return Err(Error::llama(
+            ExcClass::ShimError,
+            "Failed",
+            None,
+            format!(
+                "the grammar does not accept the end-of-generation token {} here",
+                token.0
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn rejects(sampler: &LlamaSampler, token: LlamaToken) -> bool {
     let mut probe = sampler.clone_sampler();
     let mut candidates = LlamaTokenDataArray::new(vec![LlamaTokenData::new(token, 0.0, 0.0)], false);
     candidates.apply_sampler(&mut probe);
