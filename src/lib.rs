@@ -4,6 +4,7 @@ mod arrays;
 mod backend;
 mod batch;
 mod context;
+mod cpu_budget;
 mod errors;
 mod gil;
 mod interrupt;

@@ -7,7 +7,8 @@
 //! contexts decoding in turn: 34 tokens/s with a pool each, 138 with a shared one, in
 //! `benches/pools.py`). Shared, the one polling worker is the one the next decode uses. A
 //! pool runs one computation at a time: a context that finds its pool busy (another context
-//! computing in another thread) computes without one, as ggml does by default.
+//! computing in another thread, which `cpu_budget` admits only where CPUs are left for both)
+//! computes without one, as ggml does by default.
 
 use std::sync::{Mutex, MutexGuard};
 

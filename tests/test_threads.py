@@ -3,8 +3,11 @@ single-threaded run (each sequence lives in its own KV stream, so its state is e
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
+
+import pytest
 
 import llamactx
 
@@ -77,11 +80,51 @@ def test_four_threads_hammering_one_context(model: llamactx.LlamaModel) -> None:
 
 
 def test_contexts_with_two_threads_decoding_at_once(model: llamactx.LlamaModel) -> None:
-    # Both want the shared 2-thread pool at the same moments: the one that finds it busy
-    # computes on threads of its own for that call. Neither result may suffer.
+    # Both want 2 CPUs at the same moments: on a machine without 4, one waits for the other's
+    # decode (before, both spun at once, and a token took seconds). Neither result may suffer.
     contexts = [model.new_context(n_ctx=256, n_threads=2, n_threads_batch=2) for _ in range(2)]
     work = [(contexts[n], tokens_for(model, n)[:20]) for n in range(2)]
     run_threads([lambda c=c, t=t: decode_one_by_one(c, t, 0) for c, t in work])
     for n, (ctx, tokens) in enumerate(work):
         assert ctx.state_seq_get_data(0) == reference_state(model, tokens, 256, 1, 0), f"context {n}"
         ctx.close()
+
+
+def test_a_decode_waiting_for_cpus_stops_when_its_abort_callback_asks(model: llamactx.LlamaModel) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    holder = model.new_context(n_ctx=256, n_threads=cpus, n_threads_batch=cpus)
+    waiter = model.new_context(n_ctx=256, n_threads=1, n_threads_batch=1)
+    inside, release = threading.Event(), threading.Event()
+
+    def hold_the_cpus() -> bool:  # runs inside the holder's decode, which has every CPU
+        inside.set()
+        release.wait(60)
+        return False
+
+    holder.set_abort_callback(hold_the_cpus)
+    holding = threading.Thread(target=decode_one_by_one, args=(holder, tokens_for(model, 0)[:1], 0))
+    holding.start()
+    assert inside.wait(60)
+    polls = 0
+
+    def fortieth_poll_aborts() -> bool:
+        nonlocal polls
+        polls += 1
+        return polls == 40
+
+    waiter.set_abort_callback(fortieth_poll_aborts)
+    try:
+        # A decode that ran would poll once at its first node and finish long before 40 polls
+        # 5 ms apart: only a decode waiting for a CPU gets to the 40th (0.2 s).
+        with pytest.raises(llamactx.DecodeAborted):
+            decode_one_by_one(waiter, tokens_for(model, 1)[:1], 0)
+        assert waiter.kv_cache_seq_pos_max(0) == -1
+    finally:
+        release.set()
+        holding.join(60)
+    assert holder.kv_cache_seq_pos_max(0) == 0
+    waiter.set_abort_callback(None)
+    decode_one_by_one(waiter, tokens_for(model, 1)[:1], 0)
+    assert waiter.kv_cache_seq_pos_max(0) == 0
+    holder.close()
+    waiter.close()

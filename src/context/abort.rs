@@ -103,7 +103,8 @@ impl AbortFlags {
         true
     }
 
-    fn poll(&self) -> bool {
+    /// Whether the current computation should stop: Ctrl-C, or the callback asked to.
+    pub(super) fn poll(&self) -> bool {
         if self.fired.load(Ordering::Acquire) {
             return true;
         }

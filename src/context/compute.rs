@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use super::{OpenContext, PyLlamaContext};
 use crate::backend::explained;
 use crate::batch::PyLlamaBatch;
+use crate::cpu_budget::CpuShare;
 use crate::errors::{Error, Result};
 use crate::interrupt::SigintWatch;
 use crate::shared_pool::SharedPools;
@@ -47,6 +48,15 @@ impl OpenContext {
         Ok(self.with(|context| SharedPools::take(context.n_threads(), context.n_threads_batch())))
     }
 
+    /// The CPUs a computation of `n_tokens` needs, waited for (see `cpu_budget`): llama.cpp
+    /// computes a single token with `n_threads`, other micro-batches with `n_threads_batch`.
+    fn claim_cpus(&self, n_tokens: usize) -> Result<CpuShare> {
+        let (single, batch) = self.with(|context| (context.n_threads(), context.n_threads_batch()));
+        let threads = if n_tokens == 1 { single } else { single.max(batch) };
+        CpuShare::claim(threads, || self.abort_flags.poll())
+            .ok_or_else(|| self.abort_flags.explain(Error::Aborted { interrupted: false }))
+    }
+
     /// The most tokens one call may submit: llama.cpp asserts when a decode exceeds `n_batch`,
     /// or, for a graph that must see the whole batch at once (encoders, embeddings,
     /// non-causal attention), one micro-batch.
@@ -73,9 +83,10 @@ impl OpenContext {
         let (limit, limit_name) = self.batch_limit(encoding);
         state.check_for(self.n_vocab, self.n_seq_max, limit, limit_name)?;
         let checkpoint = self.checkpoint(&state, !encoding)?;
-        let shared = self.shared_pools()?;
         let watch = SigintWatch::start();
         self.abort_flags.arm(watch.is_some());
+        let cpus = self.claim_cpus(state.tokens.len())?;
+        let shared = self.shared_pools()?;
         let outcome = explained(|| {
             self.with_mut(|context| match &shared {
                 Some(pools) => pools.run_on(context, |context| run(context, &mut state.batch)),
@@ -83,6 +94,7 @@ impl OpenContext {
             })
         });
         drop(shared);
+        drop(cpus);
         drop(watch);
         match outcome {
             Ok(()) => {
