@@ -78,7 +78,40 @@ pub struct BatchState {
 unsafe impl Send for BatchState {}
 
 impl BatchState {
-    fn add(&mut self, token: i32, pos: i32, seq_ids: &[i32], logits: bool) -> Result<()> {
+    /// An empty batch of up to `n_tokens` tokens, each in up to `n_seq_max` sequences.
+    pub fn new(n_tokens: usize, n_seq_max: usize) -> Result<Self> {
+        if n_tokens == 0 || n_seq_max == 0 {
+            return Err(Error::value("n_tokens and n_seq_max must be at least 1"));
+        }
+        let bytes = n_tokens.saturating_mul(BYTES_PER_TOKEN.saturating_add(n_seq_max.saturating_mul(BYTES_PER_SEQ_ID)));
+        if bytes > MAX_BATCH_BYTES || i32::try_from(n_tokens).is_err() {
+            return Err(Error::value(format!(
+                "a batch of {n_tokens} tokens x {n_seq_max} sequences is too large ({bytes} bytes, limit \
+                 {MAX_BATCH_BYTES})"
+            )));
+        }
+        let seq_max = i32::try_from(n_seq_max).map_err(|_| Error::value("n_seq_max is too large"))?;
+        Ok(Self {
+            batch: LlamaBatch::new(n_tokens, seq_max),
+            capacity: n_tokens,
+            n_seq_max,
+            tokens: Vec::with_capacity(n_tokens),
+            spans: BTreeMap::new(),
+            couplings: BTreeSet::new(),
+            output_rows: Vec::new(),
+        })
+    }
+
+    /// Empties the batch (its allocation is kept).
+    pub fn clear(&mut self) {
+        self.batch.clear();
+        self.tokens.clear();
+        self.output_rows.clear();
+        self.spans.clear();
+        self.couplings.clear();
+    }
+
+    pub fn add(&mut self, token: i32, pos: i32, seq_ids: &[i32], logits: bool) -> Result<()> {
         if seq_ids.is_empty() || seq_ids.len() > self.n_seq_max {
             return Err(Error::value(format!(
                 "seq_ids must hold 1 to {} ids (the batch's n_seq_max), got {}",
@@ -168,31 +201,8 @@ impl PyLlamaBatch {
     #[new]
     #[pyo3(signature = (n_tokens, n_seq_max=1))]
     fn new(n_tokens: usize, n_seq_max: usize) -> PyResult<Self> {
-        if n_tokens == 0 || n_seq_max == 0 {
-            return Err(Error::value("n_tokens and n_seq_max must be at least 1").into());
-        }
-        let bytes = n_tokens.saturating_mul(BYTES_PER_TOKEN.saturating_add(n_seq_max.saturating_mul(BYTES_PER_SEQ_ID)));
-        if bytes > MAX_BATCH_BYTES || i32::try_from(n_tokens).is_err() {
-            return Err(Error::value(format!(
-                "a batch of {n_tokens} tokens x {n_seq_max} sequences is too large ({bytes} bytes, limit \
-                 {MAX_BATCH_BYTES})"
-            ))
-            .into());
-        }
-        let seq_max = i32::try_from(n_seq_max).map_err(|_| Error::value("n_seq_max is too large"))?;
         Ok(Self {
-            state: OwnedMutex::new(
-                BatchState {
-                    batch: LlamaBatch::new(n_tokens, seq_max),
-                    capacity: n_tokens,
-                    n_seq_max,
-                    tokens: Vec::with_capacity(n_tokens),
-                    spans: BTreeMap::new(),
-                    couplings: BTreeSet::new(),
-                    output_rows: Vec::new(),
-                },
-                "LlamaBatch",
-            ),
+            state: OwnedMutex::new(BatchState::new(n_tokens, n_seq_max)?, "LlamaBatch"),
         })
     }
 
@@ -230,11 +240,7 @@ impl PyLlamaBatch {
     /// Empties the batch (its allocation is kept).
     fn clear(&self, py: Python<'_>) -> PyResult<()> {
         self.with_state(py, |state| {
-            state.batch.clear();
-            state.tokens.clear();
-            state.output_rows.clear();
-            state.spans.clear();
-            state.couplings.clear();
+            state.clear();
             Ok(())
         })
     }

@@ -94,6 +94,60 @@ impl OpenContext {
         self.cell.borrow_owner()
     }
 
+    /// Creates a context of `model` with `options` (checked here), ready to compute.
+    pub fn open(native_model: Arc<LlamaModel>, options: &ContextOptions) -> Result<Self> {
+        options.check_for_model(native_model.n_ctx_train())?;
+        let params = options.to_params()?;
+        let backend = backend()?;
+        let n_vocab = native_model.n_vocab();
+        let has_encoder = native_model.has_encoder();
+        let cell = ContextCell::try_new(native_model, |model| explained(|| model.new_context(backend, params)))?;
+        let (n_seq_max, n_batch, n_ubatch, has_memory, causal_attn) = cell.with_dependent(|_, context| {
+            let raw = context.as_ptr();
+            // SAFETY: `raw` is the live context this cell owns; both calls only read it.
+            let (memory, causal) = unsafe {
+                (
+                    llama_cpp_sys_4::llama_get_memory(raw),
+                    llama_cpp_sys_4::llama_get_causal_attn(raw),
+                )
+            };
+            (
+                context.n_seq_max(),
+                context.n_batch(),
+                context.n_ubatch(),
+                !memory.is_null(),
+                causal,
+            )
+        });
+        let mut native = OpenContext {
+            cell,
+            abort_flags: Box::default(),
+            backend_samplers: BTreeMap::new(),
+            lora: None,
+            pools: Vec::new(),
+            output_rows: Vec::new(),
+            output_seqs: Vec::new(),
+            n_vocab,
+            n_seq_max,
+            n_batch,
+            n_ubatch,
+            embeddings: false,
+            causal_attn,
+            has_encoder,
+            kv_unified: options.kv_unified.unwrap_or(false),
+            k_cache_shifts: !options
+                .cache_type_k
+                .as_deref()
+                .is_some_and(|name| name.eq_ignore_ascii_case("bf16")),
+            has_memory,
+        };
+        if options.embeddings == Some(true) {
+            native.enable_embeddings(true)?;
+        }
+        native.register_abort_flags();
+        Ok(native)
+    }
+
     /// Registers the abort callback for the life of the context (Ctrl-C needs it even
     /// without a Python callback).
     fn register_abort_flags(&mut self) {
@@ -134,60 +188,8 @@ pub struct PyLlamaContext {
 
 impl PyLlamaContext {
     pub fn create(model: &Bound<'_, PyLlamaModel>, options: ContextOptions) -> PyResult<Self> {
-        let py = model.py();
         let native_model = model.get().native()?;
-        let mut native = detached(py, move || {
-            options.check_for_model(native_model.n_ctx_train())?;
-            let params = options.to_params()?;
-            let backend = backend()?;
-            let n_vocab = native_model.n_vocab();
-            let has_encoder = native_model.has_encoder();
-            let cell = ContextCell::try_new(native_model, |model| explained(|| model.new_context(backend, params)))?;
-            let (n_seq_max, n_batch, n_ubatch, has_memory, causal_attn) = cell.with_dependent(|_, context| {
-                let raw = context.as_ptr();
-                // SAFETY: `raw` is the live context this cell owns; both calls only read it.
-                let (memory, causal) = unsafe {
-                    (
-                        llama_cpp_sys_4::llama_get_memory(raw),
-                        llama_cpp_sys_4::llama_get_causal_attn(raw),
-                    )
-                };
-                (
-                    context.n_seq_max(),
-                    context.n_batch(),
-                    context.n_ubatch(),
-                    !memory.is_null(),
-                    causal,
-                )
-            });
-            let mut native = OpenContext {
-                cell,
-                abort_flags: Box::default(),
-                backend_samplers: BTreeMap::new(),
-                lora: None,
-                pools: Vec::new(),
-                output_rows: Vec::new(),
-                output_seqs: Vec::new(),
-                n_vocab,
-                n_seq_max,
-                n_batch,
-                n_ubatch,
-                embeddings: false,
-                causal_attn,
-                has_encoder,
-                kv_unified: options.kv_unified.unwrap_or(false),
-                k_cache_shifts: !options
-                    .cache_type_k
-                    .as_deref()
-                    .is_some_and(|name| name.eq_ignore_ascii_case("bf16")),
-                has_memory,
-            };
-            if options.embeddings == Some(true) {
-                native.enable_embeddings(true)?;
-            }
-            Ok(native)
-        })?;
-        native.register_abort_flags();
+        let native = detached(model.py(), move || OpenContext::open(native_model, &options))?;
         Ok(Self {
             native: OwnedMutex::new(Some(native), "LlamaContext"),
             model: model.clone().unbind(),

@@ -101,6 +101,8 @@ exception_classes! {
         "llama.cpp could not build a sampler (e.g. a grammar it cannot parse).";
     StateError(LlamaCppError):
         "A state function returned failure (`false` or `0`) without an error enum.";
+    EngineBusy(LlamaCppError):
+        "The engine's queue of waiting requests is full (`max_waiting`): retry later.";
 }
 
 static TYPES: [PyOnceLock<Py<PyType>>; CLASSES.len()] = [const { PyOnceLock::new() }; CLASSES.len()];

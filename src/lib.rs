@@ -5,6 +5,7 @@ mod backend;
 mod batch;
 mod context;
 mod cpu_budget;
+mod engine;
 mod errors;
 mod gil;
 mod interrupt;
@@ -36,5 +37,11 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lora::PyLlamaLoraAdapter>()?;
     m.add_class::<threadpool::PyThreadPool>()?;
     m.add_class::<perf::PyPerfContextData>()?;
+    m.add_class::<engine::PySamplingParams>()?;
+    m.add_class::<engine::PyCompletion>()?;
+    m.add_class::<engine::PyEngineCore>()?;
+    m.add_class::<engine::PyRequestCore>()?;
+    m.add_class::<engine::waker::PyWaker>()?;
+    m.add_class::<engine::steps::PySequenceSteps>()?;
     Ok(())
 }

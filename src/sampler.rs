@@ -10,7 +10,7 @@ use llama_cpp_4::token::data_array::LlamaTokenDataArray;
 use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 
-use crate::context::PyLlamaContext;
+use crate::context::{OpenContext, PyLlamaContext};
 use crate::errors::{shim_error, Error, ExcClass, Result};
 use crate::gil::detached;
 use crate::lazy_grammar;
@@ -186,6 +186,33 @@ impl PyLlamaSampler {
     }
 }
 
+/// The token `sampler` selects from output row `row` (checked by `full_logits_row`) of
+/// `native`: `llama_sampler_sample`'s steps, with its asserts turned into exceptions. Nothing
+/// is accepted.
+pub fn select(native: &OpenContext, sampler: &mut LlamaSampler, row: i32) -> Result<LlamaTokenData> {
+    let mut candidates = native.with(|context| LlamaTokenDataArray::from_iter(context.candidates_ith(row), false));
+    candidates.apply_sampler(sampler);
+    let chosen = candidates
+        .selected
+        .and_then(|i| candidates.data.get(i).copied())
+        .ok_or_else(|| {
+            Error::value(
+                "the sampler selected no token: end it with a selecting stage (greedy(), dist(), \
+                 mirostat(), mirostat_v2() or adaptive_p()), e.g. chain([top_k(40), dist(seed)])",
+            )
+        })?;
+    if chosen.logit() == f32::NEG_INFINITY {
+        return Err(Error::llama(
+            ExcClass::ShimError,
+            "Failed",
+            None,
+            "no candidate is left that the sampler allows (a grammar after top_k/top_p/min_p may \
+             have ruled out every token they kept: put the grammar first)",
+        ));
+    }
+    Ok(chosen)
+}
+
 /// Whether `sampler` would rule `token` out now, tried on a copy (samplers have state).
 ///
 /// A grammar that is not complete aborts the process (`GGML_ABORT`, not an exception) when it
@@ -218,7 +245,7 @@ fn rejects(sampler: &LlamaSampler, token: LlamaToken) -> bool {
         .is_none_or(|data| data.logit() == f32::NEG_INFINITY)
 }
 
-fn probability(name: &str, p: f32) -> Result<f32> {
+pub(crate) fn probability(name: &str, p: f32) -> Result<f32> {
     if (0.0..=1.0).contains(&p) {
         Ok(p)
     } else {
@@ -227,7 +254,7 @@ fn probability(name: &str, p: f32) -> Result<f32> {
 }
 
 /// A parameter that must be a finite number: NaN or infinity quietly yields degenerate output.
-fn finite(name: &str, value: f32) -> Result<f32> {
+pub(crate) fn finite(name: &str, value: f32) -> Result<f32> {
     if value.is_finite() {
         Ok(value)
     } else {
@@ -239,7 +266,7 @@ fn finite(name: &str, value: f32) -> Result<f32> {
 /// on every copy), so a typo must not ask for gigabytes.
 const MAX_WINDOW: i32 = 1 << 20;
 
-fn window(name: &str, n: i32, low: i32) -> Result<i32> {
+pub(crate) fn window(name: &str, n: i32, low: i32) -> Result<i32> {
     if (low..=MAX_WINDOW).contains(&n) {
         Ok(n)
     } else {
@@ -546,28 +573,7 @@ impl PyLlamaSampler {
             self.check_model(native.model())?;
             let mut sampler = self.lock()?;
             self.check_usable()?;
-            // llama_sampler_sample's steps, with its asserts turned into exceptions.
-            let mut candidates =
-                native.with(|context| LlamaTokenDataArray::from_iter(context.candidates_ith(row), false));
-            candidates.apply_sampler(&mut sampler.0);
-            let chosen = candidates
-                .selected
-                .and_then(|i| candidates.data.get(i).copied())
-                .ok_or_else(|| {
-                    Error::value(
-                        "the sampler selected no token: end it with a selecting stage (greedy(), dist(), \
-                         mirostat(), mirostat_v2() or adaptive_p()), e.g. chain([top_k(40), dist(seed)])",
-                    )
-                })?;
-            if chosen.logit() == f32::NEG_INFINITY {
-                return Err(Error::llama(
-                    ExcClass::ShimError,
-                    "Failed",
-                    None,
-                    "no candidate is left that the sampler allows (a grammar after top_k/top_p/min_p may \
-                     have ruled out every token they kept: put the grammar first)",
-                ));
-            }
+            let chosen = select(native, &mut sampler.0, row)?;
             self.accept_locked(&mut sampler.0, chosen.id())?;
             Ok(chosen.id().0)
         })

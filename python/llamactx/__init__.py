@@ -9,16 +9,19 @@ import logging
 
 from llamactx._chat import ChatSession, chat
 from llamactx._embedding import embed
+from llamactx._engine import Engine, Request
 from llamactx._enums import LlamaAttentionType, LlamaFlashAttnType, LlamaPoolingType
 from llamactx._generation import continue_sequence, generate, generate_batch, prefill, stream
 from llamactx._llamactx import (
     ApplyChatTemplateError,
     BatchAddError,
     ChatTemplateError,
+    Completion,
     DecodeAborted,
     DecodeError,
     EmbeddingsError,
     EncodeError,
+    EngineBusy,
     KvCacheConversionError,
     LlamaBatch,
     LlamaContext,
@@ -37,6 +40,7 @@ from llamactx._llamactx import (
     NewLlamaChatMessageError,
     PerfContextData,
     SamplerInitError,
+    SamplingParams,
     SaveSessionError,
     ShimError,
     StateError,
@@ -58,10 +62,13 @@ __all__ = [
     "BatchAddError",
     "ChatSession",
     "ChatTemplateError",
+    "Completion",
     "DecodeAborted",
     "DecodeError",
     "EmbeddingsError",
     "EncodeError",
+    "Engine",
+    "EngineBusy",
     "KvCacheConversionError",
     "LlamaAttentionType",
     "LlamaBatch",
@@ -82,7 +89,9 @@ __all__ = [
     "LoadSessionError",
     "NewLlamaChatMessageError",
     "PerfContextData",
+    "Request",
     "SamplerInitError",
+    "SamplingParams",
     "SaveSessionError",
     "ShimError",
     "StateError",

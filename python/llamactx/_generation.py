@@ -3,10 +3,9 @@ many sequences of one context at once."""
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Callable, Iterator, Sequence
 
-from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
+from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler, _SequenceSteps
 
 __all__ = ["continue_sequence", "generate", "generate_batch", "prefill", "stream"]
 
@@ -28,55 +27,13 @@ def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int], max_tokens: i
     return tokens
 
 
-class _TextDecoder:
-    """Token bytes to text, never cutting a UTF-8 character, holding back possible stop strings."""
-
-    def __init__(self, model: LlamaModel, stop: Sequence[str]) -> None:
-        self._model = model
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._stops = _StopFilter(stop)
-
-    def push(self, token: int) -> tuple[str, bool]:
-        """The text now safe to emit after ``token``, and whether a stop string was reached."""
-        return self._stops.push(self._utf8.decode(self._model.token_to_bytes(token, False)))
-
-    def finish(self) -> str:
-        tail, stopped = self._stops.push(self._utf8.decode(b"", final=True))
-        return tail if stopped else tail + self._stops.flush()
-
-
-class _StopFilter:
-    """Holds back text that may be the start of a stop string, and finds complete ones."""
-
-    def __init__(self, stop: Sequence[str]) -> None:
-        # One string is one stop string, not a sequence of one-character ones.
-        stops = (stop,) if isinstance(stop, str) else stop
-        self._stop = [s for s in stops if s]
-        self._pending = ""
-
-    def push(self, text: str) -> tuple[str, bool]:
-        """Returns the text safe to emit and whether a stop string was reached."""
-        self._pending += text
-        hits = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
-        if hits:
-            out, self._pending = self._pending[: min(hits)], ""
-            return out, True
-        keep = max((_overlap(self._pending, s) for s in self._stop), default=0)
-        cut = len(self._pending) - keep
-        out, self._pending = self._pending[:cut], self._pending[cut:]
-        return out, False
-
-    def flush(self) -> str:
-        out, self._pending = self._pending, ""
-        return out
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``stop``."""
-    for n in range(min(len(text), len(stop) - 1), 0, -1):
-        if stop.startswith(text[-n:]):
-            return n
-    return 0
+def _steps(model: LlamaModel, stop: str | Sequence[str], max_tokens: int, n_ctx: int) -> _SequenceSteps:
+    """The generation rules the engine follows too (text, stop strings, limits), for one sequence."""
+    if max_tokens < 0:
+        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+    # One string is one stop string, not a sequence of one-character ones.
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    return _SequenceSteps(model, stops, max_tokens, n_ctx)
 
 
 def prefill(
@@ -111,28 +68,19 @@ def continue_sequence(
 ) -> Iterator[str]:
     """Generates after ``history``, whose tokens ``seq_id`` already holds, the last with logits.
     Each token decoded is appended to ``history``, which so keeps mirroring the KV cache."""
-    model = ctx.model
-    n_ctx = ctx.n_ctx_seq()
-    text = _TextDecoder(model, stop)
+    steps = _steps(ctx.model, stop, max_tokens, ctx.n_ctx_seq())
     batch = LlamaBatch(1)
     for _ in range(max_tokens):
         token = sampler.sample(ctx, -1)  # also accepts the token into the sampler's state
-        if model.is_eog_token(token):
-            break
-        piece, stopped = text.push(token)
+        piece, finish = steps.take(token, len(history))
         if piece:
             yield piece
-        if stopped:
+        if finish is not None:
             return
-        if len(history) >= n_ctx:
-            break
         batch.clear()
         batch.add(token, len(history), [seq_id], True)
         ctx.decode(batch)
         history.append(token)
-    tail = text.finish()
-    if tail:
-        yield tail
 
 
 def stream(
@@ -176,13 +124,12 @@ def generate(
 class _Sequence:
     """One prompt of ``generate_batch`` while it generates."""
 
-    def __init__(self, seq_id: int, tokens: list[int], sampler: LlamaSampler, text: _TextDecoder) -> None:
+    def __init__(self, seq_id: int, tokens: list[int], sampler: LlamaSampler, steps: _SequenceSteps) -> None:
         self.seq_id = seq_id
         self.tokens = tokens
         self.sampler = sampler
-        self.text = text
+        self.steps = steps
         self.pieces: list[str] = []
-        self.generated = 0
 
 
 def _common_prefix(token_lists: Sequence[list[int]]) -> int:
@@ -224,18 +171,11 @@ def _decode_prompts(ctx: LlamaContext, group: list[_Sequence]) -> dict[int, int]
     return first
 
 
-def _take(sequence: _Sequence, token: int, model: LlamaModel, max_tokens: int, n_ctx: int) -> bool:
+def _take(sequence: _Sequence, token: int) -> bool:
     """Adds a sampled token to ``sequence`` as ``stream`` would; False once it is finished."""
-    sequence.generated += 1
-    if model.is_eog_token(token):
-        sequence.pieces.append(sequence.text.finish())
-        return False
-    piece, stopped = sequence.text.push(token)
+    piece, finish = sequence.steps.take(token, len(sequence.tokens))
     sequence.pieces.append(piece)
-    if stopped:
-        return False
-    if sequence.generated >= max_tokens or len(sequence.tokens) >= n_ctx:
-        sequence.pieces.append(sequence.text.finish())
+    if finish is not None:
         return False
     sequence.tokens.append(token)
     return True
@@ -244,13 +184,11 @@ def _take(sequence: _Sequence, token: int, model: LlamaModel, max_tokens: int, n
 def _generate_group(ctx: LlamaContext, group: list[_Sequence], max_tokens: int) -> None:
     if max_tokens == 0:
         return
-    model = ctx.model
-    n_ctx = ctx.n_ctx_seq()
     ctx.clear_kv_cache()
     next_token = _decode_prompts(ctx, group)
     live = group
     while live:
-        running = [s for s in live if _take(s, next_token[s.seq_id], model, max_tokens, n_ctx)]
+        running = [s for s in live if _take(s, next_token[s.seq_id])]
         for finished in live:
             if finished not in running:
                 ctx.clear_kv_cache_seq(finished.seq_id)  # frees its cells for the others
@@ -290,7 +228,7 @@ def generate_batch(
                 seq_id,
                 list(tokens),
                 LlamaSampler.greedy() if sampler is None else LlamaSampler.chain([sampler]),
-                _TextDecoder(model, stop),
+                _steps(model, stop, max_tokens, ctx.n_ctx_seq()),
             )
             for seq_id, tokens in enumerate(token_lists[start : start + n_seq])
         ]

@@ -16,10 +16,12 @@ __all__ = [
     "ApplyChatTemplateError",
     "BatchAddError",
     "ChatTemplateError",
+    "Completion",
     "DecodeAborted",
     "DecodeError",
     "EmbeddingsError",
     "EncodeError",
+    "EngineBusy",
     "KvCacheConversionError",
     "LlamaBatch",
     "LlamaContext",
@@ -38,6 +40,7 @@ __all__ = [
     "NewLlamaChatMessageError",
     "PerfContextData",
     "SamplerInitError",
+    "SamplingParams",
     "SaveSessionError",
     "ShimError",
     "StateError",
@@ -126,6 +129,9 @@ class SamplerInitError(LlamaCppError):
 
 class StateError(LlamaCppError):
     """A state function returned failure (`false` or `0`) without an error enum."""
+
+class EngineBusy(LlamaCppError):
+    """The engine's queue of waiting requests is full (`max_waiting`): retry later."""
 
 @final
 class LlamaModel:
@@ -761,3 +767,163 @@ class PerfContextData:
     @property
     def n_reused(self) -> int:
         """Tokens reused from the cache."""
+
+@final
+class SamplingParams:
+    """How a request samples: `temperature` 0 is greedy (penalties and `logit_bias` still apply);
+    otherwise the candidates pass `top_k` (0: all), `typical_p`, `top_p` and `min_p` (1, 1 and
+    0 switch them off), are scaled by the temperature and drawn with `seed` (None: random).
+    Penalties look at the last `penalty_last_n` tokens (1 and 0 switch them off).
+    `logit_bias` maps token ids to values added to their logits (`-inf` bans a token).
+    """
+
+    def __new__(
+        cls,
+        *,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        penalty_last_n: int = 64,
+        logit_bias: Mapping[int, float] | None = None,
+        seed: int | None = None,
+    ) -> SamplingParams: ...
+    @property
+    def temperature(self) -> float:
+        """Scales the logits; 0 picks the most likely token (greedy)."""
+    @property
+    def top_k(self) -> int:
+        """Keeps the `top_k` most likely tokens (0 keeps all)."""
+    @property
+    def top_p(self) -> float:
+        """Keeps the most likely tokens whose probabilities add up to `top_p` (1: all)."""
+    @property
+    def min_p(self) -> float:
+        """Drops tokens less likely than `min_p` times the most likely one (0: none)."""
+    @property
+    def typical_p(self) -> float:
+        """Locally typical sampling mass (1: off)."""
+    @property
+    def repeat_penalty(self) -> float:
+        """Divides the logits of tokens seen in the window (1: off)."""
+    @property
+    def frequency_penalty(self) -> float:
+        """Subtracted per occurrence in the window (0: off)."""
+    @property
+    def presence_penalty(self) -> float:
+        """Subtracted once for tokens present in the window (0: off)."""
+    @property
+    def penalty_last_n(self) -> int:
+        """The window of last tokens the penalties look at (0: off)."""
+    @property
+    def logit_bias(self) -> dict[int, float]:
+        """Token id to a value added to its logit."""
+    @property
+    def seed(self) -> int | None:
+        """The random generator's seed; None draws one."""
+
+@final
+class Completion:
+    """A finished request: its text and tokens, why it ended, what it cost."""
+
+    @property
+    def text(self) -> str:
+        """The generated text (stop strings excluded)."""
+    @property
+    def tokens(self) -> list[int]:
+        """The generated token ids (an end-of-generation token excluded)."""
+    @property
+    def finish_reason(self) -> str:
+        """ "stop" (end of generation or a stop string), "length" (`max_tokens` or the context
+        size), "cancelled".
+        """
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of the prompt."""
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens whose KV was reused instead of computed."""
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens sampled (an end-of-generation token included)."""
+    @property
+    def queue_seconds(self) -> float:
+        """Seconds from `submit` until the engine took the request."""
+    @property
+    def first_token_seconds(self) -> float | None:
+        """Seconds from `submit` until the first token was sampled (None if none was)."""
+    @property
+    def tokens_per_second(self) -> float:
+        """Sampled tokens per second, from the first token to the last."""
+
+@final
+class _Waker:
+    """The pipe an asyncio loop watches for news of the requests it awaits (one per loop)."""
+
+    def fileno(self) -> int:
+        """The descriptor to watch for reading."""
+    def drain(self) -> None:
+        """Empties the pipe (after it woke the loop)."""
+
+@final
+class _RequestCore:
+    """The Python handle of one request (wrapped by `llamactx.Request`)."""
+
+    def next_piece(self) -> str | None:
+        """The next piece of text; None once the request is over (its failure is raised then).
+        Blocks with the GIL released.
+        """
+    def poll(self) -> tuple[str, str | None]:
+        """`("piece", text)`, `("end", None)` or `("wait", None)`, without blocking."""
+    def result(self, timeout: float | None = None) -> Completion:
+        """The `Completion`, waiting up to `timeout` seconds (None: no limit) with the GIL
+        released; the failure is raised if the request failed, `TimeoutError` after `timeout`.
+        """
+    def result_now(self) -> Completion | None:
+        """The `Completion` if the request is over (raising its failure), else None."""
+    def ready(self, end_only: bool) -> bool:
+        """Whether the awaited news is there: a piece or the end (`end_only`: the end)."""
+    def cancel(self) -> None:
+        """Asks the engine to stop the request at its next step."""
+    @property
+    def done(self) -> bool:
+        """Whether the request is over."""
+    def watch(self, waker: _Waker) -> None:
+        """Wakes `waker`'s loop on every piece and at the end, from now on."""
+
+@final
+class _EngineCore:
+    """The native engine behind `llamactx.Engine`."""
+
+    def __new__(cls, model: LlamaModel, max_waiting: int, **options: Any) -> _EngineCore: ...
+    def submit(
+        self, tokens: Sequence[int], max_tokens: int, stop: Sequence[str], sampling: SamplingParams | None
+    ) -> _RequestCore:
+        """Queues a request for `tokens`. `ValueError` for a prompt that can never run,
+        `EngineBusy` when `max_waiting` requests already wait.
+        """
+    def stats(self) -> dict[str, float]:
+        """Counts of now: running and waiting requests, KV cells used and their total, prefix
+        cache hits, tokens generated, and generated tokens per second of engine work.
+        """
+    def close(self) -> None:
+        """Stops the engine: requests still waiting or running end as "cancelled"; returns once
+        the engine thread has ended (after the step it is computing).
+        """
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called."""
+
+@final
+class _SequenceSteps:
+    """`Steps` for Python's `generate`, `stream`, `generate_batch` and `ChatSession`."""
+
+    def __new__(cls, model: LlamaModel, stop: Sequence[str], max_tokens: int, n_ctx: int) -> _SequenceSteps: ...
+    def take(self, token: int, kv_len: int) -> tuple[str, str | None]:
+        """`(text, finish_reason or None)` after sampling `token` in a sequence holding `kv_len`
+        tokens; None means: decode `token` at `kv_len` and go on.
+        """

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use super::{OpenContext, PyLlamaContext};
 use crate::backend::explained;
-use crate::batch::PyLlamaBatch;
+use crate::batch::{BatchState, PyLlamaBatch};
 use crate::cpu_budget::CpuShare;
 use crate::errors::{Error, Result};
 use crate::interrupt::SigintWatch;
@@ -72,17 +72,16 @@ impl OpenContext {
     /// or nothing: a failed or aborted decode leaves the KV cache as it found it.
     fn compute<E>(
         &mut self,
-        batch: &PyLlamaBatch,
+        state: &mut BatchState,
         encoding: bool,
         run: impl for<'a> FnOnce(&mut LlamaContext<'a>, &mut LlamaBatch) -> std::result::Result<(), E>,
     ) -> Result<()>
     where
         Error: From<E>,
     {
-        let mut state = batch.lock()?;
         let (limit, limit_name) = self.batch_limit(encoding);
         state.check_for(self.n_vocab, self.n_seq_max, limit, limit_name)?;
-        let checkpoint = self.checkpoint(&state, !encoding)?;
+        let checkpoint = self.checkpoint(state, !encoding)?;
         let watch = SigintWatch::start();
         self.abort_flags.arm(watch.is_some());
         let cpus = self.claim_cpus(state.tokens.len())?;
@@ -111,6 +110,11 @@ impl OpenContext {
             }
         }
     }
+
+    /// `LlamaContext.decode` for Rust callers (the engine), on a batch they own.
+    pub fn decode(&mut self, state: &mut BatchState) -> Result<()> {
+        self.compute(state, false, |context, batch| context.decode(batch))
+    }
 }
 
 #[pymethods]
@@ -121,9 +125,7 @@ impl PyLlamaContext {
     /// `DecodeError` when llama.cpp fails (e.g. `kind == "NoKvCacheSlot"` when the cache is full).
     fn decode(&self, py: Python<'_>, batch: &Bound<'_, PyLlamaBatch>) -> PyResult<()> {
         let batch = batch.get();
-        self.run(py, |native| {
-            native.compute(batch, false, |context, batch| context.decode(batch))
-        })
+        self.run(py, |native| native.decode(&mut *batch.lock()?))
     }
 
     /// Runs the encoder on `batch` (T5-style models, or embedding models without a KV cache).
@@ -138,7 +140,7 @@ impl PyLlamaContext {
                      this is a decoder-only model: use decode",
                 ));
             }
-            native.compute(batch, true, |context, batch| context.encode(batch))
+            native.compute(&mut *batch.lock()?, true, |context, batch| context.encode(batch))
         })
     }
 

@@ -6,8 +6,11 @@ crash, a signal, a fork, the process's own threads, memory and stderr."""
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 
 import llamactx
@@ -19,6 +22,20 @@ def answer_ctrl_c() -> None:
     """Makes Ctrl-C raise KeyboardInterrupt, as in an interactive Python. A test run started in
     the background inherits SIGINT ignored from the shell, and Python then leaves it ignored."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def press_ctrl_c_soon(delay: float = 0.5) -> list[float]:
+    """Sends this process SIGINT from another thread after ``delay`` seconds; the list it
+    returns then holds the ``time.perf_counter()`` of the moment it was sent."""
+    sent: list[float] = []
+
+    def press() -> None:
+        time.sleep(delay)
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press).start()
+    return sent
 
 
 def run(*cases: Case) -> None:

@@ -3,9 +3,6 @@ took, what the aborted batch left in the KV cache, and the cache after a later d
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
 
 import harness
@@ -18,14 +15,7 @@ def ctrl_c_during_a_long_decode(model: llamactx.LlamaModel) -> None:
     tokens = model.str_to_token("the quick brown fox jumps over the lazy dog " * 300, False)[:2048]
     batch = llamactx.LlamaBatch(2048)
     batch.add_sequence(tokens, 0, False)
-    sent: list[float] = []
-
-    def press_ctrl_c() -> None:
-        time.sleep(0.5)
-        sent.append(time.perf_counter())
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=press_ctrl_c).start()
+    sent = harness.press_ctrl_c_soon()
     try:
         ctx.decode(batch)
         print("RESULT finished")

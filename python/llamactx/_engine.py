@@ -1,0 +1,222 @@
+"""``Engine``: many requests served at once by one context (continuous batching), from threads
+and from asyncio. Scheduling, decoding and sampling run on the engine's own native thread;
+this module only turns prompts into tokens and waits for pieces."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from typing import Any
+
+from llamactx._chat import Message
+from llamactx._llamactx import Completion, LlamaModel, SamplingParams, _EngineCore, _RequestCore, _Waker
+
+__all__ = ["Engine", "Request"]
+
+
+class _LoopWaker:
+    """Wakes one asyncio loop when a request it awaits has news: the engine writes to a pipe
+    (without the GIL) that the loop reads."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._native = _Waker()
+        self._waiting: list[tuple[_RequestCore, bool, asyncio.Future[None]]] = []
+        loop.add_reader(self._native.fileno(), self._wake)
+
+    def watch(self, core: _RequestCore) -> None:
+        core.watch(self._native)
+
+    def wait(self, core: _RequestCore, end_only: bool) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._waiting.append((core, end_only, future))
+        return future
+
+    def _wake(self) -> None:
+        self._native.drain()
+        still: list[tuple[_RequestCore, bool, asyncio.Future[None]]] = []
+        for core, end_only, future in self._waiting:
+            if future.done():
+                continue
+            if core.ready(end_only):
+                future.set_result(None)
+            else:
+                still.append((core, end_only, future))
+        self._waiting = still
+
+
+_wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker] = weakref.WeakKeyDictionary()
+
+
+def _waker_for(core: _RequestCore) -> _LoopWaker:
+    loop = asyncio.get_running_loop()
+    waker = _wakers.get(loop)
+    if waker is None:
+        waker = _wakers[loop] = _LoopWaker(loop)
+    waker.watch(core)
+    return waker
+
+
+class Request:
+    """One submitted request. Iterate it (``for`` or ``async for``) for the text as it is
+    generated; ``result()`` or ``await request`` gives the ``Completion``. A failure inside the
+    engine is raised by both. Ctrl-C while waiting raises ``KeyboardInterrupt`` and cancels the
+    request; so does cancelling the asyncio task that awaits it."""
+
+    def __init__(self, core: _RequestCore) -> None:
+        self._core = core
+
+    def __iter__(self) -> Iterator[str]:
+        while (piece := self._core.next_piece()) is not None:
+            yield piece
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._pieces()
+
+    async def _pieces(self) -> AsyncIterator[str]:
+        waker = _waker_for(self._core)
+        while True:
+            kind, piece = self._core.poll()
+            if kind == "end":
+                return
+            if piece is not None:
+                yield piece
+                continue
+            await self._wait(waker, end_only=False)
+
+    async def _wait(self, waker: _LoopWaker, *, end_only: bool) -> None:
+        try:
+            await waker.wait(self._core, end_only)
+        except asyncio.CancelledError:
+            self._core.cancel()
+            raise
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """The ``Completion``, waiting up to ``timeout`` seconds (``TimeoutError`` after)."""
+        return self._core.result(timeout)
+
+    def __await__(self) -> Generator[Any, None, Completion]:
+        return self._result().__await__()
+
+    async def _result(self) -> Completion:
+        waker = _waker_for(self._core)
+        while (completion := self._core.result_now()) is None:
+            await self._wait(waker, end_only=True)
+        return completion
+
+    def cancel(self) -> None:
+        """Stops the request at the engine's next step; it ends with ``finish_reason ==
+        "cancelled"`` and the text generated so far."""
+        self._core.cancel()
+
+    @property
+    def done(self) -> bool:
+        """Whether the request is over (finished, cancelled or failed)."""
+        return self._core.done
+
+    def __repr__(self) -> str:
+        return f"<Request {'done' if self.done else 'running'}>"
+
+
+class Engine:
+    """Serves many requests at once with one context of ``model``: each step decodes the next
+    token of every running request together with chunks of new prompts, so requests join and
+    leave between steps (continuous batching). ``submit`` may be called from any thread.
+
+    ``options`` are ``new_context``'s keywords; ``n_seq_max`` is how many requests run at once
+    (each gets ``n_ctx / n_seq_max`` cells). At most ``max_waiting`` requests wait for a slot;
+    beyond, ``submit`` raises ``EngineBusy``. ``close()`` (or leaving a ``with`` block, or the
+    interpreter's exit) ends every request still waiting or running as "cancelled".
+    """
+
+    def __init__(self, model: LlamaModel, *, max_waiting: int = 1024, **options: Any) -> None:
+        if max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
+        options.setdefault("n_ctx", 4096)
+        options.setdefault("n_seq_max", 8)
+        self.model = model
+        self._core = _EngineCore(model, max_waiting, **options)
+        # Python joins non-daemon threads before it runs `atexit` handlers: a thread waiting
+        # on a request would keep the interpreter from exiting. This hook runs before that.
+        _close_at_exit(self._core)
+
+    def submit(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 128,
+        stop: str | Sequence[str] = (),
+        sampling: SamplingParams | None = None,
+    ) -> Request:
+        """Queues a request to generate up to ``max_tokens`` tokens after ``prompt`` (text, or
+        token ids) and returns at once. Greedy when ``sampling`` is None. ``ValueError`` for a
+        prompt that cannot fit a sequence; ``EngineBusy`` when ``max_waiting`` requests wait."""
+        if isinstance(prompt, str):
+            tokens = self.model.str_to_token(prompt, self.model.add_bos_token())
+        else:
+            tokens = [int(token) for token in prompt]
+        stops = [stop] if isinstance(stop, str) else list(stop)
+        return Request(self._core.submit(tokens, max_tokens, stops, sampling))
+
+    def submit_chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int = 256,
+        stop: str | Sequence[str] = (),
+        sampling: SamplingParams | None = None,
+    ) -> Request:
+        """``submit`` for the assistant's reply to ``messages`` (``{"role", "content"}`` dicts or
+        pairs), formatted with the model's chat template."""
+        prompt = self.model.apply_chat_template(messages, None, True)
+        tokens = self.model.str_to_token(prompt, False)
+        return self.submit(tokens, max_tokens=max_tokens, stop=stop, sampling=sampling)
+
+    def stats(self) -> dict[str, float]:
+        """Running and waiting requests, KV cells used and in total, prefix-cache hits, tokens
+        generated and prompt tokens computed, and generated tokens per second of engine work."""
+        return self._core.stats()
+
+    def close(self) -> None:
+        """Ends every waiting or running request as "cancelled" and stops the engine thread."""
+        self._core.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._core.closed
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        stats = self.stats()
+        state = "closed" if self.closed else f"running={stats['running']} waiting={stats['waiting']}"
+        return f"<Engine {state}>"
+
+
+_open_engines: weakref.WeakSet[_EngineCore] = weakref.WeakSet()
+_exit_hook_registered = False
+
+
+def _close_open_engines() -> None:
+    for core in list(_open_engines):
+        core.close()
+
+
+def _close_at_exit(core: _EngineCore) -> None:
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        register = getattr(threading, "_register_atexit", None)
+        if register is None:  # pragma: no cover - CPython has had the hook since 3.9
+            import atexit
+
+            register = atexit.register
+        register(_close_open_engines)
+        _exit_hook_registered = True
+    _open_engines.add(core)

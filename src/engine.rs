@@ -1,0 +1,257 @@
+//! The engine: one context and a scheduler thread that serves many requests at once
+//! (continuous batching). Python submits token ids and reads pieces; scheduling, decoding and
+//! sampling run on the engine's own thread, without the GIL.
+
+mod request;
+mod sampling;
+mod scheduler;
+pub mod steps;
+pub mod waker;
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use llama_cpp_4::token::LlamaToken;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::batch::BatchState;
+use crate::context::{ContextOptions, OpenContext};
+use crate::errors::{Error, ExcClass, Result};
+use crate::gil::detached;
+use crate::model::PyLlamaModel;
+use crate::tokens::check_vocab;
+use request::RequestShared;
+pub use request::{PyCompletion, PyRequestCore};
+pub use sampling::PySamplingParams;
+use scheduler::{Job, Scheduler};
+
+/// Requests that wait for a sequence slot, and whether the engine is closing.
+#[derive(Default)]
+struct Inbox {
+    waiting: VecDeque<Job>,
+    closed: bool,
+}
+
+/// What `stats()` reports, kept current by the scheduler.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    running: usize,
+    kv_cells_used: usize,
+    prefix_cache_hits: u64,
+    tokens_generated: u64,
+    prompt_tokens_computed: u64,
+    busy_seconds: f64,
+}
+
+pub struct EngineShared {
+    inbox: Mutex<Inbox>,
+    /// Signalled when the inbox changes or a request is cancelled.
+    wake: Condvar,
+    counters: Mutex<Counters>,
+}
+
+impl EngineShared {
+    fn inbox(&self) -> MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn counters(&self) -> MutexGuard<'_, Counters> {
+        self.counters.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Wakes the scheduler if it sleeps (taking the lock it sleeps under, so no wake-up is lost).
+    pub fn wake_scheduler(&self) {
+        drop(self.inbox());
+        self.wake.notify_all();
+    }
+}
+
+/// The sizes requests are checked against at submit.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    n_vocab: i32,
+    /// Cells one sequence may use.
+    n_ctx_seq: usize,
+    max_waiting: usize,
+}
+
+/// The native engine behind `llamactx.Engine`.
+#[pyclass(frozen, weakref, module = "llamactx", name = "_EngineCore")]
+pub struct PyEngineCore {
+    shared: Arc<EngineShared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    limits: Limits,
+    n_ctx: u32,
+    n_seq_max: u32,
+}
+
+impl PyEngineCore {
+    fn refuse(&self, tokens: &[i32], sampling: &PySamplingParams) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::value("the prompt has no tokens"));
+        }
+        check_vocab(tokens, self.limits.n_vocab)?;
+        sampling.check_vocabulary(self.limits.n_vocab)?;
+        if tokens.len() >= self.limits.n_ctx_seq {
+            return Err(Error::value(format!(
+                "the prompt has {} tokens; a sequence of this engine holds {} (n_ctx / n_seq_max), and the prompt \
+                 must leave room for a token",
+                tokens.len(),
+                self.limits.n_ctx_seq
+            )));
+        }
+        Ok(())
+    }
+
+    fn stop(&self) -> Result<()> {
+        {
+            let mut inbox = self.shared.inbox();
+            inbox.closed = true;
+        }
+        self.shared.wake.notify_all();
+        let thread = self.thread.lock().map_err(|_| Error::Poisoned("Engine"))?.take();
+        if let Some(thread) = thread {
+            thread
+                .join()
+                .map_err(|_| Error::Panic("the engine thread panicked".to_owned()))?;
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl PyEngineCore {
+    #[new]
+    #[pyo3(signature = (model, max_waiting, **options))]
+    fn new(
+        py: Python<'_>,
+        model: &Bound<'_, PyLlamaModel>,
+        max_waiting: usize,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        let options = ContextOptions::from_kwargs(options)?;
+        if options.embeddings == Some(true) {
+            return Err(Error::value("an engine generates text: embeddings=True is for LlamaContext").into());
+        }
+        let native_model = model.get().tokenizer()?;
+        let native = detached(py, || OpenContext::open(native_model, &options))?;
+        let (n_ctx, n_seq_max) = native.with(|context| (context.n_ctx(), context.n_seq_max()));
+        let limits = Limits {
+            n_vocab: native.model().n_vocab(),
+            n_ctx_seq: native.with(|context| context.n_ctx_seq()) as usize,
+            max_waiting,
+        };
+        let shared = Arc::new(EngineShared {
+            inbox: Mutex::default(),
+            wake: Condvar::new(),
+            counters: Mutex::default(),
+        });
+        let batch = BatchState::new(native.with(|context| context.n_batch()) as usize, 1)?;
+        let scheduled = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("llamactx-engine".to_owned())
+            .spawn(move || Scheduler::new(native, scheduled, batch).run())
+            .map_err(|err| Error::Runtime(format!("could not start the engine thread: {err}")))?;
+        Ok(Self {
+            shared,
+            thread: Mutex::new(Some(thread)),
+            limits,
+            n_ctx,
+            n_seq_max,
+        })
+    }
+
+    /// Queues a request for `tokens`. `ValueError` for a prompt that can never run,
+    /// `EngineBusy` when `max_waiting` requests already wait.
+    #[pyo3(signature = (tokens, max_tokens, stop, sampling))]
+    fn submit(
+        &self,
+        tokens: Vec<i32>,
+        max_tokens: i64,
+        stop: Vec<String>,
+        sampling: Option<&Bound<'_, PySamplingParams>>,
+    ) -> PyResult<PyRequestCore> {
+        let max_tokens = usize::try_from(max_tokens)
+            .map_err(|_| Error::value(format!("max_tokens must be >= 0, got {max_tokens}")))?;
+        let sampling = sampling.map_or_else(PySamplingParams::greedy, |sampling| sampling.get().clone());
+        self.refuse(&tokens, &sampling)?;
+        let request = Arc::new(RequestShared::new(Arc::clone(&self.shared)));
+        let job = Job {
+            request: Arc::clone(&request),
+            prompt: tokens.into_iter().map(LlamaToken::new).collect(),
+            max_tokens,
+            stop,
+            sampling,
+            submitted: Instant::now(),
+        };
+        {
+            let mut inbox = self.shared.inbox();
+            if inbox.closed {
+                return Err(Error::closed("Engine").into());
+            }
+            if inbox.waiting.len() >= self.limits.max_waiting {
+                return Err(Error::llama(
+                    ExcClass::EngineBusy,
+                    "QueueFull",
+                    None,
+                    format!(
+                        "{} requests already wait for the engine (max_waiting); retry later",
+                        inbox.waiting.len()
+                    ),
+                )
+                .into());
+            }
+            inbox.waiting.push_back(job);
+        }
+        self.shared.wake.notify_all();
+        Ok(PyRequestCore { shared: request })
+    }
+
+    /// Counts of now: running and waiting requests, KV cells used and their total, prefix
+    /// cache hits, tokens generated, and generated tokens per second of engine work.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let waiting = self.shared.inbox().waiting.len();
+        let counters = *self.shared.counters();
+        let stats = PyDict::new(py);
+        stats.set_item("running", counters.running)?;
+        stats.set_item("waiting", waiting)?;
+        stats.set_item("kv_cells_used", counters.kv_cells_used)?;
+        stats.set_item("kv_cells_total", self.n_ctx)?;
+        stats.set_item("n_seq_max", self.n_seq_max)?;
+        stats.set_item("prefix_cache_hits", counters.prefix_cache_hits)?;
+        stats.set_item("tokens_generated", counters.tokens_generated)?;
+        stats.set_item("prompt_tokens_computed", counters.prompt_tokens_computed)?;
+        let per_second = if counters.busy_seconds > 0.0 {
+            // A rate for display: the precision lost past 2**52 tokens does not matter.
+            #[allow(clippy::cast_precision_loss)]
+            let tokens = counters.tokens_generated as f64;
+            tokens / counters.busy_seconds
+        } else {
+            0.0
+        };
+        stats.set_item("tokens_per_second", per_second)?;
+        Ok(stats)
+    }
+
+    /// Stops the engine: requests still waiting or running end as "cancelled"; returns once
+    /// the engine thread has ended (after the step it is computing).
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        detached(py, || self.stop())
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.shared.inbox().closed
+    }
+}
+
+impl Drop for PyEngineCore {
+    fn drop(&mut self) {
+        // The engine thread never needs the GIL, so waiting for it here cannot deadlock.
+        let _ = self.stop();
+    }
+}

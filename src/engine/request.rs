@@ -1,0 +1,279 @@
+//! A request's side shared by the engine thread (which writes pieces and the outcome) and by
+//! Python (which waits for them: blocking with the GIL released, or from asyncio through a
+//! `_Waker`).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::PyTimeoutError;
+use pyo3::prelude::*;
+
+use super::waker::{PyWaker, WakePipe};
+use super::EngineShared;
+use crate::errors::Error;
+
+/// How often a blocked wait looks for Ctrl-C (Python runs signal handlers only between waits).
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+/// A finished request: its text and tokens, why it ended, what it cost.
+#[pyclass(frozen, module = "llamactx", name = "Completion", get_all)]
+#[derive(Debug, Clone)]
+pub struct PyCompletion {
+    /// The generated text (stop strings excluded).
+    pub text: String,
+    /// The generated token ids (an end-of-generation token excluded).
+    pub tokens: Vec<i32>,
+    /// "stop" (end of generation or a stop string), "length" (`max_tokens` or the context
+    /// size), "cancelled".
+    pub finish_reason: &'static str,
+    /// Tokens of the prompt.
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV was reused instead of computed.
+    pub cached_tokens: usize,
+    /// Tokens sampled (an end-of-generation token included).
+    pub completion_tokens: usize,
+    /// Seconds from `submit` until the engine took the request.
+    pub queue_seconds: f64,
+    /// Seconds from `submit` until the first token was sampled (None if none was).
+    pub first_token_seconds: Option<f64>,
+    /// Sampled tokens per second, from the first token to the last.
+    pub tokens_per_second: f64,
+}
+
+#[pymethods]
+impl PyCompletion {
+    fn __repr__(&self) -> String {
+        format!(
+            "<Completion finish_reason={:?} completion_tokens={} text={:?}>",
+            self.finish_reason, self.completion_tokens, self.text
+        )
+    }
+}
+
+enum Outcome {
+    Done(PyCompletion),
+    /// A failure not yet turned into a Python exception (that needs the GIL).
+    Failed(Error),
+    Raised(PyErr),
+}
+
+#[derive(Default)]
+struct Progress {
+    pieces: VecDeque<String>,
+    outcome: Option<Outcome>,
+}
+
+/// What the engine thread and the waiting Python code share of one request.
+pub struct RequestShared {
+    progress: Mutex<Progress>,
+    changed: Condvar,
+    cancelled: AtomicBool,
+    waker: Mutex<Option<Arc<WakePipe>>>,
+    engine: Arc<EngineShared>,
+}
+
+impl RequestShared {
+    pub fn new(engine: Arc<EngineShared>) -> Self {
+        Self {
+            progress: Mutex::default(),
+            changed: Condvar::new(),
+            cancelled: AtomicBool::new(false),
+            waker: Mutex::new(None),
+            engine,
+        }
+    }
+
+    fn progress(&self) -> MutexGuard<'_, Progress> {
+        // Pieces and outcome stay consistent whatever panicked while holding the lock.
+        self.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn notify(&self) {
+        self.changed.notify_all();
+        if let Some(pipe) = self
+            .waker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+        {
+            pipe.wake();
+        }
+    }
+
+    /// Hands a piece of text to the reader.
+    pub fn emit(&self, piece: String) {
+        self.progress().pieces.push_back(piece);
+        self.notify();
+    }
+
+    /// Ends the request (the first outcome wins).
+    pub fn complete(&self, completion: PyCompletion) {
+        self.settle(Outcome::Done(completion));
+    }
+
+    pub fn fail(&self, error: Error) {
+        self.settle(Outcome::Failed(error));
+    }
+
+    fn settle(&self, outcome: Outcome) {
+        self.progress().outcome.get_or_insert(outcome);
+        self.notify();
+    }
+
+    pub fn cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        self.engine.wake_scheduler();
+    }
+
+    fn finished(&self) -> bool {
+        self.progress().outcome.is_some()
+    }
+}
+
+/// What a reader waits for.
+#[derive(Clone, Copy)]
+enum Want {
+    /// The next piece, or the end.
+    Piece,
+    /// The end.
+    End,
+}
+
+fn ready(progress: &Progress, want: Want) -> bool {
+    progress.outcome.is_some() || (matches!(want, Want::Piece) && !progress.pieces.is_empty())
+}
+
+/// The Python handle of one request (wrapped by `llamactx.Request`).
+#[pyclass(frozen, module = "llamactx", name = "_RequestCore")]
+pub struct PyRequestCore {
+    pub shared: Arc<RequestShared>,
+}
+
+impl PyRequestCore {
+    /// Waits, with the GIL released, until `want` is ready or `timeout` (seconds) passes;
+    /// checks for Ctrl-C in between (a wait it interrupts cancels the request).
+    fn wait(&self, py: Python<'_>, want: Want, timeout: Option<f64>) -> PyResult<()> {
+        let deadline = timeout
+            .map(|seconds| {
+                Duration::try_from_secs_f64(seconds)
+                    .map(|wait| Instant::now() + wait)
+                    .map_err(|_| Error::value(format!("timeout must be a number of seconds >= 0, got {seconds}")))
+            })
+            .transpose()?;
+        loop {
+            let done = py.detach(|| {
+                let progress = self.shared.progress();
+                let slice = deadline.map_or(SIGNAL_CHECK, |deadline| {
+                    SIGNAL_CHECK.min(deadline.saturating_duration_since(Instant::now()))
+                });
+                let (progress, _) = self
+                    .shared
+                    .changed
+                    .wait_timeout_while(progress, slice, |progress| !ready(progress, want))
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                ready(&progress, want)
+            });
+            if done {
+                return Ok(());
+            }
+            if let Err(interrupt) = py.check_signals() {
+                self.shared.cancel();
+                return Err(interrupt);
+            }
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                return Err(PyTimeoutError::new_err("the request has not finished yet"));
+            }
+        }
+    }
+
+    /// The outcome as a Python value: the completion, or the failure raised (every time).
+    fn outcome(&self, py: Python<'_>) -> PyResult<Option<PyCompletion>> {
+        let mut progress = self.shared.progress();
+        let raised = match progress.outcome.take() {
+            None => return Ok(None),
+            Some(Outcome::Done(completion)) => {
+                progress.outcome = Some(Outcome::Done(completion.clone()));
+                return Ok(Some(completion));
+            }
+            Some(Outcome::Failed(error)) => PyErr::from(error),
+            Some(Outcome::Raised(raised)) => raised,
+        };
+        progress.outcome = Some(Outcome::Raised(raised.clone_ref(py)));
+        Err(raised)
+    }
+
+    /// The next piece, or None at the end (raising the failure, if it failed). Call when
+    /// `ready(Want::Piece)`.
+    fn take(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        if let Some(piece) = self.shared.progress().pieces.pop_front() {
+            return Ok(Some(piece));
+        }
+        self.outcome(py).map(|_| None)
+    }
+}
+
+#[pymethods]
+impl PyRequestCore {
+    /// The next piece of text; None once the request is over (its failure is raised then).
+    /// Blocks with the GIL released.
+    fn next_piece(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        self.wait(py, Want::Piece, None)?;
+        self.take(py)
+    }
+
+    /// `("piece", text)`, `("end", None)` or `("wait", None)`, without blocking.
+    fn poll(&self, py: Python<'_>) -> PyResult<(&'static str, Option<String>)> {
+        if !ready(&self.shared.progress(), Want::Piece) {
+            return Ok(("wait", None));
+        }
+        Ok(match self.take(py)? {
+            Some(piece) => ("piece", Some(piece)),
+            None => ("end", None),
+        })
+    }
+
+    /// The `Completion`, waiting up to `timeout` seconds (None: no limit) with the GIL
+    /// released; the failure is raised if the request failed, `TimeoutError` after `timeout`.
+    #[pyo3(signature = (timeout=None))]
+    fn result(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyCompletion> {
+        self.wait(py, Want::End, timeout)?;
+        self.outcome(py)?
+            .ok_or_else(|| Error::Runtime("the request ended without an outcome".to_owned()).into())
+    }
+
+    /// The `Completion` if the request is over (raising its failure), else None.
+    fn result_now(&self, py: Python<'_>) -> PyResult<Option<PyCompletion>> {
+        self.outcome(py)
+    }
+
+    /// Whether the awaited news is there: a piece or the end (`end_only`: the end).
+    fn ready(&self, end_only: bool) -> bool {
+        ready(&self.shared.progress(), if end_only { Want::End } else { Want::Piece })
+    }
+
+    /// Asks the engine to stop the request at its next step.
+    fn cancel(&self) {
+        self.shared.cancel();
+    }
+
+    /// Whether the request is over.
+    #[getter]
+    fn done(&self) -> bool {
+        self.shared.finished()
+    }
+
+    /// Wakes `waker`'s loop on every piece and at the end, from now on.
+    fn watch(&self, waker: &PyWaker) {
+        *self
+            .shared
+            .waker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::clone(&waker.pipe));
+    }
+}

@@ -1,0 +1,194 @@
+//! `SamplingParams`: how a request picks its tokens, checked once and built into a fresh
+//! llama.cpp sampler chain per request (samplers have state: penalties, the random generator).
+
+use std::collections::BTreeMap;
+
+use llama_cpp_4::sampling::LlamaSampler;
+use llama_cpp_4::token::LlamaToken;
+use pyo3::prelude::*;
+
+use crate::errors::{Error, Result};
+use crate::sampler::{finite, probability, window};
+
+/// llama.cpp's seed that asks its random generator for a seed of its own [llama.cpp internal].
+const RANDOM_SEED: u32 = u32::MAX;
+
+/// How a request samples: `temperature` 0 is greedy (penalties and `logit_bias` still apply);
+/// otherwise the candidates pass `top_k` (0: all), `typical_p`, `top_p` and `min_p` (1, 1 and
+/// 0 switch them off), are scaled by the temperature and drawn with `seed` (None: random).
+/// Penalties look at the last `penalty_last_n` tokens (1 and 0 switch them off).
+/// `logit_bias` maps token ids to values added to their logits (`-inf` bans a token).
+#[pyclass(frozen, module = "llamactx", name = "SamplingParams", get_all)]
+#[derive(Debug, Clone)]
+pub struct PySamplingParams {
+    /// Scales the logits; 0 picks the most likely token (greedy).
+    temperature: f32,
+    /// Keeps the `top_k` most likely tokens (0 keeps all).
+    top_k: i32,
+    /// Keeps the most likely tokens whose probabilities add up to `top_p` (1: all).
+    top_p: f32,
+    /// Drops tokens less likely than `min_p` times the most likely one (0: none).
+    min_p: f32,
+    /// Locally typical sampling mass (1: off).
+    typical_p: f32,
+    /// Divides the logits of tokens seen in the window (1: off).
+    repeat_penalty: f32,
+    /// Subtracted per occurrence in the window (0: off).
+    frequency_penalty: f32,
+    /// Subtracted once for tokens present in the window (0: off).
+    presence_penalty: f32,
+    /// The window of last tokens the penalties look at (0: off).
+    penalty_last_n: i32,
+    /// Token id to a value added to its logit.
+    logit_bias: BTreeMap<i32, f32>,
+    /// The random generator's seed; None draws one.
+    seed: Option<u32>,
+}
+
+impl PySamplingParams {
+    /// Greedy, with nothing else: what `generate` does by default.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            typical_p: 1.0,
+            repeat_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            penalty_last_n: 0,
+            logit_bias: BTreeMap::new(),
+            seed: None,
+        }
+    }
+
+    /// `ValueError` for a logit bias on a token the model does not have.
+    pub fn check_vocabulary(&self, n_vocab: i32) -> Result<()> {
+        match self.logit_bias.keys().find(|&&token| token < 0 || token >= n_vocab) {
+            Some(token) => Err(Error::value(format!(
+                "logit_bias names token {token}, outside the model's vocabulary [0, {n_vocab})"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// A new chain for one request of a model with `n_vocab` tokens (checked by
+    /// `check_vocabulary`).
+    pub fn build(&self, n_vocab: i32) -> LlamaSampler {
+        let mut stages = Vec::new();
+        // Exactly the neutral values switch penalties off, as llama.cpp's own check does.
+        #[allow(clippy::float_cmp)]
+        let penalised = self.repeat_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0;
+        if penalised && self.penalty_last_n > 0 {
+            stages.push(LlamaSampler::penalties(
+                n_vocab,
+                self.penalty_last_n,
+                self.repeat_penalty,
+                self.frequency_penalty,
+                self.presence_penalty,
+            ));
+        }
+        if !self.logit_bias.is_empty() {
+            let biases: Vec<(LlamaToken, f32)> = self
+                .logit_bias
+                .iter()
+                .map(|(&token, &bias)| (LlamaToken::new(token), bias))
+                .collect();
+            stages.push(LlamaSampler::logit_bias(n_vocab, &biases));
+        }
+        if self.temperature <= 0.0 {
+            stages.push(LlamaSampler::greedy());
+        } else {
+            if self.top_k > 0 {
+                stages.push(LlamaSampler::top_k(self.top_k));
+            }
+            if self.typical_p < 1.0 {
+                stages.push(LlamaSampler::typical(self.typical_p, 1));
+            }
+            if self.top_p < 1.0 {
+                stages.push(LlamaSampler::top_p(self.top_p, 1));
+            }
+            if self.min_p > 0.0 {
+                stages.push(LlamaSampler::min_p(self.min_p, 1));
+            }
+            stages.push(LlamaSampler::temp(self.temperature));
+            stages.push(LlamaSampler::dist(self.seed.unwrap_or(RANDOM_SEED)));
+        }
+        LlamaSampler::chain(stages, true)
+    }
+}
+
+#[pymethods]
+impl PySamplingParams {
+    #[new]
+    #[pyo3(signature = (
+        *, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, typical_p=1.0, repeat_penalty=1.0,
+        frequency_penalty=0.0, presence_penalty=0.0, penalty_last_n=64, logit_bias=None, seed=None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        temperature: f32,
+        top_k: i32,
+        top_p: f32,
+        min_p: f32,
+        typical_p: f32,
+        repeat_penalty: f32,
+        frequency_penalty: f32,
+        presence_penalty: f32,
+        penalty_last_n: i32,
+        logit_bias: Option<BTreeMap<i32, f32>>,
+        seed: Option<u32>,
+    ) -> PyResult<Self> {
+        if finite("temperature", temperature)? < 0.0 {
+            return Err(Error::value(format!("temperature must be >= 0, got {temperature}")).into());
+        }
+        if top_k < 0 {
+            return Err(Error::value(format!("top_k must be >= 0 (0 keeps every token), got {top_k}")).into());
+        }
+        let logit_bias = logit_bias.unwrap_or_default();
+        if let Some(token) = logit_bias
+            .iter()
+            .find_map(|(token, bias)| bias.is_nan().then_some(token))
+        {
+            return Err(Error::value(format!("the bias of token {token} is NaN")).into());
+        }
+        if seed == Some(RANDOM_SEED) {
+            return Err(Error::value(format!(
+                "seed {RANDOM_SEED} means 'random' to llama.cpp: pass None for that"
+            ))
+            .into());
+        }
+        Ok(Self {
+            temperature,
+            top_k,
+            top_p: probability("top_p", top_p)?,
+            min_p: probability("min_p", min_p)?,
+            typical_p: probability("typical_p", typical_p)?,
+            repeat_penalty: finite("repeat_penalty", repeat_penalty)?,
+            frequency_penalty: finite("frequency_penalty", frequency_penalty)?,
+            presence_penalty: finite("presence_penalty", presence_penalty)?,
+            penalty_last_n: window("penalty_last_n", penalty_last_n, 0)?,
+            logit_bias,
+            seed,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "SamplingParams(temperature={}, top_k={}, top_p={}, min_p={}, typical_p={}, repeat_penalty={}, \
+             frequency_penalty={}, presence_penalty={}, penalty_last_n={}, logit_bias={:?}, seed={})",
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.min_p,
+            self.typical_p,
+            self.repeat_penalty,
+            self.frequency_penalty,
+            self.presence_penalty,
+            self.penalty_last_n,
+            self.logit_bias,
+            self.seed.map_or_else(|| "None".to_owned(), |seed| seed.to_string()),
+        )
+    }
+}

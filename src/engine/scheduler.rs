@@ -1,0 +1,414 @@
+//! The engine's thread. Each step decodes the next token of every generating sequence in one
+//! batch, then reads chunks of prompts (oldest request first, up to `n_batch` tokens): a long
+//! prompt is read over several steps while the other sequences keep generating. Requests take
+//! a free sequence slot when the KV cells they may need (prompt plus `max_tokens`, at most a
+//! sequence's share) are free too, first come first served.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Instant;
+
+use llama_cpp_4::sampling::LlamaSampler;
+use llama_cpp_4::token::LlamaToken;
+
+use super::request::{PyCompletion, RequestShared};
+use super::sampling::PySamplingParams;
+use super::steps::{token_bytes, Finish, Steps};
+use super::EngineShared;
+use crate::batch::BatchState;
+use crate::context::OpenContext;
+use crate::errors::{Error, Result};
+use crate::sampler::select;
+
+/// A submitted request, checked against the engine's limits.
+pub struct Job {
+    pub request: Arc<RequestShared>,
+    pub prompt: Vec<LlamaToken>,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub sampling: PySamplingParams,
+    pub submitted: Instant,
+}
+
+impl Job {
+    /// The KV cells the request may come to use.
+    fn cells(&self, n_ctx_seq: usize) -> usize {
+        (self.prompt.len() + self.max_tokens).min(n_ctx_seq)
+    }
+}
+
+/// How a running sequence ends.
+enum End {
+    Finished(Finish),
+    Cancelled,
+    Failed(Error),
+}
+
+/// A request that holds a sequence slot.
+struct Running {
+    job: Job,
+    seq: i32,
+    sampler: LlamaSampler,
+    steps: Steps,
+    /// Tokens of this sequence in the KV cache: the prompt is read while it is shorter.
+    kv_len: usize,
+    /// The last sampled token, to decode at `kv_len` in the next step.
+    next: Option<LlamaToken>,
+    tokens: Vec<i32>,
+    text: String,
+    sampled: usize,
+    admitted: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    end: Option<End>,
+}
+
+impl Running {
+    fn completion(&self, finish_reason: &'static str) -> PyCompletion {
+        let seconds = |from: Instant, to: Option<Instant>| to.map(|to| to.duration_since(from).as_secs_f64());
+        let generating = match (self.first_token, self.last_token) {
+            (Some(first), Some(last)) if self.sampled > 1 => last.duration_since(first).as_secs_f64(),
+            _ => 0.0,
+        };
+        PyCompletion {
+            text: self.text.clone(),
+            tokens: self.tokens.clone(),
+            finish_reason,
+            prompt_tokens: self.job.prompt.len(),
+            cached_tokens: 0,
+            completion_tokens: self.sampled,
+            queue_seconds: self.admitted.duration_since(self.job.submitted).as_secs_f64(),
+            first_token_seconds: seconds(self.job.submitted, self.first_token),
+            tokens_per_second: if generating > 0.0 {
+                f64::from(u32::try_from(self.sampled - 1).unwrap_or(u32::MAX)) / generating
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+/// A completion for a request that ended before it held a slot.
+fn unstarted(job: &Job, finish_reason: &'static str) -> PyCompletion {
+    PyCompletion {
+        text: String::new(),
+        tokens: Vec::new(),
+        finish_reason,
+        prompt_tokens: job.prompt.len(),
+        cached_tokens: 0,
+        completion_tokens: 0,
+        queue_seconds: job.submitted.elapsed().as_secs_f64(),
+        first_token_seconds: None,
+        tokens_per_second: 0.0,
+    }
+}
+
+pub struct Scheduler {
+    native: OpenContext,
+    shared: Arc<EngineShared>,
+    batch: BatchState,
+    /// In order of admission.
+    running: Vec<Running>,
+    free_seqs: Vec<i32>,
+    n_batch: usize,
+    n_ctx: usize,
+    n_ctx_seq: usize,
+    tokens_generated: u64,
+    prompt_tokens_computed: u64,
+}
+
+impl Scheduler {
+    /// A scheduler for `native`, whose decodes go through `batch` (of `n_batch` tokens).
+    pub fn new(native: OpenContext, shared: Arc<EngineShared>, batch: BatchState) -> Self {
+        let (n_batch, n_ctx, n_ctx_seq, n_seq_max) = native.with(|context| {
+            (
+                context.n_batch() as usize,
+                context.n_ctx() as usize,
+                context.n_ctx_seq() as usize,
+                context.n_seq_max(),
+            )
+        });
+        Self {
+            native,
+            shared,
+            batch,
+            running: Vec::new(),
+            // llama.cpp caps n_seq_max far below i32::MAX.
+            free_seqs: (0..i32::try_from(n_seq_max).unwrap_or(i32::MAX)).rev().collect(),
+            n_batch,
+            n_ctx,
+            n_ctx_seq,
+            tokens_generated: 0,
+            prompt_tokens_computed: 0,
+        }
+    }
+
+    /// Serves requests until the engine closes, then ends every request left.
+    pub fn run(mut self) {
+        while let Some(admitted) = self.next_jobs() {
+            for job in admitted {
+                self.admit(job);
+            }
+            let started = Instant::now();
+            if catch_unwind(AssertUnwindSafe(|| self.step())).is_err() {
+                for running in &mut self.running {
+                    running.end = Some(End::Failed(Error::Panic("the engine's step panicked".to_owned())));
+                }
+                self.shared.inbox().closed = true;
+            }
+            self.end_sequences(started);
+        }
+        for running in &mut self.running {
+            running.end.get_or_insert(End::Cancelled);
+        }
+        self.end_sequences(Instant::now());
+        let left: Vec<Job> = self.shared.inbox().waiting.drain(..).collect();
+        finish_unstarted(left);
+    }
+
+    /// The waiting requests that fit now, waiting while there is nothing to do; None once
+    /// the engine is closed.
+    fn next_jobs(&mut self) -> Option<Vec<Job>> {
+        let mut cancelled = Vec::new();
+        let mut admitted = Vec::new();
+        let mut reserved: usize = self
+            .running
+            .iter()
+            .map(|running| running.job.cells(self.n_ctx_seq))
+            .sum();
+        let mut inbox = self.shared.inbox();
+        loop {
+            if inbox.closed {
+                drop(inbox);
+                finish_unstarted(cancelled);
+                return None;
+            }
+            let (gone, kept): (VecDeque<Job>, VecDeque<Job>) =
+                inbox.waiting.drain(..).partition(|job| job.request.cancelled());
+            inbox.waiting = kept;
+            cancelled.extend(gone);
+            while admitted.len() < self.free_seqs.len() {
+                let Some(job) = inbox.waiting.front() else { break };
+                let cells = job.cells(self.n_ctx_seq);
+                if reserved + cells > self.n_ctx {
+                    break;
+                }
+                reserved += cells;
+                admitted.extend(inbox.waiting.pop_front());
+            }
+            if !admitted.is_empty() || !self.running.is_empty() || !cancelled.is_empty() {
+                break;
+            }
+            inbox = self
+                .shared
+                .wake
+                .wait(inbox)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        drop(inbox);
+        finish_unstarted(cancelled);
+        Some(admitted)
+    }
+
+    fn admit(&mut self, job: Job) {
+        let Some(seq) = self.free_seqs.pop() else {
+            job.request.fail(Error::Runtime(
+                "the engine admitted a request without a free sequence".to_owned(),
+            ));
+            return;
+        };
+        let n_vocab = self.native.model().n_vocab();
+        self.running.push(Running {
+            sampler: job.sampling.build(n_vocab),
+            steps: Steps::new(job.stop.clone(), job.max_tokens, self.n_ctx_seq),
+            seq,
+            kv_len: 0,
+            next: None,
+            tokens: Vec::new(),
+            text: String::new(),
+            sampled: 0,
+            admitted: Instant::now(),
+            first_token: None,
+            last_token: None,
+            end: (job.max_tokens == 0).then_some(End::Finished(Finish::Length)),
+            job,
+        });
+    }
+
+    /// One decode of the next token of every generating sequence, then chunks of prompts
+    /// being read, then sampling where a prompt was read to its end.
+    fn step(&mut self) {
+        for running in &mut self.running {
+            if running.end.is_none() && running.job.request.cancelled() {
+                running.end = Some(End::Cancelled);
+            }
+        }
+        self.generate();
+        self.read_prompts();
+    }
+
+    /// Decodes the last sampled token of every generating sequence in one batch and samples
+    /// the next. A failed decode (which changed nothing) fails every request in it.
+    fn generate(&mut self) {
+        self.batch.clear();
+        let mut rows: Vec<(usize, i32)> = Vec::new();
+        let added = self.running.iter().enumerate().try_for_each(|(index, running)| {
+            if let (None, Some(token)) = (&running.end, running.next) {
+                rows.push((index, row_of(&self.batch)?));
+                self.batch
+                    .add(token.0, position(running.kv_len)?, &[running.seq], true)?;
+            }
+            Ok(())
+        });
+        if rows.is_empty() {
+            return;
+        }
+        if let Err(err) = added.and_then(|()| self.native.decode(&mut self.batch)) {
+            self.fail(rows.iter().map(|&(index, _)| index), err);
+            return;
+        }
+        self.tokens_generated += rows.len() as u64;
+        for (index, row) in rows {
+            let running = &mut self.running[index];
+            running.next = None;
+            running.kv_len += 1;
+            if let Err(err) = Self::sample(&self.native, running, row) {
+                running.end = Some(End::Failed(err));
+            }
+        }
+    }
+
+    /// Reads the next `n_batch` tokens of the prompts being read, oldest request first, up to
+    /// `n_batch` tokens in all (at least one chunk), each chunk in a decode of its own.
+    ///
+    /// A chunk is never decoded beside other sequences' tokens: llama.cpp splits such a batch
+    /// into micro-batches differently than a prompt read alone, and the slightly different
+    /// numbers changed a near-tie greedy token. Read alone, in the chunks `prefill` reads,
+    /// a request gives exactly what `generate` gives on a context of the same options.
+    fn read_prompts(&mut self) {
+        let mut room = self.n_batch;
+        for index in 0..self.running.len() {
+            let running = &self.running[index];
+            let left = running.job.prompt.len().saturating_sub(running.kv_len);
+            if running.end.is_some() || left == 0 {
+                continue;
+            }
+            let chunk = left.min(self.n_batch);
+            if chunk > room && room < self.n_batch {
+                break;
+            }
+            room = room.saturating_sub(chunk);
+            if let Err(err) = self.read_chunk(index, chunk) {
+                self.fail([index].into_iter(), err);
+            }
+        }
+    }
+
+    fn read_chunk(&mut self, index: usize, chunk: usize) -> Result<()> {
+        self.batch.clear();
+        let running = &self.running[index];
+        let prompt = &running.job.prompt;
+        for pos in running.kv_len..running.kv_len + chunk {
+            self.batch
+                .add(prompt[pos].0, position(pos)?, &[running.seq], pos + 1 == prompt.len())?;
+        }
+        self.native.decode(&mut self.batch)?;
+        self.prompt_tokens_computed += chunk as u64;
+        let running = &mut self.running[index];
+        running.kv_len += chunk;
+        if running.kv_len == running.job.prompt.len() {
+            Self::sample(&self.native, running, row_of(&self.batch)? - 1)?;
+            self.tokens_generated += 1;
+        }
+        Ok(())
+    }
+
+    /// Fails the requests at `indices` with `err` (the first of them) and a pointer to it
+    /// (the others).
+    fn fail(&mut self, indices: impl Iterator<Item = usize>, err: Error) {
+        let mut err = Some(err);
+        for index in indices {
+            let error = err.take().unwrap_or_else(|| {
+                Error::Runtime(
+                    "a decode that held this request's tokens failed (see the first request's error)".to_owned(),
+                )
+            });
+            self.running[index].end = Some(End::Failed(error));
+        }
+    }
+
+    fn sample(native: &OpenContext, running: &mut Running, row: i32) -> Result<()> {
+        let chosen = select(native, &mut running.sampler, row)?.id();
+        running.sampler.accept(chosen);
+        let model = native.model();
+        let bytes = token_bytes(model, chosen)?;
+        let end_of_generation = model.is_eog_token(chosen);
+        let now = Instant::now();
+        running.first_token.get_or_insert(now);
+        running.last_token = Some(now);
+        running.sampled += 1;
+        let (piece, finish) = running.steps.take(&bytes, end_of_generation, running.kv_len);
+        if !end_of_generation {
+            running.tokens.push(chosen.0);
+        }
+        if !piece.is_empty() {
+            running.text.push_str(&piece);
+            running.job.request.emit(piece);
+        }
+        match finish {
+            Some(finish) => running.end = Some(End::Finished(finish)),
+            None => running.next = Some(chosen),
+        }
+        Ok(())
+    }
+
+    /// Frees the slots of sequences that ended, updates the counters, then hands the requests
+    /// their outcome (so a caller that sees the outcome sees the counters without it).
+    fn end_sequences(&mut self, step_started: Instant) {
+        let mut ended = Vec::new();
+        let mut index = 0;
+        while index < self.running.len() {
+            if self.running[index].end.is_none() {
+                index += 1;
+                continue;
+            }
+            let running = self.running.remove(index);
+            // Its cells go back to the others; a sequence id from our own range cannot fail.
+            let _ = self.native.clear_seq(Some(i64::from(running.seq)), None, None);
+            self.free_seqs.push(running.seq);
+            ended.push(running);
+        }
+        self.count(step_started);
+        for mut running in ended {
+            match running.end.take() {
+                Some(End::Finished(finish)) => running.job.request.complete(running.completion(finish.name())),
+                Some(End::Cancelled) | None => running.job.request.complete(running.completion("cancelled")),
+                Some(End::Failed(err)) => running.job.request.fail(err),
+            }
+        }
+    }
+
+    fn count(&self, step_started: Instant) {
+        let mut counters = self.shared.counters();
+        counters.running = self.running.len();
+        counters.kv_cells_used = self.running.iter().map(|running| running.kv_len).sum();
+        counters.tokens_generated = self.tokens_generated;
+        counters.prompt_tokens_computed = self.prompt_tokens_computed;
+        counters.busy_seconds += step_started.elapsed().as_secs_f64();
+    }
+}
+
+fn finish_unstarted(jobs: Vec<Job>) {
+    for job in jobs {
+        job.request.complete(unstarted(&job, "cancelled"));
+    }
+}
+
+fn row_of(batch: &BatchState) -> Result<i32> {
+    i32::try_from(batch.tokens.len()).map_err(|_| Error::value("the batch is too large"))
+}
+
+fn position(pos: usize) -> Result<i32> {
+    i32::try_from(pos).map_err(|_| Error::value(format!("position {pos} is out of range")))
+}

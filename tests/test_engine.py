@@ -1,0 +1,288 @@
+"""The engine: many requests at once give what each would alone; cancellation, a full queue,
+prompts that cannot fit, close, Ctrl-C and exit with requests in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import llamactx
+from conftest import run_child
+
+N_SEQ = 8
+N_CTX = N_SEQ * 256
+# Small, so that long prompts are read over several steps while other requests generate.
+N_BATCH = 64
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colours of the rainbow.",
+    "Write a haiku about the sea.",
+    "Why is the sky blue? Explain in detail for a child who asks many questions.",
+    "List the first five prime numbers.",
+    "Who wrote Hamlet?",
+    "Describe a cat.",
+    "What is two plus two?",
+]
+
+
+def prompt(n: int) -> str:
+    # Lengths from a few tokens to ~150, so long prompts are read in chunks beside running ones.
+    return f"Question {n}: " + QUESTIONS[n % len(QUESTIONS)] * (1 + n % 5) + " Answer:"
+
+
+def max_tokens(n: int) -> int:
+    return 8 + (n * 7) % 40
+
+
+def alone(model: llamactx.LlamaModel, text: str, limit: int) -> tuple[str, list[int]]:
+    """Greedy text and tokens of one request on a context of its own, with the engine's options."""
+    with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ, n_batch=N_BATCH) as ctx:
+        tokens = model.str_to_token(text, model.add_bos_token())
+        generated = llamactx.generate(ctx, tokens, max_tokens=limit)
+        history = list(tokens)
+        ctx.clear_kv_cache()
+        llamactx.prefill(ctx, tokens, 0)
+        sampler = llamactx.LlamaSampler.greedy()
+        ids: list[int] = []
+        for _ in range(limit):
+            token = sampler.sample(ctx, -1)
+            if model.is_eog_token(token):
+                break
+            ids.append(token)
+            if len(ids) == limit:
+                break
+            batch = llamactx.LlamaBatch(1)
+            batch.add(token, len(history), [0], True)
+            ctx.decode(batch)
+            history.append(token)
+        return generated, ids
+
+
+@pytest.fixture(scope="module")
+def references(model: llamactx.LlamaModel) -> list[tuple[str, list[int]]]:
+    return [alone(model, prompt(n), max_tokens(n)) for n in range(32)]
+
+
+@pytest.fixture
+def engine(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
+    with llamactx.Engine(model, n_ctx=N_CTX, n_seq_max=N_SEQ, n_batch=N_BATCH) as engine:
+        yield engine
+    assert engine.stats()["running"] == 0
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
+
+
+def test_32_requests_from_8_threads_equal_each_alone(
+    engine: llamactx.Engine, references: list[tuple[str, list[int]]]
+) -> None:
+    results: dict[int, llamactx.Completion] = {}
+
+    def client(first: int) -> None:
+        requests = {n: engine.submit(prompt(n), max_tokens=max_tokens(n)) for n in range(first, 32, 8)}
+        for n, request in requests.items():
+            results[n] = request.result(timeout=300)
+
+    threads = [threading.Thread(target=client, args=(first,)) for first in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == list(range(32))
+    for n, (text, tokens) in enumerate(references):
+        assert (results[n].text, results[n].tokens) == (text, tokens), f"request {n}"
+        assert results[n].finish_reason == ("length" if len(tokens) == max_tokens(n) else "stop")
+        assert results[n].prompt_tokens == len(engine.model.str_to_token(prompt(n), True))
+    assert len({text for text, _ in references}) > 8
+    stats = engine.stats()
+    assert (stats["running"], stats["waiting"], stats["kv_cells_used"]) == (0, 0, 0)
+    assert stats["tokens_generated"] == sum(c.completion_tokens for c in results.values())
+
+
+def test_32_requests_from_asyncio_equal_each_alone(
+    engine: llamactx.Engine, references: list[tuple[str, list[int]]]
+) -> None:
+    async def streamed(n: int) -> str:
+        return "".join([piece async for piece in engine.submit(prompt(n), max_tokens=max_tokens(n))])
+
+    async def main() -> tuple[list[str], list[llamactx.Completion]]:
+        texts = await asyncio.gather(*(streamed(n) for n in range(16)))
+        completions = await asyncio.gather(*(engine.submit(prompt(n), max_tokens=max_tokens(n)) for n in range(16, 32)))
+        return list(texts), list(completions)
+
+    texts, completions = asyncio.run(main())
+    assert texts == [text for text, _ in references[:16]]
+    assert [(c.text, c.tokens) for c in completions] == references[16:]
+
+
+def test_blocking_iteration_yields_the_completion_text(engine: llamactx.Engine) -> None:
+    request = engine.submit("Count: one, two, three,", max_tokens=30)
+    pieces = list(request)
+    completion = request.result()
+    assert "".join(pieces) == completion.text
+    assert len(pieces) > 1
+    assert completion.completion_tokens >= len(completion.tokens) > 0
+    assert completion.first_token_seconds is not None
+    assert completion.first_token_seconds >= completion.queue_seconds
+    assert completion.tokens_per_second > 0
+
+
+def test_seeded_sampling_does_not_depend_on_what_else_runs(engine: llamactx.Engine) -> None:
+    sampling = llamactx.SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1234)
+    alone = engine.submit(prompt(0), max_tokens=24, sampling=sampling).result().text
+    crowd = [engine.submit(prompt(n), max_tokens=30, sampling=llamactx.SamplingParams(seed=n)) for n in range(1, 6)]
+    again = engine.submit(prompt(0), max_tokens=24, sampling=sampling)
+    assert again.result().text == alone
+    other_seed = llamactx.SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=99)
+    assert engine.submit(prompt(0), max_tokens=24, sampling=other_seed).result().text != alone
+    for request in crowd:
+        request.result()
+
+
+def test_stop_strings_and_limits(engine: llamactx.Engine, model: llamactx.LlamaModel) -> None:
+    with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ, n_batch=N_BATCH) as ctx:
+        expected = llamactx.generate(ctx, "One, two, three,", max_tokens=20, stop=[" five"])
+    completion = engine.submit("One, two, three,", max_tokens=20, stop=" five").result()
+    assert completion.text == expected
+    assert completion.finish_reason == "stop"
+    empty = engine.submit("One, two,", max_tokens=0).result()
+    assert (empty.text, empty.tokens, empty.finish_reason, empty.completion_tokens) == ("", [], "length", 0)
+
+
+def test_cancelling_frees_the_sequence(engine: llamactx.Engine) -> None:
+    request = engine.submit("Count: one, two, three,", max_tokens=500)
+    pieces = iter(request)
+    next(pieces)
+    request.cancel()
+    completion = request.result(timeout=60)
+    assert completion.finish_reason == "cancelled"
+    assert 0 < len(completion.tokens) < 500
+    wait_for(lambda: engine.stats()["running"] == 0)
+    assert engine.stats()["kv_cells_used"] == 0
+
+
+def test_cancelling_the_asyncio_task_cancels_the_request(engine: llamactx.Engine) -> None:
+    async def main() -> llamactx.Request:
+        request = engine.submit("Count: one, two, three,", max_tokens=500)
+
+        async def consume() -> None:
+            async for _ in request:
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return request
+
+    request = asyncio.run(main())
+    assert request.result(timeout=60).finish_reason == "cancelled"
+
+
+def test_a_full_queue_raises_engine_busy_and_running_requests_go_on(model: llamactx.LlamaModel) -> None:
+    with llamactx.Engine(model, n_ctx=512, n_seq_max=1, max_waiting=2) as engine:
+        running = engine.submit("Count: one, two, three,", max_tokens=200)
+        wait_for(lambda: engine.stats()["running"] == 1)
+        waiting = [engine.submit("One, two,", max_tokens=4) for _ in range(2)]
+        with pytest.raises(llamactx.EngineBusy, match="max_waiting"):
+            engine.submit("One, two,", max_tokens=4)
+        assert engine.stats()["waiting"] == 2
+        assert running.result(timeout=120).finish_reason == "length"
+        assert [request.result(timeout=60).finish_reason for request in waiting] == ["length", "length"]
+
+
+def test_requests_that_cannot_run_are_refused_at_submit(engine: llamactx.Engine, model: llamactx.LlamaModel) -> None:
+    with pytest.raises(ValueError, match=r"the prompt has 300 tokens; a sequence of this engine holds 256"):
+        engine.submit([1] * 300)
+    with pytest.raises(ValueError, match="no tokens"):
+        engine.submit([])
+    with pytest.raises(ValueError, match="token id"):
+        engine.submit([model.n_vocab()])
+    with pytest.raises(ValueError, match="max_tokens"):
+        engine.submit("Hi", max_tokens=-1)
+    with pytest.raises(ValueError, match="logit_bias"):
+        engine.submit("Hi", sampling=llamactx.SamplingParams(logit_bias={model.n_vocab(): 1.0}))
+    assert engine.stats()["waiting"] == 0
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"temperature": -1.0}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"penalty_last_n": 1 << 21}, "penalty_last_n"),
+        ({"repeat_penalty": float("inf")}, "repeat_penalty"),
+        ({"logit_bias": {5: float("nan")}}, "NaN"),
+        ({"seed": 2**32 - 1}, "random"),
+    ],
+)
+def test_sampling_params_refuse_bad_values(arguments: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        llamactx.SamplingParams(**arguments)  # type: ignore[arg-type]
+
+
+def test_close_ends_every_request_in_flight(model: llamactx.LlamaModel) -> None:
+    engine = llamactx.Engine(model, n_ctx=1024, n_seq_max=2)
+    requests = [engine.submit("Count: one, two, three,", max_tokens=400) for _ in range(5)]
+    wait_for(lambda: engine.stats()["running"] == 2)
+    engine.close()
+    assert {request.result(timeout=10).finish_reason for request in requests} == {"cancelled"}
+    assert all(request.done for request in requests)
+    with pytest.raises(ValueError, match="closed"):
+        engine.submit("Hi")
+    engine.close()  # twice is fine
+
+
+def test_1000_submit_cancel_cycles_from_4_threads_leave_nothing_behind(model: llamactx.LlamaModel) -> None:
+    with llamactx.Engine(model, n_ctx=1024, n_seq_max=4) as engine:
+
+        def cycles(count: int) -> None:
+            for n in range(count):
+                request = engine.submit(f"Say {n} and more:", max_tokens=8)
+                if n % 4 == 1:
+                    next(iter(request), None)  # cancelled while it runs
+                if n % 4:
+                    request.cancel()  # n % 4 > 1: mostly before it runs
+                request.result(timeout=60)
+
+        cycles(20)  # warm up allocations before measuring
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        threads = [threading.Thread(target=cycles, args=(250,)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=600)
+        grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        stats = engine.stats()
+        assert (stats["running"], stats["waiting"], stats["kv_cells_used"]) == (0, 0, 0)
+        assert grown_mb < 20
+
+
+def test_ctrl_c_while_waiting_on_a_request(model_path: Path) -> None:
+    result = run_child(model_path, "engine_exit", "ctrl_c_while_waiting")
+    assert result.returncode == 0, result.stderr[-2000:]
+    outcome = result.stdout.split("RESULT ", 1)[1].split()
+    assert outcome[0] == "interrupted", "400 tokens took under 0.5 s?"
+    assert float(outcome[1]) < 250
+    assert outcome[2] == "cancelled"
+    assert "AFTER length" in result.stdout
+
+
+def test_the_interpreter_exits_while_a_thread_waits_on_a_request(model_path: Path) -> None:
+    result = run_child(model_path, "engine_exit", "exit_while_a_thread_waits", timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["EXITING", "ENDED", "cancelled"]
