@@ -48,6 +48,10 @@ __all__ = [
     "StringToTokenError",
     "ThreadPool",
     "TokenToStringError",
+    "_EngineCore",
+    "_RequestCore",
+    "_SequenceSteps",
+    "_Waker",
     "__version__",
 ]
 
