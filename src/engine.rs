@@ -86,7 +86,13 @@ pub struct PyEngineCore {
     limits: Limits,
     n_ctx: u32,
     n_seq_max: u32,
+    /// The process the engine thread runs in: a forked child has none of it.
+    pid: u32,
 }
+
+/// Why an engine from before a fork cannot be used.
+const FORKED: &str =
+    "this Engine was started in the parent of this forked process, where its thread stays; make a new one here";
 
 impl PyEngineCore {
     fn refuse(&self, tokens: &[i32], sampling: &PySamplingParams) -> Result<()> {
@@ -107,6 +113,10 @@ impl PyEngineCore {
     }
 
     fn stop(&self) -> Result<()> {
+        if std::process::id() != self.pid {
+            // Joining a thread this process does not have would never return.
+            return Ok(());
+        }
         {
             let mut inbox = self.shared.inbox();
             inbox.closed = true;
@@ -161,6 +171,7 @@ impl PyEngineCore {
             limits,
             n_ctx,
             n_seq_max,
+            pid: std::process::id(),
         })
     }
 
@@ -176,6 +187,9 @@ impl PyEngineCore {
     ) -> PyResult<PyRequestCore> {
         let max_tokens = usize::try_from(max_tokens)
             .map_err(|_| Error::value(format!("max_tokens must be >= 0, got {max_tokens}")))?;
+        if std::process::id() != self.pid {
+            return Err(Error::value(FORKED).into());
+        }
         let sampling = sampling.map_or_else(PySamplingParams::greedy, |sampling| sampling.get().clone());
         self.refuse(&tokens, &sampling)?;
         let request = Arc::new(RequestShared::new(Arc::clone(&self.shared)));

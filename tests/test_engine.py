@@ -286,3 +286,9 @@ def test_the_interpreter_exits_while_a_thread_waits_on_a_request(model_path: Pat
     result = run_child(model_path, "engine_exit", "exit_while_a_thread_waits", timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["EXITING", "ENDED", "cancelled"]
+
+
+def test_a_forked_child_is_refused_the_parents_engine(model_path: Path) -> None:
+    result = run_child(model_path, "engine_exit", "submit_after_fork", timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["CHILD", "refused", "True", "PARENT", "length"]

@@ -3,6 +3,7 @@ interpreter that exits while a thread still waits on one (see test_engine.py).""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -39,5 +40,20 @@ def exit_while_a_thread_waits(model: llamactx.LlamaModel) -> None:
     print("EXITING", flush=True)
 
 
+def submit_after_fork(model: llamactx.LlamaModel) -> None:
+    engine = llamactx.Engine(model, n_ctx=512, n_seq_max=1)
+    child = os.fork()
+    if child == 0:
+        try:
+            engine.submit("One, two,", max_tokens=4)
+            print("CHILD submitted", flush=True)
+        except ValueError as error:
+            print("CHILD refused", "forked" in str(error), flush=True)
+        os._exit(0)
+    os.waitpid(child, 0)
+    print("PARENT", engine.submit("One, two,", max_tokens=4).result().finish_reason)
+    engine.close()
+
+
 if __name__ == "__main__":
-    harness.run(ctrl_c_while_waiting, exit_while_a_thread_waits)
+    harness.run(ctrl_c_while_waiting, exit_while_a_thread_waits, submit_after_fork)
