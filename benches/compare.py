@@ -1,7 +1,8 @@
 """llamactx against llama.cpp's own llama-bench and llama-batched-bench, built from the same
 llama.cpp source, alternating in one run on one machine; with --peer-python, also tg128 against
 llama-cpp-python, each library in its own child process (benches/tg_protocol.py). Prints and
-writes (JSON, PNG) medians and ratios (each the median of the rounds' ratios).
+writes (JSON, PNG) medians and ratios (each the median of the rounds' ratios); then
+benches/engine.py's engine benchmark, whose ratios join these (its own engine.json, engine.png).
 
     python benches/compare.py --bin DIR_WITH_LLAMA_BENCH [--rounds 5] [--threads 2] [--out bench-results]
                               [--peer-python .venv-peers/bin/python]
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from batched import SEQUENCES, batched_bench, high_level, low_level, no_eog_sampler, prompts
 
+import engine
 import llamactx
 from llamactx.bench import generation_speed, prompt_speed
 
@@ -149,6 +151,9 @@ def main() -> None:
                 f"tg128 llama-cpp-python {setting} (child)",
             )
     ratios = {name: paired_ratio(runs[ours], runs[theirs]) for name, (ours, theirs) in pairs.items()}
+    # The engine's own benchmark (benches/engine.py) writes engine.json/engine.png; its ratios join these.
+    engine_result = engine.run(model, path, arguments.bin, threads, engine.FULL, arguments.rounds, arguments.out)
+    ratios |= {f"engine: {name}": value for name, value in engine_result["ratios"].items()}
     overheads = {
         "llamactx one-token decode round trip, ms": 1000 / medians["tg128 llamactx"],
         "llama-bench one-token decode, ms": 1000 / medians["tg128 llama-bench"],

@@ -94,6 +94,11 @@ impl OpenContext {
         self.cell.borrow_owner()
     }
 
+    /// Whether all sequences share one KV stream (`kv_unified=True`).
+    pub fn kv_unified(&self) -> bool {
+        self.kv_unified
+    }
+
     /// Creates a context of `model` with `options` (checked here), ready to compute.
     pub fn open(native_model: Arc<LlamaModel>, options: &ContextOptions) -> Result<Self> {
         options.check_for_model(native_model.n_ctx_train())?;

@@ -2,6 +2,7 @@
 //! (continuous batching). Python submits token ids and reads pieces; scheduling, decoding and
 //! sampling run on the engine's own thread, without the GIL.
 
+mod prefix_cache;
 mod request;
 mod sampling;
 mod scheduler;
@@ -40,6 +41,7 @@ struct Inbox {
 struct Counters {
     running: usize,
     kv_cells_used: usize,
+    kv_cells_cached: usize,
     prefix_cache_hits: u64,
     tokens_generated: u64,
     prompt_tokens_computed: u64,
@@ -135,11 +137,12 @@ impl PyEngineCore {
 #[pymethods]
 impl PyEngineCore {
     #[new]
-    #[pyo3(signature = (model, max_waiting, **options))]
+    #[pyo3(signature = (model, max_waiting, prefix_cache, **options))]
     fn new(
         py: Python<'_>,
         model: &Bound<'_, PyLlamaModel>,
         max_waiting: usize,
+        prefix_cache: bool,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let options = ContextOptions::from_kwargs(options)?;
@@ -163,7 +166,7 @@ impl PyEngineCore {
         let scheduled = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("llamactx-engine".to_owned())
-            .spawn(move || Scheduler::new(native, scheduled, batch).run())
+            .spawn(move || Scheduler::new(native, scheduled, batch, prefix_cache).run())
             .map_err(|err| Error::Runtime(format!("could not start the engine thread: {err}")))?;
         Ok(Self {
             shared,
@@ -224,8 +227,8 @@ impl PyEngineCore {
         Ok(PyRequestCore { shared: request })
     }
 
-    /// Counts of now: running and waiting requests, KV cells used and their total, prefix
-    /// cache hits, tokens generated, and generated tokens per second of engine work.
+    /// Counts of now: running and waiting requests, KV cells used by running requests, kept
+    /// for prefix reuse and in total, prefix cache hits, tokens generated, and generated tokens per second of engine work.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let waiting = self.shared.inbox().waiting.len();
         let counters = *self.shared.counters();
@@ -233,6 +236,7 @@ impl PyEngineCore {
         stats.set_item("running", counters.running)?;
         stats.set_item("waiting", waiting)?;
         stats.set_item("kv_cells_used", counters.kv_cells_used)?;
+        stats.set_item("kv_cells_cached", counters.kv_cells_cached)?;
         stats.set_item("kv_cells_total", self.n_ctx)?;
         stats.set_item("n_seq_max", self.n_seq_max)?;
         stats.set_item("prefix_cache_hits", counters.prefix_cache_hits)?;

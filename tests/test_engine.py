@@ -71,7 +71,8 @@ def references(model: llamactx.LlamaModel) -> list[tuple[str, list[int]]]:
 
 @pytest.fixture
 def engine(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
-    with llamactx.Engine(model, n_ctx=N_CTX, n_seq_max=N_SEQ, n_batch=N_BATCH) as engine:
+    # Without prefix reuse, every request must equal `generate` token for token.
+    with llamactx.Engine(model, n_ctx=N_CTX, n_seq_max=N_SEQ, n_batch=N_BATCH, prefix_cache=False) as engine:
         yield engine
     assert engine.stats()["running"] == 0
 
@@ -292,3 +293,45 @@ def test_a_forked_child_is_refused_the_parents_engine(model_path: Path) -> None:
     result = run_child(model_path, "engine_exit", "submit_after_fork", timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["CHILD", "refused", "True", "PARENT", "length"]
+
+
+SYSTEM = "You are a careful assistant. Answer briefly and politely, in plain words. " * 6
+
+
+def test_a_shared_prompt_start_is_read_once(model: llamactx.LlamaModel) -> None:
+    first_prompt = model.str_to_token(SYSTEM + "Question: what is water?", True)
+    second_prompt = model.str_to_token(SYSTEM + "Question: what is fire?", True)
+    shared = next(i for i, (a, b) in enumerate(zip(first_prompt, second_prompt, strict=False)) if a != b)
+    with llamactx.Engine(model, n_ctx=1024, n_seq_max=2, n_batch=N_BATCH) as engine:
+        first = engine.submit(first_prompt, max_tokens=12).result()
+        second = engine.submit(second_prompt, max_tokens=12).result()
+        stats = engine.stats()
+    assert (first.cached_tokens, second.cached_tokens) == (0, shared)
+    assert stats["prefix_cache_hits"] == 1
+    assert stats["kv_cells_cached"] > 0
+    assert stats["prompt_tokens_computed"] == len(first_prompt) + len(second_prompt) - shared
+    # The same cells, computed by hand: the first prompt in the engine's chunks, cut back to the
+    # shared start, then the rest of the second prompt.
+    with model.new_context(n_ctx=1024, n_seq_max=2, n_batch=N_BATCH) as ctx:
+        llamactx.prefill(ctx, first_prompt, 0)
+        ctx.clear_kv_cache_seq(0, shared, None)
+        llamactx.prefill(ctx, second_prompt, 0, start=shared)
+        history = list(second_prompt)
+        expected = "".join(
+            llamactx.continue_sequence(ctx, history, max_tokens=12, sampler=llamactx.LlamaSampler.greedy())
+        )
+    assert second.text == expected
+
+
+def test_a_running_request_shares_its_cells(model: llamactx.LlamaModel) -> None:
+    question = SYSTEM + "Question: what is fire?"
+    with llamactx.Engine(model, n_ctx=1024, n_seq_max=2, n_batch=N_BATCH) as engine:
+        engine.submit(SYSTEM + "Question: what is water?", max_tokens=1).result()
+        after_it_ended = engine.submit(question, max_tokens=12).result()
+    with llamactx.Engine(model, n_ctx=1024, n_seq_max=2, n_batch=N_BATCH) as engine:
+        running = engine.submit(SYSTEM + "Question: what is water?", max_tokens=400)
+        next(iter(running))  # it has read its prompt and generates
+        while_it_runs = engine.submit(question, max_tokens=12).result()
+        running.cancel()
+    assert while_it_runs.cached_tokens == after_it_ended.cached_tokens > 0
+    assert while_it_runs.text == after_it_ended.text

@@ -122,22 +122,29 @@ class Request:
 
 class Engine:
     """Serves many requests at once with one context of ``model``: each step decodes the next
-    token of every running request together with chunks of new prompts, so requests join and
-    leave between steps (continuous batching). ``submit`` may be called from any thread.
+    token of every running request in one batch, then chunks of new prompts, so requests join
+    and leave between steps (continuous batching). ``submit`` may be called from any thread.
 
     ``options`` are ``new_context``'s keywords; ``n_seq_max`` is how many requests run at once
     (each gets ``n_ctx / n_seq_max`` cells). At most ``max_waiting`` requests wait for a slot;
-    beyond, ``submit`` raises ``EngineBusy``. ``close()`` (or leaving a ``with`` block, or the
+    beyond, ``submit`` raises ``EngineBusy``. With ``prefix_cache``, a finished request's tokens
+    stay in its slot, and a request whose prompt starts the same way (a shared system prompt, a
+    chat's next turn) reads only the rest; a running request's cells are copied when it shares
+    more. Without it, a request's output equals ``generate`` on a context of the same options,
+    token for token (reused cells were computed in other chunks, which can change a near-tie).
+    ``close()`` (or leaving a ``with`` block, or the
     interpreter's exit) ends every request still waiting or running as "cancelled".
     """
 
-    def __init__(self, model: LlamaModel, *, max_waiting: int = 1024, **options: Any) -> None:
+    def __init__(
+        self, model: LlamaModel, *, max_waiting: int = 1024, prefix_cache: bool = True, **options: Any
+    ) -> None:
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
         options.setdefault("n_ctx", 4096)
         options.setdefault("n_seq_max", 8)
         self.model = model
-        self._core = _EngineCore(model, max_waiting, **options)
+        self._core = _EngineCore(model, max_waiting, prefix_cache, **options)
         # Python joins non-daemon threads before it runs `atexit` handlers: a thread waiting
         # on a request would keep the interpreter from exiting. This hook runs before that.
         _close_at_exit(self._core)
@@ -175,8 +182,9 @@ class Engine:
         return self.submit(tokens, max_tokens=max_tokens, stop=stop, sampling=sampling)
 
     def stats(self) -> dict[str, float]:
-        """Running and waiting requests, KV cells used and in total, prefix-cache hits, tokens
-        generated and prompt tokens computed, and generated tokens per second of engine work."""
+        """Running and waiting requests, KV cells used by running requests, kept for reuse and in
+        total, prefix-cache hits, tokens generated and prompt tokens computed, and generated
+        tokens per second of engine work."""
         return self._core.stats()
 
     def close(self) -> None:

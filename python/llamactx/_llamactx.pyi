@@ -903,7 +903,7 @@ class _RequestCore:
 class _EngineCore:
     """The native engine behind `llamactx.Engine`."""
 
-    def __new__(cls, model: LlamaModel, max_waiting: int, **options: Any) -> _EngineCore: ...
+    def __new__(cls, model: LlamaModel, max_waiting: int, prefix_cache: bool, **options: Any) -> _EngineCore: ...
     def submit(
         self, tokens: Sequence[int], max_tokens: int, stop: Sequence[str], sampling: SamplingParams | None
     ) -> _RequestCore:
@@ -911,8 +911,9 @@ class _EngineCore:
         `EngineBusy` when `max_waiting` requests already wait.
         """
     def stats(self) -> dict[str, float]:
-        """Counts of now: running and waiting requests, KV cells used and their total, prefix
-        cache hits, tokens generated, and generated tokens per second of engine work.
+        """Counts of now: running and waiting requests, KV cells used by running requests, kept
+        for prefix reuse and in total, prefix cache hits, tokens generated, and generated tokens per second of
+        engine work.
         """
     def close(self) -> None:
         """Stops the engine: requests still waiting or running end as "cancelled"; returns once

@@ -94,6 +94,17 @@ impl OpenContext {
     }
 
     /// Clears `seq_id` (every sequence for `None`) between positions `p0` and `p1`.
+    /// `LlamaContext.copy_kv_cache_seq`.
+    pub fn copy_seq(&mut self, src: i64, dest: i64, p0: Option<i64>, p1: Option<i64>) -> Result<()> {
+        self.require_memory()?;
+        let (src, dest) = (self.seq(src)?, self.seq(dest)?);
+        let (start, end) = (p0.unwrap_or(-1), p1.unwrap_or(-1));
+        let p0 = position(p0, KvCacheConversionError::P0TooLarge)?;
+        let p1 = position(p1, KvCacheConversionError::P1TooLarge)?;
+        self.check_copy(src, dest, start, end)?;
+        Ok(self.with_mut(|context| context.copy_kv_cache_seq(src, dest, p0, p1))?)
+    }
+
     pub fn clear_seq(&mut self, seq_id: Option<i64>, p0: Option<i64>, p1: Option<i64>) -> Result<bool> {
         self.require_memory()?;
         let seq_id = seq_id.map(|id| self.seq(id)).transpose()?;
@@ -122,15 +133,7 @@ impl PyLlamaContext {
     /// to sequence `dest`, which then continues exactly like `src`.
     #[pyo3(signature = (src, dest, p0=None, p1=None))]
     fn copy_kv_cache_seq(&self, py: Python<'_>, src: i64, dest: i64, p0: Option<i64>, p1: Option<i64>) -> PyResult<()> {
-        self.run(py, |native| {
-            native.require_memory()?;
-            let (src, dest) = (native.seq(src)?, native.seq(dest)?);
-            let (start, end) = (p0.unwrap_or(-1), p1.unwrap_or(-1));
-            let p0 = position(p0, KvCacheConversionError::P0TooLarge)?;
-            let p1 = position(p1, KvCacheConversionError::P1TooLarge)?;
-            native.check_copy(src, dest, start, end)?;
-            Ok(native.with_mut(|context| context.copy_kv_cache_seq(src, dest, p0, p1))?)
-        })
+        self.run(py, |native| native.copy_seq(src, dest, p0, p1))
     }
 
     /// Removes the cells of sequence `src` (all sequences for `None`) between positions `p0`

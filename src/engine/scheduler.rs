@@ -12,6 +12,7 @@ use std::time::Instant;
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 
+use super::prefix_cache::{Placement, PrefixCache};
 use super::request::{PyCompletion, RequestShared};
 use super::sampling::PySamplingParams;
 use super::steps::{token_bytes, Finish, Steps};
@@ -53,6 +54,10 @@ struct Running {
     steps: Steps,
     /// Tokens of this sequence in the KV cache: the prompt is read while it is shorter.
     kv_len: usize,
+    /// Those tokens themselves, for the prefix cache.
+    kv_tokens: Vec<LlamaToken>,
+    /// Prompt tokens found in the KV cache at admission.
+    reused: usize,
     /// The last sampled token, to decode at `kv_len` in the next step.
     next: Option<LlamaToken>,
     tokens: Vec<i32>,
@@ -76,7 +81,7 @@ impl Running {
             tokens: self.tokens.clone(),
             finish_reason,
             prompt_tokens: self.job.prompt.len(),
-            cached_tokens: 0,
+            cached_tokens: self.reused,
             completion_tokens: self.sampled,
             queue_seconds: self.admitted.duration_since(self.job.submitted).as_secs_f64(),
             first_token_seconds: seconds(self.job.submitted, self.first_token),
@@ -111,6 +116,7 @@ pub struct Scheduler {
     /// In order of admission.
     running: Vec<Running>,
     free_seqs: Vec<i32>,
+    cache: PrefixCache,
     n_batch: usize,
     n_ctx: usize,
     n_ctx_seq: usize,
@@ -120,7 +126,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// A scheduler for `native`, whose decodes go through `batch` (of `n_batch` tokens).
-    pub fn new(native: OpenContext, shared: Arc<EngineShared>, batch: BatchState) -> Self {
+    pub fn new(native: OpenContext, shared: Arc<EngineShared>, batch: BatchState, prefix_cache: bool) -> Self {
         let (n_batch, n_ctx, n_ctx_seq, n_seq_max) = native.with(|context| {
             (
                 context.n_batch() as usize,
@@ -136,6 +142,7 @@ impl Scheduler {
             running: Vec::new(),
             // llama.cpp caps n_seq_max far below i32::MAX.
             free_seqs: (0..i32::try_from(n_seq_max).unwrap_or(i32::MAX)).rev().collect(),
+            cache: PrefixCache::new(prefix_cache, n_seq_max as usize),
             n_batch,
             n_ctx,
             n_ctx_seq,
@@ -212,18 +219,32 @@ impl Scheduler {
     }
 
     fn admit(&mut self, job: Job) {
-        let Some(seq) = self.free_seqs.pop() else {
+        let running = self
+            .running
+            .iter()
+            .filter(|running| running.end.is_none())
+            .map(|running| (running.seq, running.kv_tokens.as_slice()));
+        let Some(placement) = self.cache.place(&self.free_seqs, running, &job.prompt) else {
             job.request.fail(Error::Runtime(
                 "the engine admitted a request without a free sequence".to_owned(),
             ));
             return;
         };
+        self.free_seqs.retain(|&seq| seq != placement.seq);
+        self.cache.taken(placement);
+        let reused = match self.reuse(placement) {
+            Ok(()) => placement.reused,
+            // Reading the whole prompt is always possible; the slot was emptied for it.
+            Err(_) => 0,
+        };
         let n_vocab = self.native.model().n_vocab();
         self.running.push(Running {
             sampler: job.sampling.build(n_vocab),
             steps: Steps::new(job.stop.clone(), job.max_tokens, self.n_ctx_seq),
-            seq,
-            kv_len: 0,
+            seq: placement.seq,
+            kv_len: reused,
+            kv_tokens: job.prompt[..reused].to_vec(),
+            reused,
             next: None,
             tokens: Vec::new(),
             text: String::new(),
@@ -234,6 +255,51 @@ impl Scheduler {
             end: (job.max_tokens == 0).then_some(End::Finished(Finish::Length)),
             job,
         });
+        self.make_room(placement.seq);
+    }
+
+    /// Leaves exactly the reused prompt start in the placed slot's KV cache.
+    fn reuse(&mut self, placement: Placement) -> Result<()> {
+        let seq = i64::from(placement.seq);
+        let kept = i64::try_from(placement.reused).map_err(|_| Error::value("prompt too long"))?;
+        let outcome = (|| {
+            if let Some(source) = placement.copy_from {
+                self.native.clear_seq(Some(seq), None, None)?;
+                if self.native.kv_unified() {
+                    self.native.copy_seq(i64::from(source), seq, Some(0), Some(kept))?;
+                } else {
+                    // Across KV streams llama.cpp copies whole sequences only.
+                    self.native.copy_seq(i64::from(source), seq, None, None)?;
+                }
+            }
+            self.native.clear_seq(Some(seq), Some(kept), None)
+        })();
+        match outcome {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::value("the KV cache cannot cut a sequence")),
+            Err(err) => {
+                let _ = self.native.clear_seq(Some(seq), None, None);
+                Err(err)
+            }
+        }
+    }
+
+    /// With one KV stream for all sequences, the cells kept for reuse share it with the
+    /// running ones: give up kept prompts (largest first) until the running requests' cells fit.
+    fn make_room(&mut self, placed: i32) {
+        if !self.native.kv_unified() {
+            return;
+        }
+        let reserved: usize = self
+            .running
+            .iter()
+            .map(|running| running.job.cells(self.n_ctx_seq))
+            .sum();
+        while reserved + self.cache.cells() > self.n_ctx {
+            let Some(seq) = self.cache.largest(placed) else { break };
+            let _ = self.native.clear_seq(Some(i64::from(seq)), None, None);
+            self.cache.forget(seq);
+        }
     }
 
     /// One decode of the next token of every generating sequence, then chunks of prompts
@@ -271,7 +337,7 @@ impl Scheduler {
         self.tokens_generated += rows.len() as u64;
         for (index, row) in rows {
             let running = &mut self.running[index];
-            running.next = None;
+            running.kv_tokens.extend(running.next.take());
             running.kv_len += 1;
             if let Err(err) = Self::sample(&self.native, running, row) {
                 running.end = Some(End::Failed(err));
@@ -316,6 +382,8 @@ impl Scheduler {
         self.native.decode(&mut self.batch)?;
         self.prompt_tokens_computed += chunk as u64;
         let running = &mut self.running[index];
+        let read = &running.job.prompt[running.kv_len..running.kv_len + chunk];
+        running.kv_tokens.extend_from_slice(read);
         running.kv_len += chunk;
         if running.kv_len == running.job.prompt.len() {
             Self::sample(&self.native, running, row_of(&self.batch)? - 1)?;
@@ -373,9 +441,14 @@ impl Scheduler {
                 index += 1;
                 continue;
             }
-            let running = self.running.remove(index);
-            // Its cells go back to the others; a sequence id from our own range cannot fail.
-            let _ = self.native.clear_seq(Some(i64::from(running.seq)), None, None);
+            let mut running = self.running.remove(index);
+            if self.cache.enabled() && !matches!(running.end, Some(End::Failed(_))) {
+                self.cache.keep(running.seq, std::mem::take(&mut running.kv_tokens));
+            } else {
+                // Its cells go back to the others; a sequence id from our own range cannot fail.
+                let _ = self.native.clear_seq(Some(i64::from(running.seq)), None, None);
+                self.cache.forget(running.seq);
+            }
             self.free_seqs.push(running.seq);
             ended.push(running);
         }
@@ -394,6 +467,8 @@ impl Scheduler {
         counters.running = self.running.len();
         counters.kv_cells_used = self.running.iter().map(|running| running.kv_len).sum();
         counters.tokens_generated = self.tokens_generated;
+        counters.kv_cells_cached = self.cache.cells();
+        counters.prefix_cache_hits = self.cache.hits;
         counters.prompt_tokens_computed = self.prompt_tokens_computed;
         counters.busy_seconds += step_started.elapsed().as_secs_f64();
     }

@@ -1,0 +1,168 @@
+//! Prompt prefix reuse: a request whose prompt starts like tokens already in the KV cache
+//! (a shared system prompt, the previous turn of a chat) reads only the rest.
+//!
+//! A finished request leaves its tokens in its sequence slot; the next request takes the free
+//! slot whose tokens share the longest start with its prompt, and keeps that much. When a
+//! running sequence shares more, its cells are copied into a free slot (with a KV stream per
+//! sequence llama.cpp copies the whole stream, and the copy is then cut back).
+
+use llama_cpp_4::token::LlamaToken;
+
+/// Where a new request goes and what it keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub seq: i32,
+    /// Prompt tokens already in the KV cache (at most all but the last, whose logits are needed).
+    pub reused: usize,
+    /// A running sequence to copy the cells from first.
+    pub copy_from: Option<i32>,
+}
+
+pub struct PrefixCache {
+    enabled: bool,
+    /// The tokens each free slot holds in the KV cache, by sequence id.
+    slots: Vec<Vec<LlamaToken>>,
+    pub hits: u64,
+}
+
+fn shared_start(held: &[LlamaToken], prompt: &[LlamaToken]) -> usize {
+    let usable = prompt.len().saturating_sub(1);
+    held.iter().zip(&prompt[..usable]).take_while(|(a, b)| a == b).count()
+}
+
+impl PrefixCache {
+    pub fn new(enabled: bool, n_seq: usize) -> Self {
+        Self {
+            enabled,
+            slots: vec![Vec::new(); n_seq],
+            hits: 0,
+        }
+    }
+
+    fn slot(&self, seq: i32) -> &[LlamaToken] {
+        usize::try_from(seq)
+            .ok()
+            .and_then(|index| self.slots.get(index))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// The placement of `prompt` among the `free` slots, copying from one of `running`
+    /// (sequence, tokens in its KV cache) where that keeps more. None when no slot is free.
+    pub fn place<'a>(
+        &self,
+        free: &[i32],
+        running: impl Iterator<Item = (i32, &'a [LlamaToken])>,
+        prompt: &[LlamaToken],
+    ) -> Option<Placement> {
+        let kept = |held: &[LlamaToken]| if self.enabled { shared_start(held, prompt) } else { 0 };
+        let (best_free, in_slot) = free
+            .iter()
+            .map(|&seq| (seq, kept(self.slot(seq))))
+            .max_by_key(|&(seq, kept)| (kept, std::cmp::Reverse(self.slot(seq).len())))?;
+        let from_running = running
+            .map(|(seq, held)| (seq, kept(held)))
+            .max_by_key(|&(_, kept)| kept);
+        match from_running {
+            Some((source, reused)) if reused > in_slot => {
+                // The free slot whose own tokens are worth least to others.
+                let seq = free.iter().copied().min_by_key(|&seq| self.slot(seq).len())?;
+                Some(Placement {
+                    seq,
+                    reused,
+                    copy_from: Some(source),
+                })
+            }
+            _ => Some(Placement {
+                seq: best_free,
+                reused: in_slot,
+                copy_from: None,
+            }),
+        }
+    }
+
+    /// Records that `placement` was applied (the slot is no longer free).
+    pub fn taken(&mut self, placement: Placement) {
+        if placement.reused > 0 {
+            self.hits += 1;
+        }
+        self.forget(placement.seq);
+    }
+
+    /// Keeps the tokens a finished sequence leaves in its slot (when reuse is on).
+    pub fn keep(&mut self, seq: i32, tokens: Vec<LlamaToken>) {
+        if let Some(slot) = usize::try_from(seq).ok().and_then(|index| self.slots.get_mut(index)) {
+            *slot = if self.enabled { tokens } else { Vec::new() };
+        }
+    }
+
+    pub fn forget(&mut self, seq: i32) {
+        self.keep(seq, Vec::new());
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Cells the free slots hold.
+    pub fn cells(&self) -> usize {
+        self.slots.iter().map(Vec::len).sum()
+    }
+
+    /// The free slot (other than `except`) holding the most cells, to give up for room.
+    pub fn largest(&self, except: i32) -> Option<i32> {
+        (0..self.slots.len())
+            .filter_map(|index| i32::try_from(index).ok())
+            .filter(|&seq| seq != except && !self.slot(seq).is_empty())
+            .max_by_key(|&seq| self.slot(seq).len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use llama_cpp_4::token::LlamaToken;
+
+    use super::{Placement, PrefixCache};
+
+    fn tokens(ids: &[i32]) -> Vec<LlamaToken> {
+        ids.iter().copied().map(LlamaToken::new).collect()
+    }
+
+    #[test]
+    fn the_slot_with_the_longest_shared_start_is_taken() {
+        let mut cache = PrefixCache::new(true, 3);
+        cache.keep(0, tokens(&[1, 2, 9]));
+        cache.keep(1, tokens(&[1, 2, 3, 4, 5]));
+        let prompt = tokens(&[1, 2, 3, 4, 5]);
+        let placed = cache.place(&[0, 1, 2], std::iter::empty(), &prompt);
+        // The whole prompt is cached, but its last token is read again for its logits.
+        assert_eq!(
+            placed,
+            Some(Placement {
+                seq: 1,
+                reused: 4,
+                copy_from: None
+            })
+        );
+        let running = tokens(&[1, 2, 3, 4, 5, 6]);
+        let longer = tokens(&[1, 2, 3, 4, 5, 6, 7]);
+        let placed = cache.place(&[0, 2], [(1, running.as_slice())].into_iter(), &longer);
+        assert_eq!(
+            placed,
+            Some(Placement {
+                seq: 2,
+                reused: 6,
+                copy_from: Some(1)
+            })
+        );
+        assert_eq!(cache.place(&[], std::iter::empty(), &prompt), None);
+    }
+
+    #[test]
+    fn nothing_is_reused_when_disabled() {
+        let mut cache = PrefixCache::new(false, 2);
+        cache.keep(0, tokens(&[1, 2, 3]));
+        assert_eq!(cache.cells(), 0);
+        let placed = cache.place(&[0, 1], std::iter::empty(), &tokens(&[1, 2, 3, 4]));
+        assert_eq!(placed.map(|placement| placement.reused), Some(0));
+    }
+}
