@@ -2,6 +2,7 @@
 //! (continuous batching). Python submits token ids and reads pieces; scheduling, decoding and
 //! sampling run on the engine's own thread, without the GIL.
 
+mod logprobs;
 mod prefix_cache;
 mod request;
 mod sampling;
@@ -180,14 +181,18 @@ impl PyEngineCore {
 
     /// Queues a request for `tokens`. `ValueError` for a prompt that can never run,
     /// `EngineBusy` when `max_waiting` requests already wait.
-    #[pyo3(signature = (tokens, max_tokens, stop, sampling))]
+    #[pyo3(signature = (tokens, max_tokens, stop, sampling, logprobs))]
     fn submit(
         &self,
         tokens: Vec<i32>,
         max_tokens: i64,
         stop: Vec<String>,
         sampling: Option<&Bound<'_, PySamplingParams>>,
+        logprobs: usize,
     ) -> PyResult<PyRequestCore> {
+        if logprobs > logprobs::MAX_TOP {
+            return Err(Error::value(format!("logprobs must be in 0..={}, got {logprobs}", logprobs::MAX_TOP)).into());
+        }
         let max_tokens = usize::try_from(max_tokens)
             .map_err(|_| Error::value(format!("max_tokens must be >= 0, got {max_tokens}")))?;
         if std::process::id() != self.pid {
@@ -202,6 +207,7 @@ impl PyEngineCore {
             max_tokens,
             stop,
             sampling,
+            logprobs,
             submitted: Instant::now(),
         };
         {

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import llamactx
@@ -335,3 +336,22 @@ def test_a_running_request_shares_its_cells(model: llamactx.LlamaModel) -> None:
         running.cancel()
     assert while_it_runs.cached_tokens == after_it_ended.cached_tokens > 0
     assert while_it_runs.text == after_it_ended.text
+
+
+def test_logprobs_follow_the_models_distribution(engine: llamactx.Engine, model: llamactx.LlamaModel) -> None:
+    completion = engine.submit("The capital of France is", max_tokens=6, logprobs=3).result()
+    assert len(completion.logprobs) == len(completion.tokens) == 6
+    for token, alternatives in zip(completion.tokens, completion.logprobs, strict=True):
+        assert alternatives[0][0] == token
+        assert len({pair[0] for pair in alternatives}) == 4
+        # Greedy: the chosen token is the most likely one.
+        assert alternatives[0][1] >= max(logprob for _, logprob in alternatives[1:])
+    with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ, n_batch=N_BATCH) as ctx:
+        llamactx.prefill(ctx, model.str_to_token("The capital of France is", True), 0)
+        logits = ctx.get_logits_ith(-1).astype(np.float64)
+    log_softmax = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    for token, logprob in completion.logprobs[0]:
+        assert logprob == pytest.approx(log_softmax[token], abs=1e-4)
+    assert engine.submit("Hi", max_tokens=2).result().logprobs == []
+    with pytest.raises(ValueError, match="logprobs"):
+        engine.submit("Hi", logprobs=21)

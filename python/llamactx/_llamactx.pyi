@@ -841,6 +841,11 @@ class Completion:
     def tokens(self) -> list[int]:
         """The generated token ids (an end-of-generation token excluded)."""
     @property
+    def logprobs(self) -> list[list[tuple[int, float]]]:
+        """Per generated token when `logprobs` was asked for: `(token, log-probability)` of that
+        token, then of the most likely others, under the model's own distribution.
+        """
+    @property
     def finish_reason(self) -> str:
         """ "stop" (end of generation or a stop string), "length" (`max_tokens` or the context
         size), "cancelled".
@@ -905,7 +910,12 @@ class _EngineCore:
 
     def __new__(cls, model: LlamaModel, max_waiting: int, prefix_cache: bool, **options: Any) -> _EngineCore: ...
     def submit(
-        self, tokens: Sequence[int], max_tokens: int, stop: Sequence[str], sampling: SamplingParams | None
+        self,
+        tokens: Sequence[int],
+        max_tokens: int,
+        stop: Sequence[str],
+        sampling: SamplingParams | None,
+        logprobs: int,
     ) -> _RequestCore:
         """Queues a request for `tokens`. `ValueError` for a prompt that can never run,
         `EngineBusy` when `max_waiting` requests already wait.

@@ -60,7 +60,8 @@ impl OpenContext {
         Ok(row)
     }
 
-    fn read_row<T: Send>(&self, i: i32, read: impl for<'a> FnOnce(&LlamaContext<'a>, i32) -> T) -> Result<T> {
+    /// Reads output row `i` (checked) of the context.
+    pub fn read_row<T: Send>(&self, i: i32, read: impl for<'a> FnOnce(&LlamaContext<'a>, i32) -> T) -> Result<T> {
         let row = self.full_logits_row(i)?;
         Ok(self.with(|context| read(context, row)))
     }

@@ -8,6 +8,11 @@
 
 use llama_cpp_4::token::LlamaToken;
 
+/// The fewest tokens worth copying from a running sequence. A copy is not free: with a KV
+/// stream per sequence llama.cpp copies the whole stream, and 8 sequences that had copied a
+/// mere BOS token generated at two thirds of the speed (`benches/engine.py`).
+pub const MIN_COPY: usize = 64;
+
 /// Where a new request goes and what it keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
@@ -63,7 +68,7 @@ impl PrefixCache {
             .map(|(seq, held)| (seq, kept(held)))
             .max_by_key(|&(_, kept)| kept);
         match from_running {
-            Some((source, reused)) if reused > in_slot => {
+            Some((source, reused)) if reused > in_slot && reused >= MIN_COPY => {
                 // The free slot whose own tokens are worth least to others.
                 let seq = free.iter().copied().min_by_key(|&seq| self.slot(seq).len())?;
                 Some(Placement {
@@ -143,17 +148,23 @@ mod tests {
                 copy_from: None
             })
         );
-        let running = tokens(&[1, 2, 3, 4, 5, 6]);
-        let longer = tokens(&[1, 2, 3, 4, 5, 6, 7]);
+        let running: Vec<LlamaToken> = (0..100).map(LlamaToken::new).collect();
+        let longer: Vec<LlamaToken> = (0..101).map(LlamaToken::new).collect();
         let placed = cache.place(&[0, 2], [(1, running.as_slice())].into_iter(), &longer);
-        assert_eq!(
-            placed,
-            Some(Placement {
-                seq: 2,
-                reused: 6,
-                copy_from: Some(1)
-            })
+        let copied = Placement {
+            seq: 2,
+            reused: 100,
+            copy_from: Some(1),
+        };
+        assert_eq!(placed, Some(copied));
+        // Too short a start to be worth a copy: the prompt is read.
+        let short = tokens(&[1, 2, 3, 4, 5, 6]);
+        let placed = cache.place(
+            &[2],
+            [(1, short.as_slice())].into_iter(),
+            &tokens(&[1, 2, 3, 4, 5, 6, 7]),
         );
+        assert_eq!(placed.map(|placement| placement.copy_from), Some(None));
         assert_eq!(cache.place(&[], std::iter::empty(), &prompt), None);
     }
 

@@ -25,6 +25,9 @@ pub struct PyCompletion {
     pub text: String,
     /// The generated token ids (an end-of-generation token excluded).
     pub tokens: Vec<i32>,
+    /// Per generated token when `logprobs` was asked for: `(token, log-probability)` of that
+    /// token, then of the most likely others, under the model's own distribution.
+    pub logprobs: Vec<Vec<(i32, f32)>>,
     /// "stop" (end of generation or a stop string), "length" (`max_tokens` or the context
     /// size), "cancelled".
     pub finish_reason: &'static str,

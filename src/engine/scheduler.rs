@@ -1,6 +1,6 @@
 //! The engine's thread. Each step decodes the next token of every generating sequence in one
-//! batch, then reads chunks of prompts (oldest request first, up to `n_batch` tokens): a long
-//! prompt is read over several steps while the other sequences keep generating. Requests take
+//! batch, then chunks of prompts in another (oldest request first, up to `n_batch` tokens): a
+//! long prompt is read over several steps while the other sequences keep generating. Requests take
 //! a free sequence slot when the KV cells they may need (prompt plus `max_tokens`, at most a
 //! sequence's share) are free too, first come first served.
 
@@ -12,6 +12,7 @@ use std::time::Instant;
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 
+use super::logprobs::top_logprobs;
 use super::prefix_cache::{Placement, PrefixCache};
 use super::request::{PyCompletion, RequestShared};
 use super::sampling::PySamplingParams;
@@ -29,6 +30,8 @@ pub struct Job {
     pub max_tokens: usize,
     pub stop: Vec<String>,
     pub sampling: PySamplingParams,
+    /// Alternatives to report per generated token (0: no log-probabilities).
+    pub logprobs: usize,
     pub submitted: Instant,
 }
 
@@ -61,6 +64,7 @@ struct Running {
     /// The last sampled token, to decode at `kv_len` in the next step.
     next: Option<LlamaToken>,
     tokens: Vec<i32>,
+    logprobs: Vec<Vec<(i32, f32)>>,
     text: String,
     sampled: usize,
     admitted: Instant,
@@ -79,6 +83,7 @@ impl Running {
         PyCompletion {
             text: self.text.clone(),
             tokens: self.tokens.clone(),
+            logprobs: self.logprobs.clone(),
             finish_reason,
             prompt_tokens: self.job.prompt.len(),
             cached_tokens: self.reused,
@@ -99,6 +104,7 @@ fn unstarted(job: &Job, finish_reason: &'static str) -> PyCompletion {
     PyCompletion {
         text: String::new(),
         tokens: Vec::new(),
+        logprobs: Vec::new(),
         finish_reason,
         prompt_tokens: job.prompt.len(),
         cached_tokens: 0,
@@ -247,6 +253,7 @@ impl Scheduler {
             reused,
             next: None,
             tokens: Vec::new(),
+            logprobs: Vec::new(),
             text: String::new(),
             sampled: 0,
             admitted: Instant::now(),
@@ -302,8 +309,8 @@ impl Scheduler {
         }
     }
 
-    /// One decode of the next token of every generating sequence, then chunks of prompts
-    /// being read, then sampling where a prompt was read to its end.
+    /// One decode of the next token of every generating sequence, then one of chunks of
+    /// prompts being read, sampling where a prompt was read to its end.
     fn step(&mut self) {
         for running in &mut self.running {
             if running.end.is_none() && running.job.request.cancelled() {
@@ -345,49 +352,71 @@ impl Scheduler {
         }
     }
 
-    /// Reads the next `n_batch` tokens of the prompts being read, oldest request first, up to
-    /// `n_batch` tokens in all (at least one chunk), each chunk in a decode of its own.
+    /// Reads chunks of the prompts being read, oldest request first: each the next `n_batch`
+    /// tokens of its prompt (as `prefill` reads them), up to `n_batch` tokens in all (at least
+    /// one chunk), in one decode of prompts only.
     ///
-    /// A chunk is never decoded beside other sequences' tokens: llama.cpp splits such a batch
-    /// into micro-batches differently than a prompt read alone, and the slightly different
-    /// numbers changed a near-tie greedy token. Read alone, in the chunks `prefill` reads,
-    /// a request gives exactly what `generate` gives on a context of the same options.
+    /// Prompt chunks never share a decode with generating sequences' tokens: llama.cpp splits
+    /// such a batch into micro-batches that mix one prompt token with the others, and the
+    /// slightly different numbers changed a near-tie greedy token.
     fn read_prompts(&mut self) {
         let mut room = self.n_batch;
-        for index in 0..self.running.len() {
-            let running = &self.running[index];
+        let mut chunks: Vec<(usize, usize)> = Vec::new();
+        for (index, running) in self.running.iter().enumerate() {
             let left = running.job.prompt.len().saturating_sub(running.kv_len);
             if running.end.is_some() || left == 0 {
                 continue;
             }
             let chunk = left.min(self.n_batch);
-            if chunk > room && room < self.n_batch {
+            if chunk > room && !chunks.is_empty() {
                 break;
             }
             room = room.saturating_sub(chunk);
-            if let Err(err) = self.read_chunk(index, chunk) {
-                self.fail([index].into_iter(), err);
+            chunks.push((index, chunk));
+        }
+        if chunks.is_empty() {
+            return;
+        }
+        if self.read_chunks(&chunks).is_err() {
+            // Which prompt failed the decode (which changed nothing)? Each alone says.
+            for (index, chunk) in chunks {
+                if let Err(err) = self.read_chunks(&[(index, chunk)]) {
+                    self.fail([index].into_iter(), err);
+                }
             }
         }
     }
 
-    fn read_chunk(&mut self, index: usize, chunk: usize) -> Result<()> {
+    /// Decodes the given `(index in running, tokens)` prompt chunks in one batch, then samples
+    /// the first token of each prompt read to its end.
+    fn read_chunks(&mut self, chunks: &[(usize, usize)]) -> Result<()> {
         self.batch.clear();
-        let running = &self.running[index];
-        let prompt = &running.job.prompt;
-        for pos in running.kv_len..running.kv_len + chunk {
-            self.batch
-                .add(prompt[pos].0, position(pos)?, &[running.seq], pos + 1 == prompt.len())?;
+        let mut rows = Vec::new();
+        for &(index, chunk) in chunks {
+            let running = &self.running[index];
+            let prompt = &running.job.prompt;
+            for pos in running.kv_len..running.kv_len + chunk {
+                let last = pos + 1 == prompt.len();
+                if last {
+                    rows.push((index, row_of(&self.batch)?));
+                }
+                self.batch.add(prompt[pos].0, position(pos)?, &[running.seq], last)?;
+            }
         }
         self.native.decode(&mut self.batch)?;
-        self.prompt_tokens_computed += chunk as u64;
-        let running = &mut self.running[index];
-        let read = &running.job.prompt[running.kv_len..running.kv_len + chunk];
-        running.kv_tokens.extend_from_slice(read);
-        running.kv_len += chunk;
-        if running.kv_len == running.job.prompt.len() {
-            Self::sample(&self.native, running, row_of(&self.batch)? - 1)?;
+        for &(index, chunk) in chunks {
+            self.prompt_tokens_computed += chunk as u64;
+            let running = &mut self.running[index];
+            let read = &running.job.prompt[running.kv_len..running.kv_len + chunk];
+            running.kv_tokens.extend_from_slice(read);
+            running.kv_len += chunk;
+        }
+        for (index, row) in rows {
             self.tokens_generated += 1;
+            let running = &mut self.running[index];
+            if let Err(err) = Self::sample(&self.native, running, row) {
+                running.end = Some(End::Failed(err));
+            }
         }
         Ok(())
     }
@@ -407,6 +436,7 @@ impl Scheduler {
     }
 
     fn sample(native: &OpenContext, running: &mut Running, row: i32) -> Result<()> {
+        let row = native.full_logits_row(row)?;
         let chosen = select(native, &mut running.sampler, row)?.id();
         running.sampler.accept(chosen);
         let model = native.model();
@@ -419,6 +449,13 @@ impl Scheduler {
         let (piece, finish) = running.steps.take(&bytes, end_of_generation, running.kv_len);
         if !end_of_generation {
             running.tokens.push(chosen.0);
+            if running.job.logprobs > 0 {
+                let top = running.job.logprobs;
+                let logprobs = native.read_row(row, |context, row| {
+                    top_logprobs(context.get_logits_ith(row), chosen.0, top)
+                })?;
+                running.logprobs.push(logprobs);
+            }
         }
         if !piece.is_empty() {
             running.text.push_str(&piece);
