@@ -26,8 +26,8 @@ class _LoopWaker:
         self._waiting: list[tuple[_RequestCore, bool, asyncio.Future[None]]] = []
         loop.add_reader(self._native.fileno(), self._wake)
 
-    def watch(self, core: _RequestCore) -> None:
-        core.watch(self._native)
+    def watch(self, core: _RequestCore, *, pieces: bool) -> None:
+        core.watch(self._native, pieces)
 
     def wait(self, core: _RequestCore, end_only: bool) -> asyncio.Future[None]:
         future: asyncio.Future[None] = self._loop.create_future()
@@ -50,12 +50,12 @@ class _LoopWaker:
 _wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker] = weakref.WeakKeyDictionary()
 
 
-def _waker_for(core: _RequestCore) -> _LoopWaker:
+def _waker_for(core: _RequestCore, *, pieces: bool) -> _LoopWaker:
     loop = asyncio.get_running_loop()
     waker = _wakers.get(loop)
     if waker is None:
         waker = _wakers[loop] = _LoopWaker(loop)
-    waker.watch(core)
+    waker.watch(core, pieces=pieces)
     return waker
 
 
@@ -76,7 +76,7 @@ class Request:
         return self._pieces()
 
     async def _pieces(self) -> AsyncIterator[str]:
-        waker = _waker_for(self._core)
+        waker = _waker_for(self._core, pieces=True)
         while True:
             kind, piece = self._core.poll()
             if kind == "end":
@@ -101,7 +101,7 @@ class Request:
         return self._result().__await__()
 
     async def _result(self) -> Completion:
-        waker = _waker_for(self._core)
+        waker = _waker_for(self._core, pieces=False)
         while (completion := self._core.result_now()) is None:
             await self._wait(waker, end_only=True)
         return completion

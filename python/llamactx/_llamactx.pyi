@@ -901,8 +901,8 @@ class _RequestCore:
     @property
     def done(self) -> bool:
         """Whether the request is over."""
-    def watch(self, waker: _Waker) -> None:
-        """Wakes `waker`'s loop on every piece and at the end, from now on."""
+    def watch(self, waker: _Waker, pieces: bool) -> None:
+        """Wakes `waker`'s loop at the end, and on every piece from now on if `pieces`."""
 
 @final
 class _EngineCore:

@@ -85,12 +85,12 @@ impl PrefixCache {
         }
     }
 
-    /// Records that `placement` was applied (the slot is no longer free).
-    pub fn taken(&mut self, placement: Placement) {
-        if placement.reused > 0 {
+    /// Records that slot `seq` was taken by a request that found `reused` prompt tokens there.
+    pub fn taken(&mut self, seq: i32, reused: usize) {
+        if reused > 0 {
             self.hits += 1;
         }
-        self.forget(placement.seq);
+        self.forget(seq);
     }
 
     /// Keeps the tokens a finished sequence leaves in its slot (when reuse is on).

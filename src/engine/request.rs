@@ -71,9 +71,15 @@ struct Progress {
 /// What the engine thread and the waiting Python code share of one request.
 pub struct RequestShared {
     progress: Mutex<Progress>,
+    /// Signalled for every piece and at the end.
     changed: Condvar,
+    /// Signalled at the end only: a thread waiting for the result is not woken per token (on
+    /// 2 CPUs each wake-up stalled the engine's compute threads measurably).
+    ended: Condvar,
     cancelled: AtomicBool,
     waker: Mutex<Option<Arc<WakePipe>>>,
+    /// Whether the watching loop wants a wake-up per piece (`async for`), not just at the end.
+    wake_on_pieces: AtomicBool,
     engine: Arc<EngineShared>,
 }
 
@@ -82,8 +88,10 @@ impl RequestShared {
         Self {
             progress: Mutex::default(),
             changed: Condvar::new(),
+            ended: Condvar::new(),
             cancelled: AtomicBool::new(false),
             waker: Mutex::new(None),
+            wake_on_pieces: AtomicBool::new(false),
             engine,
         }
     }
@@ -93,8 +101,13 @@ impl RequestShared {
         self.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn notify(&self) {
+    fn notify(&self, end: bool) {
         self.changed.notify_all();
+        if end {
+            self.ended.notify_all();
+        } else if !self.wake_on_pieces.load(Ordering::Acquire) {
+            return;
+        }
         if let Some(pipe) = self
             .waker
             .lock()
@@ -108,7 +121,7 @@ impl RequestShared {
     /// Hands a piece of text to the reader.
     pub fn emit(&self, piece: String) {
         self.progress().pieces.push_back(piece);
-        self.notify();
+        self.notify(false);
     }
 
     /// Ends the request (the first outcome wins).
@@ -122,7 +135,7 @@ impl RequestShared {
 
     fn settle(&self, outcome: Outcome) {
         self.progress().outcome.get_or_insert(outcome);
-        self.notify();
+        self.notify(true);
     }
 
     pub fn cancelled(&self) -> bool {
@@ -175,9 +188,11 @@ impl PyRequestCore {
                 let slice = deadline.map_or(SIGNAL_CHECK, |deadline| {
                     SIGNAL_CHECK.min(deadline.saturating_duration_since(Instant::now()))
                 });
-                let (progress, _) = self
-                    .shared
-                    .changed
+                let signal = match want {
+                    Want::Piece => &self.shared.changed,
+                    Want::End => &self.shared.ended,
+                };
+                let (progress, _) = signal
                     .wait_timeout_while(progress, slice, |progress| !ready(progress, want))
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 ready(&progress, want)
@@ -271,8 +286,11 @@ impl PyRequestCore {
         self.shared.finished()
     }
 
-    /// Wakes `waker`'s loop on every piece and at the end, from now on.
-    fn watch(&self, waker: &PyWaker) {
+    /// Wakes `waker`'s loop at the end, and on every piece from now on if `pieces`.
+    fn watch(&self, waker: &PyWaker, pieces: bool) {
+        if pieces {
+            self.shared.wake_on_pieces.store(true, Ordering::Release);
+        }
         *self
             .shared
             .waker

@@ -237,12 +237,12 @@ impl Scheduler {
             return;
         };
         self.free_seqs.retain(|&seq| seq != placement.seq);
-        self.cache.taken(placement);
         let reused = match self.reuse(placement) {
             Ok(()) => placement.reused,
             // Reading the whole prompt is always possible; the slot was emptied for it.
             Err(_) => 0,
         };
+        self.cache.taken(placement.seq, reused);
         let n_vocab = self.native.model().n_vocab();
         self.running.push(Running {
             sampler: job.sampling.build(n_vocab),
