@@ -15,6 +15,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use llama_cpp_4::model::LlamaModel;
+use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -24,6 +26,7 @@ use crate::context::{ContextOptions, OpenContext};
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
 use crate::model::PyLlamaModel;
+use crate::sampler::SendSampler;
 use crate::tokens::check_vocab;
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
@@ -87,6 +90,8 @@ pub struct PyEngineCore {
     shared: Arc<EngineShared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     limits: Limits,
+    /// For building grammars at submit (refused there if they do not parse).
+    model: Arc<LlamaModel>,
     n_ctx: u32,
     n_seq_max: u32,
     /// The process the engine thread runs in: a forked child has none of it.
@@ -151,7 +156,7 @@ impl PyEngineCore {
             return Err(Error::value("an engine generates text: embeddings=True is for LlamaContext").into());
         }
         let native_model = model.get().tokenizer()?;
-        let native = detached(py, || OpenContext::open(native_model, &options))?;
+        let native = detached(py, || OpenContext::open(Arc::clone(&native_model), &options))?;
         let (n_ctx, n_seq_max) = native.with(|context| (context.n_ctx(), context.n_seq_max()));
         let limits = Limits {
             n_vocab: native.model().n_vocab(),
@@ -173,6 +178,7 @@ impl PyEngineCore {
             shared,
             thread: Mutex::new(Some(thread)),
             limits,
+            model: native_model,
             n_ctx,
             n_seq_max,
             pid: std::process::id(),
@@ -181,14 +187,17 @@ impl PyEngineCore {
 
     /// Queues a request for `tokens`. `ValueError` for a prompt that can never run,
     /// `EngineBusy` when `max_waiting` requests already wait.
-    #[pyo3(signature = (tokens, max_tokens, stop, sampling, logprobs))]
+    #[pyo3(signature = (tokens, max_tokens, stop, sampling, logprobs, grammar))]
+    #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
+        py: Python<'_>,
         tokens: Vec<i32>,
         max_tokens: i64,
         stop: Vec<String>,
         sampling: Option<&Bound<'_, PySamplingParams>>,
         logprobs: usize,
+        grammar: Option<String>,
     ) -> PyResult<PyRequestCore> {
         if logprobs > logprobs::MAX_TOP {
             return Err(Error::value(format!("logprobs must be in 0..={}, got {logprobs}", logprobs::MAX_TOP)).into());
@@ -200,6 +209,15 @@ impl PyEngineCore {
         }
         let sampling = sampling.map_or_else(PySamplingParams::greedy, |sampling| sampling.get().clone());
         self.refuse(&tokens, &sampling)?;
+        let grammar = match grammar {
+            Some(grammar) => {
+                let model = Arc::clone(&self.model);
+                Some(detached(py, move || {
+                    Ok(SendSampler(LlamaSampler::try_grammar(&model, &grammar, "root")?))
+                })?)
+            }
+            None => None,
+        };
         let request = Arc::new(RequestShared::new(Arc::clone(&self.shared)));
         let job = Job {
             request: Arc::clone(&request),
@@ -207,6 +225,7 @@ impl PyEngineCore {
             max_tokens,
             stop,
             sampling,
+            grammar,
             logprobs,
             submitted: Instant::now(),
         };

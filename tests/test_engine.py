@@ -355,3 +355,15 @@ def test_logprobs_follow_the_models_distribution(engine: llamactx.Engine, model:
     assert engine.submit("Hi", max_tokens=2).result().logprobs == []
     with pytest.raises(ValueError, match="logprobs"):
         engine.submit("Hi", logprobs=21)
+
+
+def test_a_grammar_constrains_one_request_and_not_the_others(engine: llamactx.Engine) -> None:
+    grammar = 'root ::= ("yes" | "no") "."'
+    constrained = engine.submit("Is the sky green? Answer:", max_tokens=20, grammar=grammar)
+    free = engine.submit("Is the sky green? Answer:", max_tokens=20)
+    completion = constrained.result()
+    assert completion.text in {"yes.", "no."}
+    assert completion.finish_reason == "stop"
+    assert free.result().text not in {"yes.", "no."}
+    with pytest.raises(llamactx.SamplerInitError):
+        engine.submit("Hi", grammar="root ::= (")

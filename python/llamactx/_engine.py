@@ -157,18 +157,20 @@ class Engine:
         stop: str | Sequence[str] = (),
         sampling: SamplingParams | None = None,
         logprobs: int = 0,
+        grammar: str | None = None,
     ) -> Request:
         """Queues a request to generate up to ``max_tokens`` tokens after ``prompt`` (text, or
         token ids) and returns at once. Greedy when ``sampling`` is None; ``logprobs`` (0..20)
-        asks for the log-probabilities of each generated token and of that many alternatives.
-        ``ValueError`` for a prompt that cannot fit a sequence; ``EngineBusy`` when
-        ``max_waiting`` requests wait."""
+        asks for the log-probabilities of each generated token and of that many alternatives;
+        ``grammar`` (GBNF, rule ``root``) constrains the output. ``ValueError`` for a prompt that
+        cannot fit a sequence, ``SamplerInitError`` for a grammar llama.cpp cannot parse,
+        ``EngineBusy`` when ``max_waiting`` requests wait."""
         if isinstance(prompt, str):
             tokens = self.model.str_to_token(prompt, self.model.add_bos_token())
         else:
             tokens = [int(token) for token in prompt]
         stops = [stop] if isinstance(stop, str) else list(stop)
-        return Request(self._core.submit(tokens, max_tokens, stops, sampling, logprobs))
+        return Request(self._core.submit(tokens, max_tokens, stops, sampling, logprobs, grammar))
 
     def submit_chat(
         self,
@@ -178,12 +180,15 @@ class Engine:
         stop: str | Sequence[str] = (),
         sampling: SamplingParams | None = None,
         logprobs: int = 0,
+        grammar: str | None = None,
     ) -> Request:
         """``submit`` for the assistant's reply to ``messages`` (``{"role", "content"}`` dicts or
         pairs), formatted with the model's chat template."""
         prompt = self.model.apply_chat_template(messages, None, True)
         tokens = self.model.str_to_token(prompt, False)
-        return self.submit(tokens, max_tokens=max_tokens, stop=stop, sampling=sampling, logprobs=logprobs)
+        return self.submit(
+            tokens, max_tokens=max_tokens, stop=stop, sampling=sampling, logprobs=logprobs, grammar=grammar
+        )
 
     def stats(self) -> dict[str, float]:
         """Running and waiting requests, KV cells used by running requests, kept for reuse and in

@@ -916,6 +916,7 @@ class _EngineCore:
         stop: Sequence[str],
         sampling: SamplingParams | None,
         logprobs: int,
+        grammar: str | None,
     ) -> _RequestCore:
         """Queues a request for `tokens`. `ValueError` for a prompt that can never run,
         `EngineBusy` when `max_waiting` requests already wait.

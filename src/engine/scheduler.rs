@@ -20,8 +20,9 @@ use super::steps::{token_bytes, Finish, Steps};
 use super::EngineShared;
 use crate::batch::BatchState;
 use crate::context::OpenContext;
+use crate::errors::shim_error;
 use crate::errors::{Error, Result};
-use crate::sampler::select;
+use crate::sampler::{refuse_unfinished_end, select, SendSampler};
 
 /// A submitted request, checked against the engine's limits.
 pub struct Job {
@@ -30,6 +31,8 @@ pub struct Job {
     pub max_tokens: usize,
     pub stop: Vec<String>,
     pub sampling: PySamplingParams,
+    /// A GBNF grammar the output must follow, applied before `sampling`.
+    pub grammar: Option<SendSampler>,
     /// Alternatives to report per generated token (0: no log-probabilities).
     pub logprobs: usize,
     pub submitted: Instant,
@@ -224,7 +227,7 @@ impl Scheduler {
         Some(admitted)
     }
 
-    fn admit(&mut self, job: Job) {
+    fn admit(&mut self, mut job: Job) {
         let running = self
             .running
             .iter()
@@ -244,8 +247,13 @@ impl Scheduler {
         };
         self.cache.taken(placement.seq, reused);
         let n_vocab = self.native.model().n_vocab();
+        let sampling = job.sampling.build(n_vocab);
+        let sampler = match job.grammar.take() {
+            Some(grammar) => LlamaSampler::chain([grammar.0, sampling], true),
+            None => sampling,
+        };
         self.running.push(Running {
-            sampler: job.sampling.build(n_vocab),
+            sampler,
             steps: Steps::new(job.stop.clone(), job.max_tokens, self.n_ctx_seq),
             seq: placement.seq,
             kv_len: reused,
@@ -438,10 +446,12 @@ impl Scheduler {
     fn sample(native: &OpenContext, running: &mut Running, row: i32) -> Result<()> {
         let row = native.full_logits_row(row)?;
         let chosen = select(native, &mut running.sampler, row)?.id();
-        running.sampler.accept(chosen);
         let model = native.model();
-        let bytes = token_bytes(model, chosen)?;
         let end_of_generation = model.is_eog_token(chosen);
+        // A grammar masks what it cannot take, so these only refuse what llama.cpp would abort on.
+        refuse_unfinished_end(end_of_generation, &running.sampler, chosen)?;
+        running.sampler.try_accept(chosen).map_err(shim_error)?;
+        let bytes = token_bytes(model, chosen)?;
         let now = Instant::now();
         running.first_token.get_or_insert(now);
         running.last_token = Some(now);
