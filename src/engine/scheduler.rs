@@ -38,6 +38,16 @@ pub struct Job {
     pub submitted: Instant,
 }
 
+impl Drop for Job {
+    /// No request is left without an outcome, whatever ends the engine's work on it (the first
+    /// outcome wins, so this does nothing to a request that ended normally).
+    fn drop(&mut self) {
+        self.request.fail(Error::Runtime(
+            "the engine stopped serving this request (see the log)".to_owned(),
+        ));
+    }
+}
+
 impl Job {
     /// The KV cells the request may come to use.
     fn cells(&self, n_ctx_seq: usize) -> usize {
@@ -179,8 +189,6 @@ impl Scheduler {
             running.end.get_or_insert(End::Cancelled);
         }
         self.end_sequences(Instant::now());
-        let left: Vec<Job> = self.shared.inbox().waiting.drain(..).collect();
-        finish_unstarted(left);
     }
 
     /// The waiting requests that fit now, waiting while there is nothing to do; None once
@@ -518,6 +526,19 @@ impl Scheduler {
         counters.prefix_cache_hits = self.cache.hits;
         counters.prompt_tokens_computed = self.prompt_tokens_computed;
         counters.busy_seconds += step_started.elapsed().as_secs_f64();
+    }
+}
+
+impl Drop for Scheduler {
+    /// Closes the engine to new requests and ends those still waiting, also when the thread
+    /// ends by a panic (running requests then fail as their jobs drop).
+    fn drop(&mut self) {
+        let left: Vec<Job> = {
+            let mut inbox = self.shared.inbox();
+            inbox.closed = true;
+            inbox.waiting.drain(..).collect()
+        };
+        finish_unstarted(left);
     }
 }
 
