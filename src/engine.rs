@@ -156,7 +156,19 @@ impl PyEngineCore {
             return Err(Error::value("an engine generates text: embeddings=True is for LlamaContext").into());
         }
         let native_model = model.get().tokenizer()?;
-        let native = detached(py, || OpenContext::open(Arc::clone(&native_model), &options))?;
+        if native_model.has_encoder() {
+            // The scheduler only decodes; llama.cpp's decoder of an encoder-decoder model
+            // needs an encode first.
+            return Err(
+                Error::value("an engine runs decoder-only models; this model has an encoder (T5-style)").into(),
+            );
+        }
+        let native = detached(py, || {
+            let native = OpenContext::open(Arc::clone(&native_model), &options)?;
+            // Generation keeps each sequence in the KV cache between steps.
+            native.require_memory()?;
+            Ok(native)
+        })?;
         let (n_ctx, n_seq_max) = native.with(|context| (context.n_ctx(), context.n_seq_max()));
         let limits = Limits {
             n_vocab: native.model().n_vocab(),

@@ -367,3 +367,9 @@ def test_a_grammar_constrains_one_request_and_not_the_others(engine: llamactx.En
     assert free.result().text not in {"yes.", "no."}
     with pytest.raises(llamactx.SamplerInitError):
         engine.submit("Hi", grammar="root ::= (")
+
+
+def test_models_the_engine_cannot_run_are_refused(tiny_bert_path: Path) -> None:
+    bert = llamactx.LlamaModel.load_from_file(tiny_bert_path)
+    with pytest.raises(ValueError, match="no KV cache"):
+        llamactx.Engine(bert, n_ctx=256, n_seq_max=2)

@@ -47,7 +47,8 @@ impl OpenContext {
         Ok(i32::try_from(seq_id).map_err(KvCacheConversionError::SeqIdTooLarge)?)
     }
 
-    fn require_memory(&self) -> Result<()> {
+    /// `ValueError` for a context without a KV cache (an embedding-only model).
+    pub fn require_memory(&self) -> Result<()> {
         if self.has_memory {
             Ok(())
         } else {

@@ -51,7 +51,7 @@ impl Drop for Job {
 impl Job {
     /// The KV cells the request may come to use.
     fn cells(&self, n_ctx_seq: usize) -> usize {
-        (self.prompt.len() + self.max_tokens).min(n_ctx_seq)
+        self.prompt.len().saturating_add(self.max_tokens).min(n_ctx_seq)
     }
 }
 

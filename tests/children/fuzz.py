@@ -29,6 +29,8 @@ ctx = model.new_context(n_ctx=256, n_batch=32, n_ubatch=16, n_seq_max=N_SEQ, n_t
 # A K cache type the CPU cannot shift, for the shift operations.
 bf16_ctx = model.new_context(n_ctx=256, n_batch=32, cache_type_k="bf16", n_threads=2)
 batches = [llamactx.LlamaBatch(32, 2), llamactx.LlamaBatch(4, 1)]
+# A small engine: requests with hostile arguments, while the context above is used.
+engine = llamactx.Engine(model, n_ctx=256, n_seq_max=2, n_batch=32, n_threads=1, n_threads_batch=1, max_waiting=4)
 
 hostile_ints = st.sampled_from([-(2**63), -(2**31) - 1, -(2**31), -2, -1, 2**31 - 1, 2**31, 2**32, 2**40, 2**63 - 1])
 small_ints = st.integers(-3, 40)
@@ -38,6 +40,41 @@ seqs = st.one_of(st.integers(0, N_SEQ), ints)
 positions = st.one_of(st.none(), small_ints, hostile_ints)
 token_lists = st.lists(tokens, max_size=12)
 blobs = st.one_of(st.binary(max_size=64), st.just(b""))
+
+
+SAMPLING_FLOATS = st.sampled_from([0.0, 0.5, 1.0, 1.5, -1.0, float("inf"), float("nan"), 1e30])
+sampling_params = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": SAMPLING_FLOATS,
+        "top_k": ints,
+        "top_p": SAMPLING_FLOATS,
+        "min_p": SAMPLING_FLOATS,
+        "typical_p": SAMPLING_FLOATS,
+        "repeat_penalty": SAMPLING_FLOATS,
+        "penalty_last_n": ints,
+        "logit_bias": st.dictionaries(tokens, SAMPLING_FLOATS, max_size=3),
+        "seed": st.one_of(st.none(), small_ints, hostile_ints),
+    },
+)
+
+
+def engine_request(
+    prompt: str | list[int],
+    max_tokens: int,
+    stop: list[str],
+    sampling: dict[str, Any] | None,
+    logprobs: int,
+    grammar: str | None,
+) -> None:
+    """One engine request; long ones are cancelled at once, so an example stays short."""
+    params = None if sampling is None else llamactx.SamplingParams(**sampling)
+    request = engine.submit(
+        prompt, max_tokens=max_tokens, stop=stop, sampling=params, logprobs=logprobs, grammar=grammar
+    )
+    if max_tokens > 8:
+        request.cancel()
+    request.result(timeout=120)
 
 
 def reset() -> None:
@@ -192,6 +229,18 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
         st.tuples(st.integers(0, 2**20), st.integers(0, 255)),
     ),
     "shift_bf16": (shift_bf16, st.tuples(ints)),
+    "engine_request": (
+        engine_request,
+        st.tuples(
+            st.one_of(token_lists, st.text(max_size=20)),
+            ints,
+            st.lists(st.text(max_size=3), max_size=3),
+            st.none() | sampling_params,
+            ints,
+            st.none() | st.sampled_from([*GRAMMARS, "root ::= ("]),
+        ),
+    ),
+    "engine_stats": (lambda: engine.stats(), st.tuples()),
 }
 
 calls = st.lists(st.sampled_from(sorted(OPS)).flatmap(lambda name: st.tuples(st.just(name), OPS[name][1])), max_size=8)
