@@ -136,15 +136,7 @@ impl PyLlamaSampler {
     fn accept_locked(&self, sampler: &mut LlamaSampler, token: LlamaToken) -> Result<()> {
         let end_of_generation = self.models.iter().any(|model| model.is_eog_token(token));
         refuse_unfinished_end(end_of_generation, sampler, token)?;
-        lazy_grammar::take_failure();
-        let failure = sampler.try_accept(token).map_err(shim_error).err();
-        match failure.or_else(lazy_grammar::take_failure) {
-            Some(err) => {
-                self.broken.store(true, Ordering::Release);
-                Err(err)
-            }
-            None => Ok(()),
-        }
+        try_accept(sampler, token).inspect_err(|_| self.broken.store(true, Ordering::Release))
     }
 
     /// Runs `work` on the sampler with the GIL released (a decode may hold it while its
@@ -233,6 +225,15 @@ pub(crate) fn refuse_unfinished_end(end_of_generation: bool, sampler: &LlamaSamp
         ));
     }
     Ok(())
+}
+
+/// `llama_sampler_accept` with its failures as errors: a grammar that refuses `token` (the
+/// crate's shim), or a lazy grammar whose replay failed inside its C callback. A grammar that
+/// failed is left unusable by llama.cpp: the caller must not use the sampler again.
+pub(crate) fn try_accept(sampler: &mut LlamaSampler, token: LlamaToken) -> Result<()> {
+    lazy_grammar::take_failure();
+    let failure = sampler.try_accept(token).map_err(shim_error).err();
+    failure.or_else(lazy_grammar::take_failure).map_or(Ok(()), Err)
 }
 
 fn rejects(sampler: &LlamaSampler, token: LlamaToken) -> bool {

@@ -20,9 +20,8 @@ use super::steps::{token_bytes, Finish, Steps};
 use super::EngineShared;
 use crate::batch::BatchState;
 use crate::context::OpenContext;
-use crate::errors::shim_error;
 use crate::errors::{Error, Result};
-use crate::sampler::{refuse_unfinished_end, select, SendSampler};
+use crate::sampler::{refuse_unfinished_end, select, try_accept, SendSampler};
 
 /// A submitted request, checked against the engine's limits.
 pub struct Job {
@@ -68,13 +67,12 @@ struct Running {
     seq: i32,
     sampler: LlamaSampler,
     steps: Steps,
-    /// Tokens of this sequence in the KV cache: the prompt is read while it is shorter.
-    kv_len: usize,
-    /// Those tokens themselves, for the prefix cache.
+    /// The tokens of this sequence in the KV cache (the prompt is read while they are fewer),
+    /// for the prefix cache.
     kv_tokens: Vec<LlamaToken>,
     /// Prompt tokens found in the KV cache at admission.
     reused: usize,
-    /// The last sampled token, to decode at `kv_len` in the next step.
+    /// The last sampled token, to decode after `kv_tokens` in the next step.
     next: Option<LlamaToken>,
     tokens: Vec<i32>,
     logprobs: Vec<Vec<(i32, f32)>>,
@@ -87,6 +85,11 @@ struct Running {
 }
 
 impl Running {
+    /// Tokens of this sequence in the KV cache.
+    fn kv_len(&self) -> usize {
+        self.kv_tokens.len()
+    }
+
     fn completion(&self, finish_reason: &'static str) -> PyCompletion {
         let seconds = |from: Instant, to: Option<Instant>| to.map(|to| to.duration_since(from).as_secs_f64());
         let generating = match (self.first_token, self.last_token) {
@@ -264,7 +267,6 @@ impl Scheduler {
             sampler,
             steps: Steps::new(job.stop.clone(), job.max_tokens, self.n_ctx_seq),
             seq: placement.seq,
-            kv_len: reused,
             kv_tokens: job.prompt[..reused].to_vec(),
             reused,
             next: None,
@@ -346,7 +348,7 @@ impl Scheduler {
             if let (None, Some(token)) = (&running.end, running.next) {
                 rows.push((index, row_of(&self.batch)?));
                 self.batch
-                    .add(token.0, position(running.kv_len)?, &[running.seq], true)?;
+                    .add(token.0, position(running.kv_len())?, &[running.seq], true)?;
             }
             Ok(())
         });
@@ -361,7 +363,6 @@ impl Scheduler {
         for (index, row) in rows {
             let running = &mut self.running[index];
             running.kv_tokens.extend(running.next.take());
-            running.kv_len += 1;
             if let Err(err) = Self::sample(&self.native, running, row) {
                 running.end = Some(End::Failed(err));
             }
@@ -379,7 +380,7 @@ impl Scheduler {
         let mut room = self.n_batch;
         let mut chunks: Vec<(usize, usize)> = Vec::new();
         for (index, running) in self.running.iter().enumerate() {
-            let left = running.job.prompt.len().saturating_sub(running.kv_len);
+            let left = running.job.prompt.len().saturating_sub(running.kv_len());
             if running.end.is_some() || left == 0 {
                 continue;
             }
@@ -411,7 +412,7 @@ impl Scheduler {
         for &(index, chunk) in chunks {
             let running = &self.running[index];
             let prompt = &running.job.prompt;
-            for pos in running.kv_len..running.kv_len + chunk {
+            for pos in running.kv_len()..running.kv_len() + chunk {
                 let last = pos + 1 == prompt.len();
                 if last {
                     rows.push((index, row_of(&self.batch)?));
@@ -423,9 +424,8 @@ impl Scheduler {
         for &(index, chunk) in chunks {
             self.prompt_tokens_computed += chunk as u64;
             let running = &mut self.running[index];
-            let read = &running.job.prompt[running.kv_len..running.kv_len + chunk];
+            let read = &running.job.prompt[running.kv_len()..running.kv_len() + chunk];
             running.kv_tokens.extend_from_slice(read);
-            running.kv_len += chunk;
         }
         for (index, row) in rows {
             self.tokens_generated += 1;
@@ -458,13 +458,13 @@ impl Scheduler {
         let end_of_generation = model.is_eog_token(chosen);
         // A grammar masks what it cannot take, so these only refuse what llama.cpp would abort on.
         refuse_unfinished_end(end_of_generation, &running.sampler, chosen)?;
-        running.sampler.try_accept(chosen).map_err(shim_error)?;
+        try_accept(&mut running.sampler, chosen)?;
         let bytes = token_bytes(model, chosen)?;
         let now = Instant::now();
         running.first_token.get_or_insert(now);
         running.last_token = Some(now);
         running.sampled += 1;
-        let (piece, finish) = running.steps.take(&bytes, end_of_generation, running.kv_len);
+        let (piece, finish) = running.steps.take(&bytes, end_of_generation, running.kv_len());
         if !end_of_generation {
             running.tokens.push(chosen.0);
             if running.job.logprobs > 0 {
@@ -520,7 +520,7 @@ impl Scheduler {
     fn count(&self, step_started: Instant) {
         let mut counters = self.shared.counters();
         counters.running = self.running.len();
-        counters.kv_cells_used = self.running.iter().map(|running| running.kv_len).sum();
+        counters.kv_cells_used = self.running.iter().map(|running| running.kv_len()).sum();
         counters.tokens_generated = self.tokens_generated;
         counters.kv_cells_cached = self.cache.cells();
         counters.prefix_cache_hits = self.cache.hits;
