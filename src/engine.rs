@@ -297,6 +297,12 @@ impl PyEngineCore {
         detached(py, || self.stop())
     }
 
+    /// KV cells of one sequence (`n_ctx / n_seq_max`): a prompt must be shorter.
+    #[getter]
+    fn n_ctx_seq(&self) -> usize {
+        self.limits.n_ctx_seq
+    }
+
     /// Whether `close()` was called.
     #[getter]
     fn closed(&self) -> bool {

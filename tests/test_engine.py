@@ -139,6 +139,30 @@ def test_blocking_iteration_yields_the_completion_text(engine: llamactx.Engine) 
     assert completion.tokens_per_second > 0
 
 
+def test_deltas_carry_the_logprobs_of_their_tokens(engine: llamactx.Engine) -> None:
+    request = engine.submit("Count: one, two, three,", max_tokens=20, logprobs=2)
+    deltas = list(request.deltas())
+    completion = request.result()
+    assert "".join(text for text, _ in deltas) == completion.text
+    assert [entry for _, logprobs in deltas for entry in logprobs] == completion.logprobs
+
+    async def streamed() -> list[llamactx.Delta]:
+        return [delta async for delta in engine.submit("Count: one, two, three,", max_tokens=20, logprobs=2).adeltas()]
+
+    assert asyncio.run(streamed()) == deltas
+    assert all(logprobs == [] for _, logprobs in engine.submit("Hi", max_tokens=4).deltas())
+
+
+def test_prompt_tokens_and_the_sequence_size(engine: llamactx.Engine, model: llamactx.LlamaModel) -> None:
+    assert engine.tokens("Hello") == model.str_to_token("Hello", model.add_bos_token())
+    assert engine.tokens([1, 2, 3]) == [1, 2, 3]
+    messages = [{"role": "user", "content": "Hi"}]
+    assert engine.chat_tokens(messages) == model.str_to_token(model.apply_chat_template(messages, None, True), False)
+    assert engine.n_ctx_seq == N_CTX // N_SEQ
+    with pytest.raises(ValueError, match=f"holds {N_CTX // N_SEQ}"):
+        engine.submit([1] * engine.n_ctx_seq)
+
+
 def test_seeded_sampling_does_not_depend_on_what_else_runs(engine: llamactx.Engine) -> None:
     sampling = llamactx.SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1234)
     alone = engine.submit(prompt(0), max_tokens=24, sampling=sampling).result().text

@@ -6,15 +6,32 @@ import re
 from pathlib import Path
 
 import pytest
+from serving import running_server
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 EXAMPLES = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
 
 
+# The server example's address, and the command the README starts that server with.
+SERVER_URL = "http://127.0.0.1:8000"
+SERVE_COMMAND = "llamactx serve --port 8000"
+
+
 @pytest.mark.parametrize("code", EXAMPLES)
-def test_readme_example_runs(code: str, capsys: pytest.CaptureFixture[str]) -> None:
-    exec(compile(code, str(README), "exec"), {})
+def test_readme_example_runs(code: str, capsys: pytest.CaptureFixture[str], model_path: Path) -> None:
+    if SERVER_URL in code:
+        # The README's command, on a free port instead of 8000.
+        with running_server(model_path) as server:
+            exec(compile(code.replace(SERVER_URL, server.url), str(README), "exec"), {})
+    else:
+        exec(compile(code, str(README), "exec"), {})
     assert "Paris" in capsys.readouterr().out
+
+
+def test_readme_starts_the_server_its_client_example_uses() -> None:
+    text = README.read_text()
+    assert SERVE_COMMAND in text
+    assert any(SERVER_URL in code for code in EXAMPLES)
 
 
 def test_readme_has_python_examples() -> None:

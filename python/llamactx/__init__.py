@@ -9,7 +9,7 @@ import logging
 
 from llamactx._chat import ChatSession, chat
 from llamactx._embedding import embed
-from llamactx._engine import Engine, Request
+from llamactx._engine import Delta, Engine, Request
 from llamactx._enums import LlamaAttentionType, LlamaFlashAttnType, LlamaPoolingType
 from llamactx._generation import continue_sequence, generate, generate_batch, prefill, stream
 from llamactx._llamactx import (
@@ -65,6 +65,7 @@ __all__ = [
     "Completion",
     "DecodeAborted",
     "DecodeError",
+    "Delta",
     "EmbeddingsError",
     "EncodeError",
     "Engine",

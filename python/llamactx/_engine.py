@@ -13,7 +13,11 @@ from typing import Any
 from llamactx._chat import Message
 from llamactx._llamactx import Completion, LlamaModel, SamplingParams, _EngineCore, _RequestCore, _Waker
 
-__all__ = ["Engine", "Request"]
+__all__ = ["Delta", "Engine", "Request"]
+
+#: A piece of generated text and, per token sampled for it, ``(token, logprob)`` of that token
+#: then of the most likely others.
+Delta = tuple[str, list[list[tuple[int, float]]]]
 
 
 class _LoopWaker:
@@ -69,20 +73,32 @@ class Request:
         self._core = core
 
     def __iter__(self) -> Iterator[str]:
-        while (piece := self._core.next_piece()) is not None:
-            yield piece
+        for text, _ in self.deltas():
+            yield text
 
     def __aiter__(self) -> AsyncIterator[str]:
-        return self._pieces()
+        return self._texts()
 
-    async def _pieces(self) -> AsyncIterator[str]:
+    async def _texts(self) -> AsyncIterator[str]:
+        async for text, _ in self.adeltas():
+            yield text
+
+    def deltas(self) -> Iterator[Delta]:
+        """The output as it is generated: ``(text, logprobs)`` pairs, where ``logprobs`` holds,
+        per token sampled since the previous pair, what ``Completion.logprobs`` holds for it
+        (empty unless ``logprobs`` was asked for)."""
+        while (delta := self._core.next_piece()) is not None:
+            yield delta
+
+    async def adeltas(self) -> AsyncIterator[Delta]:
+        """``deltas()`` for ``async for``."""
         waker = _waker_for(self._core, pieces=True)
         while True:
-            kind, piece = self._core.poll()
+            kind, delta = self._core.poll()
             if kind == "end":
                 return
-            if piece is not None:
-                yield piece
+            if delta is not None:
+                yield delta
                 continue
             await self._wait(waker, end_only=False)
 
@@ -165,12 +181,8 @@ class Engine:
         ``grammar`` (GBNF, rule ``root``) constrains the output. ``ValueError`` for a prompt that
         cannot fit a sequence, ``SamplerInitError`` for a grammar llama.cpp cannot parse,
         ``EngineBusy`` when ``max_waiting`` requests wait."""
-        if isinstance(prompt, str):
-            tokens = self.model.str_to_token(prompt, self.model.add_bos_token())
-        else:
-            tokens = [int(token) for token in prompt]
         stops = [stop] if isinstance(stop, str) else list(stop)
-        return Request(self._core.submit(tokens, max_tokens, stops, sampling, logprobs, grammar))
+        return Request(self._core.submit(self.tokens(prompt), max_tokens, stops, sampling, logprobs, grammar))
 
     def submit_chat(
         self,
@@ -184,11 +196,32 @@ class Engine:
     ) -> Request:
         """``submit`` for the assistant's reply to ``messages`` (``{"role", "content"}`` dicts or
         pairs), formatted with the model's chat template."""
-        prompt = self.model.apply_chat_template(messages, None, True)
-        tokens = self.model.str_to_token(prompt, False)
         return self.submit(
-            tokens, max_tokens=max_tokens, stop=stop, sampling=sampling, logprobs=logprobs, grammar=grammar
+            self.chat_tokens(messages),
+            max_tokens=max_tokens,
+            stop=stop,
+            sampling=sampling,
+            logprobs=logprobs,
+            grammar=grammar,
         )
+
+    def tokens(self, prompt: str | Sequence[int]) -> list[int]:
+        """The token ids ``submit`` decodes for ``prompt`` (text gets the model's BOS token)."""
+        if isinstance(prompt, str):
+            return self.model.str_to_token(prompt, self.model.add_bos_token())
+        return [int(token) for token in prompt]
+
+    def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
+        """The token ids ``submit_chat`` decodes: ``messages`` in the model's chat template,
+        ready for the assistant's reply."""
+        prompt = self.model.apply_chat_template(messages, None, True)
+        return self.model.str_to_token(prompt, False)
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """KV cells of one sequence (``n_ctx / n_seq_max``): a prompt must be shorter, and a
+        request ends with "length" when its sequence is full."""
+        return self._core.n_ctx_seq
 
     def stats(self) -> dict[str, float]:
         """Running and waiting requests, KV cells used by running requests, kept for reuse and in

@@ -882,12 +882,12 @@ class _Waker:
 class _RequestCore:
     """The Python handle of one request (wrapped by `llamactx.Request`)."""
 
-    def next_piece(self) -> str | None:
-        """The next piece of text; None once the request is over (its failure is raised then).
-        Blocks with the GIL released.
+    def next_piece(self) -> tuple[str, list[list[tuple[int, float]]]] | None:
+        """The next piece, `(text, logprobs of its tokens)`; None once the request is over (its
+        failure is raised then). Blocks with the GIL released.
         """
-    def poll(self) -> tuple[str, str | None]:
-        """`("piece", text)`, `("end", None)` or `("wait", None)`, without blocking."""
+    def poll(self) -> tuple[str, tuple[str, list[list[tuple[int, float]]]] | None]:
+        """`("piece", (text, logprobs))`, `("end", None)` or `("wait", None)`, without blocking."""
     def result(self, timeout: float | None = None) -> Completion:
         """The `Completion`, waiting up to `timeout` seconds (None: no limit) with the GIL
         released; the failure is raised if the request failed, `TimeoutError` after `timeout`.
@@ -930,6 +930,9 @@ class _EngineCore:
         """Stops the engine: requests still waiting or running end as "cancelled"; returns once
         the engine thread has ended (after the step it is computing).
         """
+    @property
+    def n_ctx_seq(self) -> int:
+        """KV cells of one sequence (`n_ctx / n_seq_max`): a prompt must be shorter."""
     @property
     def closed(self) -> bool:
         """Whether `close()` was called."""

@@ -1,6 +1,6 @@
 """The ``llamactx`` command line: ``generate`` (stream text), ``chat`` (answer one message, or
-converse), ``embed``, ``bench`` and ``info``. ``generate`` and ``chat`` sample as llama.cpp does
-by default, with a fixed seed."""
+converse), ``embed``, ``serve`` (an OpenAI-compatible server), ``bench`` and ``info``.
+``generate`` and ``chat`` sample as llama.cpp does by default, with a fixed seed."""
 
 from __future__ import annotations
 
@@ -159,21 +159,37 @@ def _read_line() -> str:
         return ""
 
 
-def _embed(arguments: argparse.Namespace) -> int:
-    texts = arguments.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    model = LlamaModel.load_from_file(_model_path(arguments))
-    n_seq = max(1, min(len(texts), 64))
-    n_ubatch = arguments.n_ubatch - arguments.n_ubatch % n_seq or n_seq
-    ctx = model.new_context(
-        n_ctx=max(arguments.n_ubatch, 256) * n_seq,
-        n_batch=n_ubatch,
-        n_ubatch=n_ubatch,
+def _embedding_context(model: LlamaModel, n_seq: int, n_ubatch: int, threads: int | None) -> LlamaContext:
+    """A context for ``embed``: ``n_seq`` texts of up to ``n_ubatch`` tokens per decode, pooled
+    by their mean."""
+    n_ubatch_used = n_ubatch - n_ubatch % n_seq or n_seq
+    return model.new_context(
+        n_ctx=max(n_ubatch, 256) * n_seq,
+        n_batch=n_ubatch_used,
+        n_ubatch=n_ubatch_used,
         n_seq_max=n_seq,
         embeddings=True,
         pooling_type=LlamaPoolingType.MEAN,
-        n_threads=arguments.threads,
-        n_threads_batch=arguments.threads,
+        n_threads=threads,
+        n_threads_batch=threads,
     )
+
+
+def _serve(arguments: argparse.Namespace) -> int:
+    try:
+        from llamactx.server._serve import serve
+    except ImportError as missing:
+        print(f"llamactx serve needs the server extra ({missing}): pip install 'llamactx[server]'", file=sys.stderr)
+        return 2
+    model = LlamaModel.load_from_file(_model_path(arguments))
+    embeddings = _embedding_context(model, 8, 512, arguments.threads) if arguments.embeddings else None
+    return serve(model, arguments, embeddings)
+
+
+def _embed(arguments: argparse.Namespace) -> int:
+    texts = arguments.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    model = LlamaModel.load_from_file(_model_path(arguments))
+    ctx = _embedding_context(model, max(1, min(len(texts), 64)), arguments.n_ubatch, arguments.threads)
     vectors = embed(ctx, texts, normalize=not arguments.raw)
     if arguments.output and arguments.output.endswith(".npy"):
         import numpy as np
@@ -328,6 +344,24 @@ def _parser() -> argparse.ArgumentParser:
     _add_threads_option(bench)
     bench.add_argument("--flash-attn", type=int, default=0, choices=(-1, 0, 1))
     bench.set_defaults(run=_bench)
+
+    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (needs llamactx[server])")
+    _add_model_option(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    serve.add_argument("--port", type=_in_range(int, 0, 65535), default=8000, help="0 picks a free port")
+    serve.add_argument("--parallel", type=COUNT, default=8, metavar="N", help="requests decoded at once")
+    serve.add_argument(
+        "--ctx", type=COUNT, default=4096, metavar="N", help="context size in tokens, shared by the --parallel slots"
+    )
+    _add_threads_option(serve)
+    serve.add_argument(
+        "--api-key", default=os.environ.get("LLAMACTX_API_KEY"), help="require this key (default: $LLAMACTX_API_KEY)"
+    )
+    serve.add_argument("--embeddings", action="store_true", help="serve /v1/embeddings")
+    serve.add_argument("--max-waiting", type=NON_NEGATIVE, default=1024, metavar="N", help="queue length before 503")
+    serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of earlier prompts")
+    serve.add_argument("--model-id", help="the model name clients use (default: the file name without .gguf)")
+    serve.set_defaults(run=_serve)
 
     info = commands.add_parser("info", help="print a model's metadata")
     _add_model_option(info)

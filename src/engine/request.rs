@@ -27,7 +27,7 @@ pub struct PyCompletion {
     pub tokens: Vec<i32>,
     /// Per generated token when `logprobs` was asked for: `(token, log-probability)` of that
     /// token, then of the most likely others, under the model's own distribution.
-    pub logprobs: Vec<Vec<(i32, f32)>>,
+    pub logprobs: TokenLogprobs,
     /// "stop" (end of generation or a stop string), "length" (`max_tokens` or the context
     /// size), "cancelled".
     pub finish_reason: &'static str,
@@ -62,9 +62,17 @@ enum Outcome {
     Raised(PyErr),
 }
 
+/// Log-probabilities of generated tokens: per token, `(token, log-probability)` of that token,
+/// then of the most likely others.
+pub type TokenLogprobs = Vec<Vec<(i32, f32)>>;
+
+/// Text ready for the reader, with the log-probabilities (when asked for) of the tokens
+/// sampled since the previous piece.
+type Piece = (String, TokenLogprobs);
+
 #[derive(Default)]
 struct Progress {
-    pieces: VecDeque<String>,
+    pieces: VecDeque<Piece>,
     outcome: Option<Outcome>,
 }
 
@@ -118,9 +126,10 @@ impl RequestShared {
         }
     }
 
-    /// Hands a piece of text to the reader.
-    pub fn emit(&self, piece: String) {
-        self.progress().pieces.push_back(piece);
+    /// Hands a piece of text to the reader, with the log-probabilities of the tokens sampled
+    /// since the previous piece.
+    pub fn emit(&self, text: String, logprobs: TokenLogprobs) {
+        self.progress().pieces.push_back((text, logprobs));
         self.notify(false);
     }
 
@@ -228,7 +237,7 @@ impl PyRequestCore {
 
     /// The next piece, or None at the end (raising the failure, if it failed). Call when
     /// `ready(Want::Piece)`.
-    fn take(&self, py: Python<'_>) -> PyResult<Option<String>> {
+    fn take(&self, py: Python<'_>) -> PyResult<Option<Piece>> {
         if let Some(piece) = self.shared.progress().pieces.pop_front() {
             return Ok(Some(piece));
         }
@@ -238,15 +247,15 @@ impl PyRequestCore {
 
 #[pymethods]
 impl PyRequestCore {
-    /// The next piece of text; None once the request is over (its failure is raised then).
-    /// Blocks with the GIL released.
-    fn next_piece(&self, py: Python<'_>) -> PyResult<Option<String>> {
+    /// The next piece, `(text, logprobs of its tokens)`; None once the request is over (its
+    /// failure is raised then). Blocks with the GIL released.
+    fn next_piece(&self, py: Python<'_>) -> PyResult<Option<Piece>> {
         self.wait(py, Want::Piece, None)?;
         self.take(py)
     }
 
-    /// `("piece", text)`, `("end", None)` or `("wait", None)`, without blocking.
-    fn poll(&self, py: Python<'_>) -> PyResult<(&'static str, Option<String>)> {
+    /// `("piece", (text, logprobs))`, `("end", None)` or `("wait", None)`, without blocking.
+    fn poll(&self, py: Python<'_>) -> PyResult<(&'static str, Option<Piece>)> {
         if !ready(&self.shared.progress(), Want::Piece) {
             return Ok(("wait", None));
         }

@@ -14,7 +14,7 @@ use llama_cpp_4::token::LlamaToken;
 
 use super::logprobs::top_logprobs;
 use super::prefix_cache::{Placement, PrefixCache};
-use super::request::{PyCompletion, RequestShared};
+use super::request::{PyCompletion, RequestShared, TokenLogprobs};
 use super::sampling::PySamplingParams;
 use super::steps::{token_bytes, Finish, Steps};
 use super::EngineShared;
@@ -75,7 +75,9 @@ struct Running {
     /// The last sampled token, to decode after `kv_tokens` in the next step.
     next: Option<LlamaToken>,
     tokens: Vec<i32>,
-    logprobs: Vec<Vec<(i32, f32)>>,
+    logprobs: TokenLogprobs,
+    /// How many of `logprobs` went out with pieces.
+    logprobs_sent: usize,
     text: String,
     sampled: usize,
     admitted: Instant,
@@ -272,6 +274,7 @@ impl Scheduler {
             next: None,
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            logprobs_sent: 0,
             text: String::new(),
             sampled: 0,
             admitted: Instant::now(),
@@ -477,7 +480,9 @@ impl Scheduler {
         }
         if !piece.is_empty() {
             running.text.push_str(&piece);
-            running.job.request.emit(piece);
+            let logprobs = running.logprobs[running.logprobs_sent..].to_vec();
+            running.logprobs_sent = running.logprobs.len();
+            running.job.request.emit(piece, logprobs);
         }
         match finish {
             Some(finish) => running.end = Some(End::Finished(finish)),

@@ -1,0 +1,8 @@
+"""An OpenAI-compatible HTTP server on the ``Engine`` (install ``llamactx[server]``).
+
+``create_app(engine)`` returns the ASGI application; ``llamactx serve`` runs it with uvicorn.
+"""
+
+from llamactx.server._app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,72 @@
+"""``llamactx serve``: the app on uvicorn, on a socket bound before the engine starts (so that
+``--port 0`` can report the port the system picked)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+from types import FrameType
+
+import uvicorn
+
+from llamactx._engine import Engine
+from llamactx._llamactx import LlamaContext, LlamaModel
+from llamactx.server._app import create_app
+
+__all__ = ["serve"]
+
+#: Seconds open streams get to finish after Ctrl-C or SIGTERM before they are cancelled.
+GRACEFUL_SECONDS = 5
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def serve(model: LlamaModel, arguments: argparse.Namespace, embeddings: LlamaContext | None) -> int:
+    """Serves until Ctrl-C or SIGTERM; the engine is closed on the way out."""
+    # uvicorn shuts down on SIGTERM, then raises it again for the handler it found: this one
+    # makes that a normal exit (status 0) that closes the engine, instead of death by signal.
+    signal.signal(signal.SIGTERM, _stop)
+    logging.getLogger("llamactx.server").setLevel(logging.INFO)  # a line per request
+    try:
+        sock = _bound(arguments.host, arguments.port)
+    except OSError as error:
+        print(f"llamactx serve: cannot listen on {arguments.host}:{arguments.port}: {error}", file=sys.stderr)
+        return 1
+    options = {"n_threads": arguments.threads, "n_threads_batch": arguments.threads} if arguments.threads else {}
+    with (
+        sock,
+        Engine(
+            model,
+            max_waiting=arguments.max_waiting,
+            prefix_cache=not arguments.no_prefix_cache,
+            n_ctx=arguments.ctx,
+            n_seq_max=arguments.parallel,
+            **options,
+        ) as engine,
+    ):
+        app = create_app(engine, model_id=arguments.model_id, api_key=arguments.api_key, embeddings=embeddings)
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"llamactx serve: listening on http://{shown}:{port}", file=sys.stderr, flush=True)
+        config = uvicorn.Config(
+            app,
+            log_level="info" if arguments.verbose else "warning",
+            timeout_graceful_shutdown=GRACEFUL_SECONDS,
+            server_header=False,
+        )
+        uvicorn.Server(config).run(sockets=[sock])
+    return 0

@@ -1,0 +1,106 @@
+"""``llamactx serve`` in a child process for the tests: loopback, a port the system picks, and
+an end tied to the test's (and to pytest's: the child gets SIGTERM if pytest dies)."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+MODEL_ID = "SmolLM2-135M-Instruct.Q4_1"  # the default model's file name, as the server names it
+# The engine options of `llamactx serve --no-prefix-cache`, for in-process references.
+ENGINE_OPTIONS: dict[str, Any] = {"n_ctx": 4096, "n_seq_max": 8, "prefix_cache": False}
+LISTENING = re.compile(r"listening on (http://\S+)")
+PR_SET_PDEATHSIG = 1
+STARTUP_SECONDS = 60
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Server:
+    """A running server: its base URL (no ``/v1``), pid and what it wrote on stderr."""
+
+    url: str
+    pid: int
+    log: list[str] = field(default_factory=list)
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS line")
+
+    def metrics(self) -> dict[str, float]:
+        """``/metrics`` as ``{series: value}`` (labels kept in the series name)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).raise_for_status().text
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        return values
+
+    def wait_until_idle(self, *, seconds: float = 20) -> None:
+        """Until the engine runs nothing and holds no KV cells for requests (fails after
+        ``seconds``)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            metrics = self.metrics()
+            busy = {name: metrics[f"llamactx_engine_{name}"] for name in ("running", "waiting", "kv_cells_used")}
+            if not any(busy.values()):
+                return
+            assert time.monotonic() < deadline, f"still busy: {busy}"
+            time.sleep(0.1)
+
+
+@contextmanager
+def running_server(model_path: Path, *options: str) -> Iterator[Server]:
+    """``llamactx serve --model model_path --port 0 *options`` until the block ends."""
+    command = [sys.executable, "-m", "llamactx", "serve", "--model", str(model_path), "--port", "0", *options]
+    child = subprocess.Popen(
+        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=_die_with_parent
+    )
+    assert child.stderr is not None
+    log: list[str] = []
+    url: list[str] = []
+    started = threading.Event()
+
+    def read_stderr() -> None:  # drained to the end, so the child never blocks on a full pipe
+        assert child.stderr is not None
+        for line in child.stderr:
+            log.append(line)
+            if not url and (match := LISTENING.search(line)):
+                url.append(match.group(1))
+                started.set()
+        started.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        if not started.wait(STARTUP_SECONDS) or not url:
+            raise AssertionError(f"the server did not start: {''.join(log)}")
+        yield Server(url[0], child.pid, log)
+    finally:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        reader.join(5)
+        child.stderr.close()
+    assert child.returncode == 0, f"the server exited with {child.returncode}: {''.join(log)}"
