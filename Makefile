@@ -10,6 +10,7 @@ QUESTION ?= What is the capital of France?
 WHEEL_VENV ?= .venv-wheel
 PEERS_VENV ?= .venv-peers
 # Every build runs with the native toolchain (libclang, cmake) from the venv's PyPI wheels.
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 TOOLCHAIN := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/llamactx_build.py
 
 .PHONY: help demo test lint fuzz bench bench-peers wheel test-wheel build model clean
@@ -28,14 +29,17 @@ test: build model ## set up, then run the Rust unit tests, the Python tests and 
 fuzz: build model ## the property-based API fuzzer with 20,000 examples (2,000 run in `make test`)
 	LLAMACTX_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/test_fuzz.py --timeout=7200
 
-bench: build model ## llamactx vs llama-bench/llama-batched-bench built once from the same llama.cpp source; JSON+PNG in bench-results/
+bench: build model bench-peers ## llamactx vs llama.cpp's tools (built from the same source), llama-cpp-python and llama.cpp's server; JSON+PNG in bench-results/
 	$(PY) -m pip install --quiet matplotlib
-	$(PY) benches/compare.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" \
-		$$(test -x $(PEERS_VENV)/bin/python && echo --peer-python $(PEERS_VENV)/bin/python)
+	$(PY) benches/compare.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" --peer-python $(PEERS_VENV)/bin/python
+	$(PY) benches/server.py --peer-python $(PEERS_VENV)/bin/python
 
-bench-peers: ## install llama-cpp-python 0.3.36 into its own venv (builds for ~7 minutes) for make bench
+bench-peers: ## the peers of make bench in their own venv: llama-cpp-python 0.3.36 with its server (builds for ~7 minutes, once) and xllamacpp (llama.cpp's server, prebuilt)
 	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
-	$(PEERS_VENV)/bin/python -m pip install --quiet numpy "llama-cpp-python==0.3.36"
+	# AMX kernels compiled out, as scripts/llamactx_build.py does for llamactx (SIGILL otherwise on
+	# VMs whose CPUs report AMX); its server predates sse-starlette 2.2 and fastapi 0.116.
+	CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)" $(PEERS_VENV)/bin/python -m pip install --quiet --no-cache-dir \
+		numpy openai xllamacpp "llama-cpp-python[server]==0.3.36" "sse-starlette<2.2" "fastapi<0.116"
 
 wheel: $(VENV)/.deps ## a release wheel in dist/ (abi3: one wheel for CPython 3.10 and later)
 	rm -rf dist
@@ -58,8 +62,8 @@ lint: build ## rustfmt, clippy, ruff and mypy --strict
 	rm -rf .readme-examples && $(PY) scripts/readme_examples.py .readme-examples
 	$(PY) -m mypy --strict .readme-examples
 
-build: $(VENV)/.deps ## compile the extension into the virtual environment
-	$(TOOLCHAIN) maturin develop --release --quiet
+build: $(VENV)/.deps ## compile the extension into the virtual environment, with the server extra
+	$(TOOLCHAIN) maturin develop --release --quiet --extras server
 
 model: build ## fetch the default model into the cache (once)
 	$(PY) -c "import llamactx; print(llamactx.default_model_path())"

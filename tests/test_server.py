@@ -206,6 +206,19 @@ def test_chat_logprobs_are_the_engines_streamed_or_not(server: Server, engine: l
     assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
 
 
+def test_logprobs_without_alternatives(server: Server) -> None:
+    api = client(server)
+    chat = api.chat.completions.create(model=MODEL_ID, messages=QUESTION, temperature=0, max_tokens=4, logprobs=True)
+    assert chat.choices[0].logprobs is not None
+    content = chat.choices[0].logprobs.content or []
+    assert len(content) == 4
+    assert all(entry.top_logprobs == [] and entry.logprob <= 0 for entry in content)
+    legacy = api.completions.create(model=MODEL_ID, prompt=PROMPTS[0], temperature=0, max_tokens=4, logprobs=0)
+    assert legacy.choices[0].logprobs is not None
+    assert len(legacy.choices[0].logprobs.token_logprobs or []) == 4
+    assert legacy.choices[0].logprobs.top_logprobs == [{}] * 4
+
+
 def test_completion_logprobs_have_offsets_and_top_maps(server: Server) -> None:
     reply = client(server).completions.create(
         model=MODEL_ID, prompt=PROMPTS[0], temperature=0, max_tokens=10, logprobs=2
@@ -328,6 +341,10 @@ HOSTILE_BODIES: list[tuple[str, str | bytes, int, str | None]] = [
         "messages.0.content",
     ),
     ("logit_bias not a token", chat_body(logit_bias={"abc": 1}), 400, "logit_bias"),
+    ("logit_bias a non-ASCII digit", chat_body(logit_bias={"\u00b2": 1}), 400, "logit_bias"),
+    ("repeat_last_n below -1", chat_body(repeat_last_n=-2), 400, "repeat_last_n"),
+    ("seed -1 is random, as in llama.cpp", chat_body(seed=-1, temperature=1.0), 200, None),
+    ("repeat_last_n -1 is the whole sequence", chat_body(repeat_last_n=-1, repeat_penalty=1.2), 200, None),
     ("logit_bias out of vocabulary", chat_body(logit_bias={"99999999": 1}), 400, "logit_bias"),
     ("grammar that does not parse", chat_body(grammar="root ::= ("), 400, "grammar"),
     ("top_logprobs without logprobs", chat_body(top_logprobs=2), 400, "top_logprobs"),
@@ -396,6 +413,17 @@ def test_oversized_bodies_are_413_and_the_server_lives_on(server: Server) -> Non
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
 
 
+def test_a_content_length_that_is_not_a_number_is_4xx(server: Server) -> None:
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    for length in ("\u00b2", "-1", "1e3"):
+        with socket.create_connection((host, int(port))) as raw:
+            raw.sendall(
+                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n{{}}".encode("latin-1")
+            )
+            status = raw.recv(4096).split(b" ", 2)[1]
+        assert status.startswith(b"4"), (length, status)
+
+
 def test_unknown_routes_and_methods_are_4xx_in_openais_shape(server: Server) -> None:
     missing = httpx.get(f"{server.url}/v1/nothing-here")
     assert missing.status_code == 404
@@ -405,10 +433,21 @@ def test_unknown_routes_and_methods_are_4xx_in_openais_shape(server: Server) -> 
     assert "error" in wrong_method.json()
 
 
-def test_a_full_queue_is_503_with_retry_after(model_path: Path) -> None:
+def never_ending(model: llamactx.LlamaModel) -> dict[str, int]:
+    """``logit_bias`` banning the end-of-generation tokens: the request runs to ``max_tokens``."""
+    return {str(token): -100 for token in range(model.n_vocab()) if model.is_eog_token(token)}
+
+
+def test_a_full_queue_is_503_with_retry_after(model_path: Path, model: llamactx.LlamaModel) -> None:
     with running_server(model_path, "--parallel", "1", "--ctx", "1024", "--max-waiting", "1") as busy:
         api = client(busy, max_retries=0)
-        options: dict[str, Any] = {"model": MODEL_ID, "prompt": PROMPTS[1], "max_tokens": 500, "stream": True}
+        options: dict[str, Any] = {
+            "model": MODEL_ID,
+            "prompt": PROMPTS[1],
+            "max_tokens": 500,
+            "stream": True,
+            "logit_bias": never_ending(model),
+        }
         running = api.completions.create(**options)
         next(iter(running))  # decoding: it holds the one slot
         waiting = api.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=500, stream=True)
@@ -423,10 +462,17 @@ def test_a_full_queue_is_503_with_retry_after(model_path: Path) -> None:
         busy.wait_until_idle()
 
 
-def test_a_client_that_leaves_cancels_its_request(server: Server) -> None:
+def test_a_client_that_leaves_cancels_its_request(server: Server, model: llamactx.LlamaModel) -> None:
     api = client(server)
     before = server.metrics()["llamactx_engine_tokens_generated_total"]
-    stream = api.completions.create(model=MODEL_ID, prompt=PROMPTS[2], max_tokens=400, temperature=0, stream=True)
+    stream = api.completions.create(
+        model=MODEL_ID,
+        prompt=PROMPTS[2],
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+        logit_bias=never_ending(model),
+    )
     for _, _chunk in zip(range(3), stream, strict=False):
         pass
     stream.close()
@@ -436,7 +482,15 @@ def test_a_client_that_leaves_cancels_its_request(server: Server) -> None:
     before = server.metrics()["llamactx_engine_tokens_generated_total"]
     host, port = server.url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port))) as raw:
-        body = json.dumps({"model": MODEL_ID, "prompt": PROMPTS[2], "max_tokens": 400, "temperature": 0})
+        body = json.dumps(
+            {
+                "model": MODEL_ID,
+                "prompt": PROMPTS[2],
+                "max_tokens": 400,
+                "temperature": 0,
+                "logit_bias": never_ending(model),
+            }
+        )
         raw.sendall(
             f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n{body}".encode()

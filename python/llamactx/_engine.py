@@ -137,8 +137,8 @@ class Request:
 
 
 class Engine:
-    """Serves many requests at once with one context of ``model``: each step decodes the next
-    token of every running request in one batch, then chunks of new prompts, so requests join
+    """Serves many requests at once with one context of ``model``: each step decodes chunks of
+    new prompts, then the next token of every running request in one batch, so requests join
     and leave between steps (continuous batching). ``submit`` may be called from any thread.
 
     ``options`` are ``new_context``'s keywords; ``n_seq_max`` is how many requests run at once

@@ -1,6 +1,7 @@
-//! The engine's thread. Each step decodes the next token of every generating sequence in one
-//! batch, then chunks of prompts in another (oldest request first, up to `n_batch` tokens): a
-//! long prompt is read over several steps while the other sequences keep generating. Requests take
+//! The engine's thread. Each step decodes chunks of prompts in one batch (oldest request first,
+//! up to `n_batch` tokens), then the next token of every generating sequence in another: a long
+//! prompt is read over several steps while the other sequences keep generating, and a request
+//! whose prompt was read generates in the same step. Requests take
 //! a free sequence slot when the KV cells they may need (prompt plus `max_tokens`, at most a
 //! sequence's share) are free too, first come first served.
 
@@ -330,16 +331,17 @@ impl Scheduler {
         }
     }
 
-    /// One decode of the next token of every generating sequence, then one of chunks of
-    /// prompts being read, sampling where a prompt was read to its end.
+    /// One decode of chunks of prompts being read (sampling where a prompt was read to its
+    /// end), then one of the next token of every generating sequence. Prompts go first: a new
+    /// request's first token does not wait for a decode of the others' tokens.
     fn step(&mut self) {
         for running in &mut self.running {
             if running.end.is_none() && running.job.request.cancelled() {
                 running.end = Some(End::Cancelled);
             }
         }
-        self.generate();
         self.read_prompts();
+        self.generate();
     }
 
     /// Decodes the last sampled token of every generating sequence in one batch and samples

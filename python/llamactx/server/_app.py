@@ -34,7 +34,7 @@ from llamactx._engine import Delta, Engine, Request
 from llamactx._llamactx import Completion, EngineBusy, LlamaContext, LlamaCppError, SamplerInitError, SamplingParams
 from llamactx.server._metrics import ServerMetrics
 from llamactx.server._openai import JSON, ApiError, chat_logprobs, completion_logprobs, total_usage
-from llamactx.server._schemas import ChatRequest, CompletionRequest, EmbeddingRequest, SamplingBody
+from llamactx.server._schemas import PENALTY_WINDOW_MAX, ChatRequest, CompletionRequest, EmbeddingRequest, SamplingBody
 
 __all__ = ["create_app"]
 
@@ -46,6 +46,8 @@ DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 RETRY_AFTER_SECONDS = 1
 #: A request with no ``max_tokens`` may fill its sequence (it then ends with "length").
 UNLIMITED = 2**31 - 1
+#: llama.cpp's seed that means "draw one at random".
+RANDOM_SEED = 2**32 - 1
 #: Not an HTTP status a client sees: the client left before the response (nginx's number).
 CLIENT_GONE = 499
 
@@ -83,11 +85,9 @@ class _Responses:
         self.metrics = ServerMetrics(engine)
         self.created = int(time.time())
 
-    # ---- reading requests -------------------------------------------------------------------
-
     async def body(self, http: HttpRequest, schema: type[Body]) -> Body:
         declared = http.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
+        if declared.isascii() and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise ApiError(413, f"the body has {declared} bytes; this server takes at most {self.max_body_bytes}")
         chunks, size = [], 0
         async for chunk in http.stream():
@@ -110,11 +110,12 @@ class _Responses:
         return body
 
     def sampling(self, body: SamplingBody, choice: int) -> SamplingParams:
-        """The engine's sampling for choice ``choice`` (the ``n`` choices draw with successive
-        seeds, so that they differ and a seeded request repeats)."""
+        """The engine's sampling for choice ``choice``: the ``n`` choices draw with successive
+        seeds, so that they differ and a seeded request repeats; seed -1 (mod 2**32) is random,
+        as in llama.cpp, and so is no seed. ``repeat_last_n`` -1 is the whole sequence."""
         logit_bias: dict[int, float] = {}
         for key, value in (body.logit_bias or {}).items():
-            if not key.isdigit() or int(key) >= self.n_vocab:
+            if not (key.isascii() and key.isdigit()) or int(key) >= self.n_vocab:
                 raise ApiError(
                     400, f"logit_bias keys are token ids below {self.n_vocab}, got {key!r}", param="logit_bias"
                 )
@@ -128,9 +129,11 @@ class _Responses:
             repeat_penalty=body.repeat_penalty,
             frequency_penalty=body.frequency_penalty,
             presence_penalty=body.presence_penalty,
-            penalty_last_n=body.repeat_last_n,
+            penalty_last_n=min(self.engine.n_ctx_seq, PENALTY_WINDOW_MAX)
+            if body.repeat_last_n == -1
+            else body.repeat_last_n,
             logit_bias=logit_bias,
-            seed=None if body.seed is None else (body.seed + choice) % 2**32,
+            seed=_seed(body.seed, choice),
         )
 
     def submit(self, prompts: Sequence[list[int]], body: SamplingBody, *, max_tokens: int, logprobs: int) -> list[_Job]:
@@ -166,8 +169,6 @@ class _Responses:
             raise
         return jobs
 
-    # ---- routes -----------------------------------------------------------------------------
-
     async def list_models(self, http: HttpRequest) -> Response:
         return JSONResponse({"object": "list", "data": [self._model_card()]})
 
@@ -194,7 +195,10 @@ class _Responses:
         prompts = self._completion_prompts(body)
         top = body.logprobs or 0
         jobs = self.submit(
-            prompts, body, max_tokens=UNLIMITED if body.max_tokens is None else body.max_tokens, logprobs=top
+            prompts,
+            body,
+            max_tokens=UNLIMITED if body.max_tokens is None else body.max_tokens,
+            logprobs=_engine_logprobs(body.logprobs is not None, top),
         )
         reply = _Reply("cmpl", "text_completion", self.model_id, body.stream_options)
 
@@ -237,7 +241,12 @@ class _Responses:
         top = body.top_logprobs or 0
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        jobs = self.submit([tokens], body, max_tokens=UNLIMITED if limit is None else limit, logprobs=top)
+        jobs = self.submit(
+            [tokens],
+            body,
+            max_tokens=UNLIMITED if limit is None else limit,
+            logprobs=_engine_logprobs(body.logprobs, top),
+        )
         reply = _Reply("chatcmpl", "chat.completion", self.model_id, body.stream_options)
 
         def choice(job: _Job, delta: Delta | None, completion: Completion | None, offset: int) -> JSON:
@@ -303,8 +312,6 @@ class _Responses:
         with self.embeddings_lock:  # embed() uses the whole context
             vectors = embed(self.embeddings, texts)
         return vectors, sum(len(self.model.str_to_token(text, True)) for text in texts)
-
-    # ---- answering --------------------------------------------------------------------------
 
     async def _respond(
         self, http: HttpRequest, reply: _Reply, jobs: list[_Job], stream: bool, choice: _ChoiceBuilder
@@ -420,6 +427,18 @@ def _dumps(value: JSON) -> str:
 
 def _firsts(jobs: list[_Job], completions: list[Completion]) -> list[Completion]:
     return [completion for job, completion in zip(jobs, completions, strict=True) if job.first_of_prompt]
+
+
+def _engine_logprobs(wanted: bool, top: int) -> int:
+    """What the engine must collect: the chosen token's log-probability needs one alternative
+    asked for even when the client wants none (``top_logprobs: 0``)."""
+    return max(top, 1) if wanted else 0
+
+
+def _seed(seed: int | None, choice: int) -> int | None:
+    if seed is None or (seed := (seed + choice) % 2**32) == RANDOM_SEED:
+        return None
+    return seed
 
 
 def _encoded(vector: np.ndarray[Any, np.dtype[np.float32]], encoding: str) -> list[float] | str:

@@ -8,9 +8,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ChatRequest", "CompletionRequest", "EmbeddingRequest", "Message", "SamplingBody"]
+__all__ = ["PENALTY_WINDOW_MAX", "ChatRequest", "CompletionRequest", "EmbeddingRequest", "Message", "SamplingBody"]
 
 INT32_MAX = 2**31 - 1
+#: The longest penalty window the engine takes.
+PENALTY_WINDOW_MAX = 2**20
 # OpenAI takes a 64-bit seed; llama.cpp's generator takes 32 bits (the server uses seed mod 2**32).
 SEED_RANGE = {"ge": -(2**63), "lt": 2**64}
 
@@ -52,7 +54,7 @@ class SamplingBody(_Body):
     min_p: Probability = 0.05
     typical_p: Probability = 1.0
     repeat_penalty: Annotated[float, Field(ge=0.0, le=10.0)] = 1.0
-    repeat_last_n: Annotated[int, Field(ge=-1, le=INT32_MAX)] = 64
+    repeat_last_n: Annotated[int, Field(ge=-1, le=PENALTY_WINDOW_MAX)] = 64
     grammar: str | None = None
 
 

@@ -1,0 +1,355 @@
+"""``llamactx serve`` against llama.cpp's own server (llama-server, run in-process by the PyPI
+package ``xllamacpp``) and against llama-cpp-python's server, driven by the same load from the
+official ``openai`` client, in one run on one machine:
+
+1. aggregate completion tokens/s and p50 time to first token at 1, 8 and 32 concurrent
+   streams (each server with as many slots as streams and 512 cells per slot);
+2. the same at 8 streams whose prompts share a long system prompt;
+3. llama-cpp-python's server (one request at a time by design) at 8 streams.
+
+Every server gets the same model, threads, slots and greedy requests on /v1/completions (raw
+prompts: both sides read the same tokens). Each scenario runs ``--rounds`` times, alternating
+which server goes first; a ratio is the median of the rounds' ratios.
+
+    python benches/server.py --peer-python .venv-peers/bin/python [--threads 2] [--rounds 3]
+                             [--out bench-results] [--quick]
+
+Writes server.json and server.png into --out. Without llama-cpp-python in the peer venv its
+scenario is skipped, and the JSON says so; ``--quick`` is a smoke test whose figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+import llamactx
+
+BENCHES = Path(__file__).resolve().parent
+CELLS_PER_SLOT = 512
+STARTUP_SECONDS = 120
+TOPICS = ["the sea", "a robot", "a city", "the moon", "a forest", "a storm", "a library", "a train"]
+SYSTEM_PROMPT = (
+    "You are a careful assistant for a travel company. Answer in plain English, be concise, never invent "
+    "prices or dates, say when you do not know, and keep a friendly tone. Customers ask about trains, "
+    "hotels, museums, food, weather and local customs in European cities. "
+) * 6
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    streams: int
+    requests_per_stream: int
+    max_tokens: int
+    shared_prefix: bool = False
+
+    def prompt(self, stream: int, request: int) -> str:
+        topic = TOPICS[(stream + request) % len(TOPICS)]
+        story = f"Story {stream}.{request}. Once upon a time, near {topic}, there lived"
+        if self.shared_prefix:
+            return f"{SYSTEM_PROMPT}\n\n{story}"
+        return story
+
+    @property
+    def cells_per_slot(self) -> int:
+        return CELLS_PER_SLOT * 2 if self.shared_prefix else CELLS_PER_SLOT  # room for the system prompt
+
+
+FULL = [
+    Scenario("1 stream", 1, 10, 64),
+    Scenario("8 streams", 8, 3, 64),
+    Scenario("32 streams", 32, 2, 64),
+    Scenario("8 streams, shared system prompt", 8, 3, 32, shared_prefix=True),
+]
+QUICK = [Scenario("1 stream", 1, 1, 4), Scenario("2 streams, shared system prompt", 2, 1, 4, shared_prefix=True)]
+PEER_SCENARIO_STREAMS = 8  # llama-cpp-python's server is measured at 8 streams
+
+
+@dataclass
+class Load:
+    """What one server did with one scenario."""
+
+    tokens: int
+    seconds: float
+    first_token_seconds: list[float]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def ttft_p50(self) -> float:
+        return statistics.median(self.first_token_seconds)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextmanager
+def started(command: list[str], url: str, log: Path) -> Iterator[str]:
+    """Runs ``command`` (a server that dies with its stdin; its stderr into ``log``) until
+    ``url/v1/models`` answers."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as stderr:
+        child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while True:
+            try:
+                with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=2) as api:
+                    api.models.list()
+                break
+            except openai.APIError:
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"{command[:4]} did not start") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        child.terminate()
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def server_command(server: str, model: str, port: int, threads: int, slots: int, ctx: int, peer: Path) -> list[str]:
+    if server == "llamactx":
+        return [
+            sys.executable,
+            "-m",
+            "llamactx",
+            "serve",
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--threads",
+            str(threads),
+            "--parallel",
+            str(slots),
+            "--ctx",
+            str(ctx),
+        ]
+    if server == "llama-server":
+        return [
+            str(peer),
+            str(BENCHES / "peer_xllamacpp_server.py"),
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--threads",
+            str(threads),
+            "--parallel",
+            str(slots),
+            "--ctx",
+            str(ctx),
+        ]
+    return [
+        str(peer),
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--n_threads",
+        str(threads),
+        "--n_threads_batch",
+        str(threads),
+        "--n_ctx",
+        str(ctx),
+        "--interrupt_requests",
+        "False",
+        "--verbose",
+        "False",
+    ]
+
+
+def end_of_generation_bans(model: str) -> dict[str, int]:
+    """``logit_bias`` that bans the model's end-of-generation tokens: every request generates
+    exactly ``max_tokens``, on every server."""
+    vocabulary = llamactx.LlamaModel.load_from_file(model, vocab_only=True)
+    return {str(token): -100 for token in range(vocabulary.n_vocab()) if vocabulary.is_eog_token(token)}
+
+
+async def drive(url: str, scenario: Scenario, bans: dict[str, int]) -> Load:
+    """``scenario.streams`` clients, each sending its requests one after another."""
+    # A connection per request: llama-server's HTTP library closes kept-alive connections after a
+    # few requests, and a client that reuses one as it closes fails the request.
+    fresh_connections = openai.DefaultAsyncHttpxClient(limits=httpx.Limits(max_keepalive_connections=0))
+    async with openai.AsyncOpenAI(
+        base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600, http_client=fresh_connections
+    ) as api:
+        model = (await api.models.list()).data[0].id
+        first_tokens: list[float] = []
+
+        async def one(stream: int, request: int) -> int:
+            sent = time.perf_counter()
+            chunks = await api.completions.create(
+                model=model,
+                prompt=scenario.prompt(stream, request),
+                max_tokens=scenario.max_tokens,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            pieces, reported = 0, None
+            async for chunk in chunks:
+                if chunk.choices and chunk.choices[0].text:
+                    if not pieces:
+                        first_tokens.append(time.perf_counter() - sent)
+                    pieces += 1
+                if chunk.usage is not None:
+                    reported = chunk.usage.completion_tokens
+            return reported if reported is not None else pieces
+
+        async def client(stream: int) -> int:
+            return sum([await one(stream, request) for request in range(scenario.requests_per_stream)])
+
+        began = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(client(stream) for stream in range(scenario.streams))))
+        return Load(tokens, time.perf_counter() - began, first_tokens)
+
+
+@dataclass
+class Setup:
+    """What every measurement shares: the model, threads, the peers' interpreter, where server
+    logs go, and the end-of-generation bans."""
+
+    model: str
+    threads: int
+    peer: Path
+    logs: Path
+    bans: dict[str, int]
+
+    def measure(self, server: str, scenario: Scenario) -> Load:
+        """A fresh ``server`` with one slot per stream, warmed up, then ``scenario``."""
+        port = free_port()
+        slots = scenario.streams
+        command = server_command(
+            server, self.model, port, self.threads, slots, slots * scenario.cells_per_slot, self.peer
+        )
+        log = self.logs / f"{server} {scenario.name}.log"
+        with started(command, f"http://127.0.0.1:{port}", log) as url:
+            try:
+                asyncio.run(drive(url, replace_count(scenario, 1, 1), self.bans))  # first decodes, caches, pools
+                return asyncio.run(drive(url, scenario, self.bans))
+            except openai.APIError as error:
+                raise SystemExit(f"{server} failed in {scenario.name!r} ({error}); its log: {log}") from error
+
+
+def replace_count(scenario: Scenario, streams: int, requests: int) -> Scenario:
+    return Scenario(scenario.name, streams, requests, min(scenario.max_tokens, 8), scenario.shared_prefix)
+
+
+def peer_has(peer: Path, module: str) -> bool:
+    return subprocess.run([str(peer), "-c", f"import {module}"], capture_output=True, check=False).returncode == 0
+
+
+def run(model: str, peer: Path, threads: int, scenarios: list[Scenario], rounds: int, out: Path) -> dict[str, Any]:
+    setup = Setup(model, threads, peer, out / "logs", end_of_generation_bans(model))
+    results: dict[str, Any] = {"threads": threads, "rounds": rounds, "scenarios": {}, "skipped": []}
+    comparisons = [(scenario, "llama-server", rounds) for scenario in scenarios]
+    if peer_has(peer, "llama_cpp.server"):
+        scenario = Scenario("8 streams vs llama-cpp-python", PEER_SCENARIO_STREAMS, 2, 64)
+        comparisons.append((replace_count(scenario, 2, 1) if scenarios is QUICK else scenario, "llama-cpp-python", 1))
+    else:
+        results["skipped"].append("llama-cpp-python's server: not installed in the peer venv (make bench-peers)")
+    out.mkdir(parents=True, exist_ok=True)
+    for scenario, peer_server, scenario_rounds in comparisons:
+        rows: dict[str, list[Load]] = {"llamactx": [], peer_server: []}
+        for round_number in range(scenario_rounds):
+            order = list(rows) if round_number % 2 == 0 else list(reversed(rows))
+            for server in order:
+                rows[server].append(setup.measure(server, scenario))
+        results["scenarios"][scenario.name] = summary(scenario, rows)
+        print(json.dumps({scenario.name: results["scenarios"][scenario.name]["ratios"]}), flush=True)
+        (out / "server.json").write_text(json.dumps(results, indent=2))  # a failure later keeps these
+    chart(results, out / "server.png")
+    return results
+
+
+def summary(scenario: Scenario, rows: dict[str, list[Load]]) -> dict[str, Any]:
+    ours, (peer_name, theirs) = rows["llamactx"], next((k, v) for k, v in rows.items() if k != "llamactx")
+    pairs = list(zip(ours, theirs, strict=True))
+    return {
+        "scenario": asdict(scenario),
+        "peer": peer_name,
+        "tokens_per_second": {name: [load.tokens_per_second for load in loads] for name, loads in rows.items()},
+        "ttft_p50_seconds": {name: [load.ttft_p50 for load in loads] for name, loads in rows.items()},
+        "ratios": {
+            "aggregate tokens/s (ours / theirs)": statistics.median(
+                a.tokens_per_second / b.tokens_per_second for a, b in pairs
+            ),
+            "p50 time to first token (ours / theirs)": statistics.median(a.ttft_p50 / b.ttft_p50 for a, b in pairs),
+        },
+    }
+
+
+def chart(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["scenarios"])
+    throughput = [results["scenarios"][n]["ratios"]["aggregate tokens/s (ours / theirs)"] for n in names]
+    latency = [results["scenarios"][n]["ratios"]["p50 time to first token (ours / theirs)"] for n in names]
+    figure, axis = plt.subplots(figsize=(9, 4))
+    positions = range(len(names))
+    axis.barh([p + 0.2 for p in positions], throughput, height=0.4, label="aggregate tokens/s (higher is better)")
+    axis.barh([p - 0.2 for p in positions], latency, height=0.4, label="p50 time to first token (lower is better)")
+    axis.axvline(1.0, color="black", linewidth=0.8)
+    axis.set_yticks(list(positions), [f"{n}\nvs {results['scenarios'][n]['peer']}" for n in names], fontsize=8)
+    axis.set_xlabel(f"llamactx serve / peer ({results['threads']} threads, median of {results['rounds']} rounds)")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer-python", type=Path, required=True, help="the venv of `make bench-peers`")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--quick", action="store_true")
+    arguments = parser.parse_args()
+    if not peer_has(arguments.peer_python, "xllamacpp"):
+        raise SystemExit(f"{arguments.peer_python} has no xllamacpp: run `make bench-peers`")
+    model = str(llamactx.default_model_path())
+    run(
+        model,
+        arguments.peer_python,
+        arguments.threads,
+        QUICK if arguments.quick else FULL,
+        arguments.rounds,
+        arguments.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
