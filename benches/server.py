@@ -133,59 +133,16 @@ def started(command: list[str], url: str, log: Path) -> Iterator[str]:
 
 
 def server_command(server: str, model: str, port: int, threads: int, slots: int, ctx: int, peer: Path) -> list[str]:
-    if server == "llamactx":
-        return [
-            sys.executable,
-            "-m",
-            "llamactx",
-            "serve",
-            "--model",
-            model,
-            "--port",
-            str(port),
-            "--threads",
-            str(threads),
-            "--parallel",
-            str(slots),
-            "--ctx",
-            str(ctx),
-        ]
+    """The command line of ``server``: the same model, port, threads, slots and context."""
+    where = ["--model", model, "--port", str(port)]
+    if server == "llama-cpp-python":  # one request at a time: no slots to set
+        tuning = ["--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(ctx)]
+        return [str(peer), "-m", "llama_cpp.server", *where, "--host", "127.0.0.1", *tuning,
+                "--interrupt_requests", "False", "--verbose", "False"]  # fmt: skip
+    program = [sys.executable, "-m", "llamactx", "serve"]
     if server == "llama-server":
-        return [
-            str(peer),
-            str(BENCHES / "peer_xllamacpp_server.py"),
-            "--model",
-            model,
-            "--port",
-            str(port),
-            "--threads",
-            str(threads),
-            "--parallel",
-            str(slots),
-            "--ctx",
-            str(ctx),
-        ]
-    return [
-        str(peer),
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        model,
-        "--port",
-        str(port),
-        "--host",
-        "127.0.0.1",
-        "--n_threads",
-        str(threads),
-        "--n_threads_batch",
-        str(threads),
-        "--n_ctx",
-        str(ctx),
-        "--interrupt_requests",
-        "False",
-        "--verbose",
-        "False",
-    ]
+        program = [str(peer), str(BENCHES / "peer_xllamacpp_server.py")]
+    return [*program, *where, "--threads", str(threads), "--parallel", str(slots), "--ctx", str(ctx)]
 
 
 def end_of_generation_bans(model: str) -> dict[str, int]:
@@ -323,7 +280,8 @@ def chart(results: dict[str, Any], path: Path) -> None:
     axis.barh([p + 0.2 for p in positions], throughput, height=0.4, label="aggregate tokens/s (higher is better)")
     axis.barh([p - 0.2 for p in positions], latency, height=0.4, label="p50 time to first token (lower is better)")
     axis.axvline(1.0, color="black", linewidth=0.8)
-    axis.set_yticks(list(positions), [f"{n}\nvs {results['scenarios'][n]['peer']}" for n in names], fontsize=8)
+    labels = [n if " vs " in n else f"{n}\nvs {results['scenarios'][n]['peer']}" for n in names]
+    axis.set_yticks(list(positions), labels, fontsize=8)
     axis.set_xlabel(f"llamactx serve / peer ({results['threads']} threads, median of {results['rounds']} rounds)")
     axis.legend(fontsize=8)
     figure.tight_layout()
