@@ -548,3 +548,21 @@ def test_create_app_mounts_in_another_asgi_app(engine: llamactx.Engine, caplog: 
     [record] = [record for record in caplog.records if record.name == "llamactx.server"]
     assert record.request_id == reply.json()["id"]  # type: ignore[attr-defined]
     assert record.completion_tokens == 4  # type: ignore[attr-defined]
+
+
+def test_a_closed_engine_is_503_and_unhealthy(model: llamactx.LlamaModel) -> None:
+    engine = llamactx.Engine(model, n_ctx=512, n_seq_max=1)
+    app = create_app(engine, model_id="local")
+    engine.close()
+
+    async def call() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            health = await http.get("/health")
+            reply = await http.post("/v1/completions", json={"model": "local", "prompt": "Hi", "max_tokens": 2})
+            return health, reply
+
+    health, reply = asyncio.run(call())
+    assert health.status_code == 503
+    assert reply.status_code == 503
+    assert reply.headers["Retry-After"] == "1"
+    assert reply.json()["error"]["message"] == "the server is shutting down"

@@ -18,6 +18,7 @@ from llamactx._chat import ChatSession
 from llamactx._embedding import embed
 from llamactx._enums import LlamaPoolingType
 from llamactx._generation import stream
+from llamactx._limits import INT32_MAX, RANDOM_SEED
 from llamactx._llamactx import LlamaContext, LlamaModel, LlamaSampler
 from llamactx._models import default_model_path
 from llamactx.bench import speeds
@@ -33,9 +34,7 @@ DEFAULT_TOP_K = 40
 DEFAULT_TOP_P = 0.95
 DEFAULT_MIN_P = 0.05
 DEFAULT_SEED = 0
-RANDOM_SEED = 2**32 - 1  # llama.cpp's LLAMA_DEFAULT_SEED: the sampler seeds itself at random
 USABLE_CPUS = len(os.sched_getaffinity(0))  # contexts refuse more threads: ggml's spin
-INT32_MAX = 2**31 - 1
 
 
 def _in_range(convert: Callable[[str], Number], low: Number, high: Number) -> Callable[[str], Number]:

@@ -74,6 +74,9 @@ def engine_request(
     )
     if max_tokens > 8:
         request.cancel()
+    else:
+        for _text, _logprobs in request.deltas():  # the streamed pieces and their logprobs
+            pass
     request.result(timeout=120)
 
 
@@ -241,6 +244,11 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
         ),
     ),
     "engine_stats": (lambda: engine.stats(), st.tuples()),
+    "engine_tokens": (lambda prompt: engine.tokens(prompt), st.tuples(st.one_of(token_lists, st.text(max_size=20)))),
+    "engine_chat_tokens": (
+        lambda messages: engine.chat_tokens(messages),
+        st.tuples(st.lists(st.tuples(st.text(max_size=10), st.text(max_size=20)), max_size=3)),
+    ),
 }
 
 calls = st.lists(st.sampled_from(sorted(OPS)).flatmap(lambda name: st.tuples(st.just(name), OPS[name][1])), max_size=8)

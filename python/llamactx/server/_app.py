@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from llamactx import __version__
 from llamactx._embedding import embed
 from llamactx._engine import Delta, Engine, Request
+from llamactx._limits import INT32_MAX, RANDOM_SEED
 from llamactx._llamactx import Completion, EngineBusy, LlamaContext, LlamaCppError, SamplerInitError, SamplingParams
 from llamactx.server._metrics import ServerMetrics
 from llamactx.server._openai import JSON, ApiError, chat_logprobs, completion_logprobs, total_usage
@@ -45,9 +46,8 @@ DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 #: Seconds a client is told to wait when the engine's queue is full.
 RETRY_AFTER_SECONDS = 1
 #: A request with no ``max_tokens`` may fill its sequence (it then ends with "length").
-UNLIMITED = 2**31 - 1
-#: llama.cpp's seed that means "draw one at random".
-RANDOM_SEED = 2**32 - 1
+UNLIMITED = INT32_MAX
+SYSTEM_FINGERPRINT = f"llamactx-{__version__}"
 #: Not an HTTP status a client sees: the client left before the response (nginx's number).
 CLIENT_GONE = 499
 
@@ -164,8 +164,11 @@ class _Responses:
         except BaseException as error:
             for job in jobs:
                 job.request.cancel()
-            if isinstance(error, Exception) and (refusal := _refusal(error)) is not None:
-                raise refusal from error
+            if isinstance(error, Exception):
+                if self.engine.closed:
+                    raise ApiError(503, "the server is shutting down", retry_after=RETRY_AFTER_SECONDS) from error
+                if (refusal := _refusal(error)) is not None:
+                    raise refusal from error
             raise
         return jobs
 
@@ -232,6 +235,8 @@ class _Responses:
 
     async def chat(self, http: HttpRequest) -> Response:
         body = await self.body(http, ChatRequest)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         messages = [
             {"role": "system" if message.role == "developer" else message.role, "content": message.text()}
             for message in body.messages
@@ -239,8 +244,6 @@ class _Responses:
         tokens = self._tokens(partial(self.engine.chat_tokens, messages), "messages")
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top = body.top_logprobs or 0
-        if body.top_logprobs is not None and not body.logprobs:
-            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         jobs = self.submit(
             [tokens],
             body,
@@ -365,6 +368,7 @@ class _Responses:
         if any(completion.finish_reason == "cancelled" for completion in completions):
             raise ApiError(503, "the server is shutting down", retry_after=RETRY_AFTER_SECONDS)
         first = completions[0]
+        generated = sum(c.completion_tokens for c in completions)
         logger.info(
             "%s done: %d choice(s), prompt %d tokens (%d cached), completion %d tokens, queued %.3f s, "
             "first token after %.3f s, %.1f tokens/s",
@@ -372,7 +376,7 @@ class _Responses:
             len(completions),
             first.prompt_tokens,
             first.cached_tokens,
-            sum(c.completion_tokens for c in completions),
+            generated,
             first.queue_seconds,
             first.first_token_seconds or 0.0,
             first.tokens_per_second,
@@ -380,7 +384,7 @@ class _Responses:
                 "request_id": reply.id,
                 "prompt_tokens": first.prompt_tokens,
                 "cached_tokens": first.cached_tokens,
-                "completion_tokens": sum(c.completion_tokens for c in completions),
+                "completion_tokens": generated,
                 "queue_seconds": first.queue_seconds,
                 "first_token_seconds": first.first_token_seconds,
             },
@@ -396,6 +400,7 @@ class _Reply:
     def __init__(self, prefix: str, object_type: str, model_id: str, stream_options: Any) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.object = object_type
+        self.chunk_object = "chat.completion.chunk" if object_type == "chat.completion" else object_type
         self.model_id = model_id
         self.created = int(time.time())
         self.include_usage = bool(stream_options and stream_options.include_usage)
@@ -406,7 +411,7 @@ class _Reply:
             "object": object_type,
             "created": self.created,
             "model": self.model_id,
-            "system_fingerprint": f"llamactx-{__version__}",
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "choices": choices,
         }
 
@@ -414,8 +419,7 @@ class _Reply:
         return {**self._envelope(self.object, choices), "usage": usage}
 
     def event(self, choices: list[JSON], usage: JSON | None = None) -> str:
-        object_type = "chat.completion.chunk" if self.object == "chat.completion" else self.object
-        chunk = self._envelope(object_type, choices)
+        chunk = self._envelope(self.chunk_object, choices)
         if self.include_usage:
             chunk["usage"] = usage
         return f"data: {_dumps(chunk)}\n\n"
@@ -535,8 +539,6 @@ def _refusal(error: Exception) -> ApiError | None:
     if isinstance(error, SamplerInitError):
         return ApiError(400, f"the grammar cannot be used: {error}", param="grammar")
     if isinstance(error, (ValueError, LlamaCppError)):
-        if "closed" in str(error):
-            return ApiError(503, "the server is shutting down", retry_after=RETRY_AFTER_SECONDS)
         return ApiError(400, str(error))
     return None
 

@@ -8,9 +8,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from llamactx._limits import INT32_MAX
+
 __all__ = ["PENALTY_WINDOW_MAX", "ChatRequest", "CompletionRequest", "EmbeddingRequest", "Message", "SamplingBody"]
 
-INT32_MAX = 2**31 - 1
 #: The longest penalty window the engine takes.
 PENALTY_WINDOW_MAX = 2**20
 # OpenAI takes a 64-bit seed; llama.cpp's generator takes 32 bits (the server uses seed mod 2**32).
