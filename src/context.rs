@@ -10,6 +10,7 @@ mod attachments;
 mod compute;
 mod introspection;
 mod kv;
+mod memory_budget;
 mod outputs;
 mod params;
 mod rollback;
@@ -72,6 +73,10 @@ pub struct OpenContext {
     embeddings: bool,
     causal_attn: bool,
     has_encoder: bool,
+    /// An encoder-decoder model whose decoder has no encoder output to attend to yet: llama.cpp
+    /// asserts on such a decode. Only a successful `encode` provides one; a state restore does
+    /// not carry it.
+    awaits_encoder: bool,
     /// One KV stream for all sequences (`kv_unified=True`) instead of one per sequence.
     kv_unified: bool,
     /// False for a K cache type the CPU cannot RoPE-shift (see `can_shift`).
@@ -101,7 +106,9 @@ impl OpenContext {
 
     /// Creates a context of `model` with `options` (checked here), ready to compute.
     pub fn open(native_model: Arc<LlamaModel>, options: &ContextOptions) -> Result<Self> {
-        options.check_for_model(native_model.n_ctx_train())?;
+        let encoder_decoder = native_model.has_encoder() && native_model.has_decoder();
+        options.check_for_model(native_model.n_ctx_train(), encoder_decoder)?;
+        memory_budget::check_host_memory(options, &native_model)?;
         let params = options.to_params()?;
         let backend = backend()?;
         let n_vocab = native_model.n_vocab();
@@ -139,6 +146,7 @@ impl OpenContext {
             embeddings: false,
             causal_attn,
             has_encoder,
+            awaits_encoder: encoder_decoder,
             kv_unified: options.kv_unified.unwrap_or(false),
             k_cache_shifts: !options
                 .cache_type_k

@@ -17,6 +17,9 @@ use crate::lazy_grammar;
 use crate::model::PyLlamaModel;
 use crate::token_data::PyLlamaTokenDataArray;
 use crate::tokens::{check_vocab, extract_token_ids, to_llama_tokens};
+use backend_stages::Stage;
+
+mod backend_stages;
 
 pub struct SendSampler(pub LlamaSampler);
 
@@ -24,24 +27,6 @@ pub struct SendSampler(pub LlamaSampler);
 // has no thread affinity; it must just not be used by two threads at once, which the
 // `Mutex` in `PyLlamaSampler` guarantees.
 unsafe impl Send for SendSampler {}
-
-/// What `set_sampler` must check of one stage of a sampler before llama.cpp runs it on the
-/// backend, where a mismatch trips a `GGML_ASSERT` (llama.cpp runs the stages on the backend up
-/// to the first one that only runs on the CPU).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// Keeps the `k` most likely candidates (`k <= 0` keeps all).
-    TopK(i32),
-    /// Indexes the candidates by token id: built for `n_vocab` tokens, biasing ids up to `max_token`.
-    Vocabulary { n_vocab: i32, max_token: Option<i32> },
-    /// Another stage that runs on the backend.
-    Plain,
-    /// A stage that runs on the CPU: it and the stages after it are not checked.
-    Cpu,
-}
-
-/// The candidates llama.cpp's backend probe builds when a sampler is set [llama.cpp internal].
-const PROBE_CANDIDATES: i32 = 128 * 1024;
 
 /// A llama.cpp sampler (or chain of samplers) that picks the next token from logits.
 #[pyclass(frozen, module = "llamactx", name = "LlamaSampler")]
@@ -86,40 +71,9 @@ impl PyLlamaSampler {
     }
 
     /// `ValueError` for a sampler whose backend stages do not fit a context of `n_vocab`
-    /// tokens: a `top_k` larger than the candidates left, or a vocabulary-indexed stage built
-    /// for another vocabulary or biasing a token past the candidates left.
+    /// tokens (see `backend_stages::check_backend`).
     pub fn check_backend(&self, n_vocab: i32) -> Result<()> {
-        let mut left = n_vocab.min(PROBE_CANDIDATES);
-        for stage in &self.stages {
-            match *stage {
-                Stage::Cpu => break,
-                Stage::Plain | Stage::TopK(i32::MIN..=0) => {}
-                Stage::TopK(k) => {
-                    if k > left {
-                        return Err(Error::value(format!(
-                            "top_k({k}) on the backend needs at least {k} candidates; {left} are left there"
-                        )));
-                    }
-                    left = k;
-                }
-                Stage::Vocabulary {
-                    n_vocab: built,
-                    max_token,
-                } => {
-                    if built != n_vocab {
-                        return Err(Error::value(format!(
-                            "a stage was built for {built} tokens; the context's model has {n_vocab}"
-                        )));
-                    }
-                    if let Some(token) = max_token.filter(|&token| token >= left) {
-                        return Err(Error::value(format!(
-                            "a logit bias for token {token} on the backend, where only {left} candidates are left"
-                        )));
-                    }
-                }
-            }
-        }
-        Ok(())
+        backend_stages::check_backend(&self.stages, n_vocab)
     }
 
     /// Refuses a sampler that a refused token left unusable.
@@ -164,10 +118,7 @@ impl PyLlamaSampler {
     }
 
     fn check_token(&self, token: i32) -> Result<LlamaToken> {
-        let built_for = self.stages.iter().filter_map(|stage| match stage {
-            Stage::Vocabulary { n_vocab, .. } => Some(*n_vocab),
-            _ => None,
-        });
+        let built_for = self.stages.iter().filter_map(|stage| stage.built_for());
         let n_vocab = self.models.iter().map(|model| model.n_vocab()).chain(built_for).min();
         if token < 0 || n_vocab.is_some_and(|n_vocab| token >= n_vocab) {
             return Err(Error::value(format!(
@@ -280,6 +231,31 @@ fn model_of(model: &Bound<'_, PyLlamaModel>) -> Result<Arc<LlamaModel>> {
     model.get().vocabulary()
 }
 
+/// The buffers llama.cpp's infill sampler reads token pieces into [llama.cpp internal].
+const INFILL_PIECE_BYTES: usize = 512;
+
+/// llama.cpp's infill sampler answers "only end-of-generation tokens are left" with the EOT (or
+/// EOS) token and asserts there is one; and it resizes its piece buffers by the negative length
+/// `token_to_piece` returns for a longer piece (a C++ throw across FFI). Both are properties of
+/// the vocabulary, so they are checked once, when the sampler is made.
+fn check_infill_vocabulary(model: &LlamaModel) -> Result<()> {
+    if model.token_eot() == LlamaToken::new(-1) && model.token_eos() == LlamaToken::new(-1) {
+        return Err(Error::value(
+            "infill needs a vocabulary with an end-of-text (EOT) or end-of-sequence (EOS) token",
+        ));
+    }
+    for id in 0..model.n_vocab() {
+        let length = PyLlamaModel::piece(model, id, false)?.len();
+        if length > INFILL_PIECE_BYTES {
+            return Err(Error::value(format!(
+                "infill cannot handle token {id}: its text is {length} bytes, over llama.cpp's \
+                 {INFILL_PIECE_BYTES}-byte buffer"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A freshly built sampler with the model it points into, able to leave a GIL-free closure.
 struct ModelSampler(SendSampler, Arc<LlamaModel>);
 
@@ -304,7 +280,7 @@ impl PyLlamaSampler {
     /// Picks a token at random by its probability, from a generator seeded with `seed`.
     #[staticmethod]
     fn dist(seed: u32) -> Self {
-        Self::new(LlamaSampler::dist(seed), Stage::Plain)
+        Self::new(LlamaSampler::dist(seed), Stage::Dist)
     }
 
     /// Divides the logits by temperature `t` (`t <= 0` keeps only the most likely token).
@@ -325,7 +301,7 @@ impl PyLlamaSampler {
     fn top_p(p: f32, min_keep: usize) -> PyResult<Self> {
         Ok(Self::new(
             LlamaSampler::top_p(probability("p", p)?, min_keep),
-            Stage::Plain,
+            Stage::TopP,
         ))
     }
 
@@ -431,10 +407,7 @@ impl PyLlamaSampler {
                 finite("penalty_freq", penalty_freq)?,
                 finite("penalty_present", penalty_present)?,
             ),
-            Stage::Vocabulary {
-                n_vocab,
-                max_token: None,
-            },
+            Stage::Penalties { n_vocab },
         ))
     }
 
@@ -455,7 +428,7 @@ impl PyLlamaSampler {
         let max_token = biases.iter().map(|(token, _)| token.0).max();
         Ok(Self::new(
             LlamaSampler::logit_bias(n_vocab, &biases),
-            Stage::Vocabulary { n_vocab, max_token },
+            Stage::LogitBias { n_vocab, max_token },
         ))
     }
 
@@ -538,6 +511,7 @@ impl PyLlamaSampler {
     #[staticmethod]
     fn infill(model: &Bound<'_, PyLlamaModel>) -> PyResult<Self> {
         let model = model_of(model)?;
+        check_infill_vocabulary(&model)?;
         Ok(ModelSampler::new(LlamaSampler::infill(&model), model).into_sampler())
     }
 

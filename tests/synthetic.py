@@ -1,8 +1,10 @@
 """Tiny GGUF files written with the ``gguf`` package: a random BERT encoder (for ``encode``),
-a random LoRA adapter for SmolLM2 (for ``lora_adapter_*``) and vocabulary-only models."""
+a random T5 encoder-decoder, a random recurrent Mamba (for sequence-state restores), a random
+LoRA adapter for SmolLM2 (for ``lora_adapter_*``) and vocabulary-only models."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -16,6 +18,17 @@ WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "in", "park", "sun
 WORD_START = "\u2581"  # llama.cpp's WPM vocabulary marks word-initial pieces with it
 
 
+def random_tensors(writer: gguf.GGUFWriter, seed: int) -> Callable[..., None]:
+    """``tensor(name, *shape, scale=0.1)``: adds a float32 tensor of ``shape`` drawn from a normal
+    distribution scaled by ``scale`` (the same values for the same seed and order of calls)."""
+    rng = np.random.default_rng(seed)
+
+    def tensor(name: str, *shape: int, scale: float = 0.1) -> None:
+        writer.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    return tensor
+
+
 def bert_vocabulary() -> list[str]:
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
     pieces = [WORD_START + w for w in WORDS + letters] + letters + [".", ",", "!", "?"]
@@ -26,11 +39,11 @@ def bert_vocabulary() -> list[str]:
 def write_tiny_bert(path: Path, seed: int = 0, duplicate_token: bool = False) -> Path:
     """A 2-layer, 32-wide BERT with random weights, MEAN pooling and a WordPiece vocabulary
     (with ``duplicate_token``, one that lists a token twice: llama.cpp aborts on those)."""
-    rng = np.random.default_rng(seed)
     vocab = bert_vocabulary()
     if duplicate_token:
         vocab[-1] = vocab[-2]
     writer = gguf.GGUFWriter(str(path), "bert")
+    tensor = random_tensors(writer, seed)
     writer.add_name("tiny-bert")
     writer.add_context_length(BERT_CONTEXT)
     writer.add_embedding_length(BERT_WIDTH)
@@ -52,9 +65,6 @@ def write_tiny_bert(path: Path, seed: int = 0, duplicate_token: bool = False) ->
     writer.add_sep_token_id(3)
     writer.add_mask_token_id(4)
 
-    def tensor(name: str, *shape: int, scale: float = 0.1) -> None:
-        writer.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
-
     def norm(name: str) -> None:
         writer.add_tensor(f"{name}.weight", np.ones(BERT_WIDTH, dtype=np.float32))
         writer.add_tensor(f"{name}.bias", np.zeros(BERT_WIDTH, dtype=np.float32))
@@ -74,6 +84,137 @@ def write_tiny_bert(path: Path, seed: int = 0, duplicate_token: bool = False) ->
         tensor(f"blk.{block}.ffn_down.weight", width, 2 * width)
         tensor(f"blk.{block}.ffn_down.bias", width)
         norm(f"blk.{block}.layer_output_norm")
+    _finish(writer)
+    return path
+
+
+T5_WIDTH = 32
+T5_HEADS = 2
+T5_ENCODER_LAYERS = 2
+T5_DECODER_LAYERS = 1
+T5_CONTEXT = 128
+T5_BUCKETS = 32
+T5_SPECIALS = ["<pad>", "</s>", "<unk>"]  # llama.cpp's defaults for a "t5" vocabulary: pad 0, EOS 1, UNK 2
+
+
+def t5_vocabulary() -> list[str]:
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    return T5_SPECIALS + [WORD_START + w for w in WORDS] + letters
+
+
+def write_tiny_t5(path: Path, seed: int = 0) -> Path:
+    """A T5 encoder-decoder with random weights: 32 wide, 2 heads, 2 encoder layers and 1 decoder
+    layer (ReLU feed-forward, relative position buckets in each stack's first layer, separate
+    ``output``) and a unigram ("t5") vocabulary whose decoder start token is ``<pad>`` (id 0)."""
+    vocab = t5_vocabulary()
+    writer = gguf.GGUFWriter(str(path), "t5")
+    tensor = random_tensors(writer, seed)
+    writer.add_name("tiny-t5")
+    writer.add_context_length(T5_CONTEXT)
+    writer.add_embedding_length(T5_WIDTH)
+    writer.add_feed_forward_length(2 * T5_WIDTH)
+    writer.add_block_count(T5_ENCODER_LAYERS)
+    writer.add_decoder_block_count(T5_DECODER_LAYERS)
+    writer.add_head_count(T5_HEADS)
+    writer.add_key_length(T5_WIDTH // T5_HEADS)
+    writer.add_value_length(T5_WIDTH // T5_HEADS)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_relative_attn_buckets_count(T5_BUCKETS)
+    writer.add_decoder_start_token_id(0)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("t5")
+    writer.add_add_space_prefix(True)  # as converted T5 files: "the" is read as "\u2581the"
+    writer.add_remove_extra_whitespaces(True)
+    writer.add_token_list(vocab)
+    pieces = len(vocab) - len(T5_SPECIALS)
+    writer.add_token_scores([0.0] * len(T5_SPECIALS) + [-float(i) for i in range(1, pieces + 1)])
+    specials = [gguf.TokenType.CONTROL, gguf.TokenType.CONTROL, gguf.TokenType.UNKNOWN]
+    writer.add_token_types(specials + [gguf.TokenType.NORMAL] * pieces)
+    writer.add_pad_token_id(0)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(2)
+
+    def norm(name: str) -> None:
+        writer.add_tensor(f"{name}.weight", np.ones(T5_WIDTH, dtype=np.float32))
+
+    width, ff = T5_WIDTH, 2 * T5_WIDTH
+    tensor("token_embd.weight", len(vocab), width, scale=1.0)
+    tensor("output.weight", len(vocab), width)
+    norm("enc.output_norm")
+    norm("dec.output_norm")
+    # numpy shapes are ggml's reversed: attn_q is [n_in, n_out] in ggml, attn_rel_b [n_head, buckets].
+    stacks = {"enc": (T5_ENCODER_LAYERS, ("attn",)), "dec": (T5_DECODER_LAYERS, ("attn", "cross_attn"))}
+    for stack, (layers, attentions) in stacks.items():
+        tensor(f"{stack}.blk.0.attn_rel_b.weight", T5_BUCKETS, T5_HEADS)  # later layers share it
+        for block in range(layers):
+            for attention in attentions:
+                norm(f"{stack}.blk.{block}.{attention}_norm")
+                for part in ("q", "k", "v", "o"):
+                    tensor(f"{stack}.blk.{block}.{attention}_{part}.weight", width, width)
+            norm(f"{stack}.blk.{block}.ffn_norm")
+            tensor(f"{stack}.blk.{block}.ffn_up.weight", ff, width)
+            tensor(f"{stack}.blk.{block}.ffn_down.weight", width, ff)
+    _finish(writer)
+    return path
+
+
+MAMBA_WIDTH = 16
+MAMBA_LAYERS = 2
+MAMBA_CONTEXT = 128
+MAMBA_CONV = 4  # ssm.conv_kernel: each sequence's conv state keeps the last 3 columns
+MAMBA_STATE = 8  # ssm.state_size
+MAMBA_DT_RANK = 2  # ssm.time_step_rank
+
+
+def write_tiny_mamba(path: Path, seed: int = 0) -> Path:
+    """A recurrent Mamba (llama.cpp arch ``mamba``) with random weights: 16 wide, 2 layers, inner
+    size 32 (llama.cpp supports only an expansion factor of 2), conv kernel 4, state size 8,
+    time-step rank 2, a separate ``output`` and the SentencePiece vocabulary of
+    ``spm_vocabulary()`` (unknown 0, BOS 1, EOS 2). llama.cpp gives it a recurrent memory (one
+    cell per sequence) instead of a KV cache."""
+    vocab = spm_vocabulary()
+    width, inner, state, rank = MAMBA_WIDTH, 2 * MAMBA_WIDTH, MAMBA_STATE, MAMBA_DT_RANK
+    writer = gguf.GGUFWriter(str(path), "mamba")
+    tensor = random_tensors(writer, seed)
+    writer.add_name("tiny-mamba")
+    writer.add_context_length(MAMBA_CONTEXT)
+    writer.add_embedding_length(width)
+    writer.add_block_count(MAMBA_LAYERS)
+    writer.add_head_count(0)  # as converted Mamba files: no attention
+    writer.add_ssm_conv_kernel(MAMBA_CONV)
+    writer.add_ssm_inner_size(inner)
+    writer.add_ssm_state_size(state)
+    writer.add_ssm_time_step_rank(rank)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(vocab)
+    writer.add_token_scores([-float(i) for i in range(len(vocab))])
+    writer.add_token_types([token_type(token) for token in vocab])
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+    def norm(name: str) -> None:
+        writer.add_tensor(name, np.ones(width, dtype=np.float32))
+
+    # numpy shapes are ggml's reversed: ssm_in is [n_embd, 2*d_inner] in ggml, ssm_a [d_state, d_inner].
+    tensor("token_embd.weight", len(vocab), width, scale=1.0)
+    tensor("output.weight", len(vocab), width)
+    norm("output_norm.weight")
+    for block in range(MAMBA_LAYERS):
+        norm(f"blk.{block}.attn_norm.weight")
+        tensor(f"blk.{block}.ssm_in.weight", 2 * inner, width)
+        tensor(f"blk.{block}.ssm_conv1d.weight", inner, MAMBA_CONV)
+        tensor(f"blk.{block}.ssm_conv1d.bias", inner)
+        tensor(f"blk.{block}.ssm_x.weight", rank + 2 * state, inner)
+        tensor(f"blk.{block}.ssm_dt.weight", inner, rank)
+        tensor(f"blk.{block}.ssm_dt.bias", inner)
+        # A = -exp(A_log) with A_log = log(1..d_state), as the converter stores it: decaying states.
+        a = -np.tile(np.arange(1, state + 1, dtype=np.float32), (inner, 1))
+        writer.add_tensor(f"blk.{block}.ssm_a", a)  # no ".weight" suffix on ssm_a and ssm_d
+        writer.add_tensor(f"blk.{block}.ssm_d", np.ones(inner, dtype=np.float32))
+        tensor(f"blk.{block}.ssm_out.weight", width, inner)
     _finish(writer)
     return path
 

@@ -37,8 +37,14 @@ RAISES = {
     "backend_top_k_beyond_the_candidates": "ValueError",
     "backend_logit_bias_past_an_earlier_top_k": "ValueError",
     "backend_penalties_of_another_vocabulary": "ValueError",
+    "backend_logit_bias_after_top_k": "ValueError",
+    "backend_stage_after_dist": "ValueError",
+    "backend_third_top_k_or_top_p": "ValueError",
+    "backend_chain_past_its_graph_size": "ValueError",
     "backend_chain_that_fits": "none",
+    "backend_chain_ending_in_dist": "none",
     # 5. Sizes taken from user numbers
+    "context_larger_than_the_machine": "ValueError",
     "penalty_window_of_a_billion_tokens": "ValueError",
     "dry_window_of_a_billion_tokens": "ValueError",
     "batch_of_a_hundred_million_tokens": "ValueError",
@@ -101,6 +107,84 @@ def test_a_complete_sentencepiece_vocabulary_tokenizes(tmp_path: Path) -> None:
     model = llamactx.LlamaModel.load_from_file(vocabulary, vocab_only=True)
     tokens = model.str_to_token("ABC", False)
     assert model.detokenize(tokens).endswith("ABC")  # through the byte tokens <0x41>..<0x43>
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "tokens"),
+    [
+        # WordPiece vocabularies have no EOS by default, and this one has no EOT either: the
+        # sampler asserts there is one when only end-of-generation tokens are left.
+        ("bert", synthetic.bert_vocabulary()),
+        # Pieces are read into 512-byte buffers, "resized" by a negative length when longer.
+        ("llama", [*synthetic.spm_vocabulary(), "x" * 513]),
+    ],
+    ids=["without_an_end_token", "with_a_piece_over_512_bytes"],
+)
+def test_infill_refuses_a_vocabulary_it_would_abort_on(
+    model_path: Path, tmp_path: Path, tokenizer: str, tokens: list[str]
+) -> None:
+    vocabulary = synthetic.write_vocabulary(tmp_path / "vocabulary.gguf", tokenizer, tokens)
+    assert raised_by(model_path, "infill_on_the_vocabulary_from_stdin", stdin=str(vocabulary)) == "ValueError"
+
+
+def test_infill_takes_a_vocabulary_with_an_end_token_and_short_pieces(tmp_path: Path) -> None:
+    vocabulary = synthetic.write_vocabulary(tmp_path / "spm.gguf", "llama", [*synthetic.spm_vocabulary(), "x" * 512])
+    llamactx.LlamaSampler.infill(llamactx.LlamaModel.load_from_file(vocabulary, vocab_only=True))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "encoder_decoder_with_a_kv_stream_per_sequence",
+        "encoder_decoder_decoding_before_encoding",
+        "encoder_decoder_decoding_a_restored_state_without_encoding",
+    ],
+)
+def test_an_encoder_decoder_refuses_what_llama_cpp_asserts_on(model_path: Path, tmp_path: Path, case: str) -> None:
+    t5 = synthetic.write_tiny_t5(tmp_path / "t5.gguf")
+    assert raised_by(model_path, case, stdin=str(t5)) == "ValueError"
+
+
+def test_an_encoder_decoder_decodes_after_encoding_in_one_kv_stream(tmp_path: Path) -> None:
+    model = llamactx.LlamaModel.load_from_file(synthetic.write_tiny_t5(tmp_path / "t5.gguf"))
+    ctx = model.new_context(n_ctx=64, n_batch=64, n_ubatch=64, n_seq_max=2, kv_unified=True)
+    rows = []
+    for seq, text in enumerate(["the cat sat", "a dog ran"]):
+        prompt = llamactx.LlamaBatch(8)
+        prompt.add_sequence(model.str_to_token(text, False), seq, True)
+        ctx.encode(prompt)
+        start = llamactx.LlamaBatch(1)
+        start.add(0, 0, [seq], True)  # the decoder start token, <pad>
+        ctx.decode(start)
+        rows.append(ctx.get_logits_ith(-1).copy())
+    assert all(np.isfinite(row).all() for row in rows)
+    assert not np.array_equal(rows[0], rows[1])  # each sequence attends to its own encoding
+
+
+def test_a_recurrent_sequence_state_of_two_cells_is_refused(model_path: Path, tmp_path: Path) -> None:
+    mamba = synthetic.write_tiny_mamba(tmp_path / "mamba.gguf")
+    assert raised_by(model_path, "recurrent_sequence_state_of_two_cells", stdin=str(mamba)) == "StateError"
+
+
+def test_a_recurrent_sequence_state_moves_to_another_sequence(tmp_path: Path) -> None:
+    mamba = llamactx.LlamaModel.load_from_file(synthetic.write_tiny_mamba(tmp_path / "mamba.gguf"))
+    ctx = mamba.new_context(n_ctx=64, n_seq_max=2)
+    prompt = [1, 10, 20, 30, 40]
+
+    def next_logits(seq: int) -> np.ndarray:
+        batch = llamactx.LlamaBatch(1)
+        batch.add(7, len(prompt), [seq], True)
+        ctx.decode(batch)
+        return ctx.get_logits_ith(-1).copy()
+
+    batch = llamactx.LlamaBatch(len(prompt))
+    batch.add_sequence(prompt, 0, False)
+    ctx.decode(batch)
+    state = ctx.state_seq_get_data(0)
+    expected = next_logits(0)
+    ctx.clear_kv_cache()
+    ctx.state_seq_set_data(state, 1)
+    assert np.array_equal(next_logits(1), expected)
 
 
 def test_an_adapter_no_cpu_kernel_multiplies_is_refused(model_path: Path, tmp_path: Path) -> None:

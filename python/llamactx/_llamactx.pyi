@@ -307,7 +307,8 @@ class LlamaContext:
     def decode(self, batch: LlamaBatch) -> None:
         """Runs the model on `batch`, filling the KV cache and, for tokens added with
         `logits=True`, the output rows. Releases the GIL. Raises `ValueError` for a batch
-        this context cannot take (too many tokens, unknown token or sequence ids) and
+        this context cannot take (too many tokens, unknown token or sequence ids) or before the
+        first `encode` of an encoder-decoder model, and
         `DecodeError` when llama.cpp fails (e.g. `kind == "NoKvCacheSlot"` when the cache is full).
         """
     def encode(self, batch: LlamaBatch) -> None:

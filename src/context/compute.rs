@@ -113,6 +113,11 @@ impl OpenContext {
 
     /// `LlamaContext.decode` for Rust callers (the engine), on a batch they own.
     pub fn decode(&mut self, state: &mut BatchState) -> Result<()> {
+        if self.awaits_encoder {
+            return Err(Error::value(
+                "this encoder-decoder model decodes from its encoder's output: call encode first",
+            ));
+        }
         self.compute(state, false, |context, batch| context.decode(batch))
     }
 }
@@ -121,7 +126,8 @@ impl OpenContext {
 impl PyLlamaContext {
     /// Runs the model on `batch`, filling the KV cache and, for tokens added with
     /// `logits=True`, the output rows. Releases the GIL. Raises `ValueError` for a batch
-    /// this context cannot take (too many tokens, unknown token or sequence ids) and
+    /// this context cannot take (too many tokens, unknown token or sequence ids) or before the
+    /// first `encode` of an encoder-decoder model, and
     /// `DecodeError` when llama.cpp fails (e.g. `kind == "NoKvCacheSlot"` when the cache is full).
     fn decode(&self, py: Python<'_>, batch: &Bound<'_, PyLlamaBatch>) -> PyResult<()> {
         let batch = batch.get();
@@ -140,7 +146,9 @@ impl PyLlamaContext {
                      this is a decoder-only model: use decode",
                 ));
             }
-            native.compute(&mut *batch.lock()?, true, |context, batch| context.encode(batch))
+            native.compute(&mut *batch.lock()?, true, |context, batch| context.encode(batch))?;
+            native.awaits_encoder = false;
+            Ok(())
         })
     }
 

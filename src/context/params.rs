@@ -119,31 +119,58 @@ fn default_threads(llama_default: i32) -> i32 {
     llama_default.min(available_cpus()).max(1)
 }
 
-/// The ggml types llama.cpp accepts for its KV cache, by their lower-case ggml names.
-fn cache_type(name: &str) -> Result<GgmlType> {
-    Ok(match name.to_ascii_lowercase().as_str() {
-        "f32" => GgmlType::F32,
-        "f16" => GgmlType::F16,
-        "bf16" => GgmlType::BF16,
-        "q8_0" => GgmlType::Q8_0,
-        "q4_0" => GgmlType::Q4_0,
-        "q4_1" => GgmlType::Q4_1,
-        "q5_0" => GgmlType::Q5_0,
-        "q5_1" => GgmlType::Q5_1,
-        "iq4_nl" => GgmlType::IQ4NL,
-        _ => {
-            return Err(Error::value(format!(
-                "unknown KV cache type {name:?}; use one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl"
-            )))
-        }
-    })
+/// The ggml types llama.cpp accepts for its KV cache, by their lower-case ggml names, with the
+/// bytes a block of 32 values takes in each [llama.cpp internal].
+const CACHE_TYPES: &[(&str, GgmlType, u64)] = &[
+    ("f32", GgmlType::F32, 128),
+    ("f16", GgmlType::F16, 64),
+    ("bf16", GgmlType::BF16, 64),
+    ("q8_0", GgmlType::Q8_0, 34),
+    ("q4_0", GgmlType::Q4_0, 18),
+    ("q4_1", GgmlType::Q4_1, 20),
+    ("q5_0", GgmlType::Q5_0, 22),
+    ("q5_1", GgmlType::Q5_1, 24),
+    ("iq4_nl", GgmlType::IQ4NL, 18),
+];
+
+/// llama.cpp's default KV cache type.
+const DEFAULT_CACHE_TYPE: &str = "f16";
+
+/// The bytes a block of 32 values takes in the cache type named `name` (llama.cpp's default
+/// when `None`).
+pub fn cache_block_bytes(name: Option<&str>) -> Result<u64> {
+    Ok(cache_type(name.unwrap_or(DEFAULT_CACHE_TYPE))?.1)
+}
+
+/// The cache type named `name` and the bytes a block of 32 of its values takes.
+fn cache_type(name: &str) -> Result<(GgmlType, u64)> {
+    let lower = name.to_ascii_lowercase();
+    CACHE_TYPES
+        .iter()
+        .find(|(known, _, _)| *known == lower)
+        .map(|&(_, ggml_type, block_bytes)| (ggml_type, block_bytes))
+        .ok_or_else(|| {
+            let names: Vec<&str> = CACHE_TYPES.iter().map(|(known, _, _)| *known).collect();
+            Error::value(format!(
+                "unknown KV cache type {name:?}; use one of {}",
+                names.join(", ")
+            ))
+        })
 }
 
 impl ContextOptions {
     /// llama.cpp reserves an output row per sequence within `n_batch`, which it first caps at
-    /// `n_ctx`, and asserts when they do not fit.
-    pub fn check_for_model(&self, n_ctx_train: u32) -> Result<()> {
+    /// `n_ctx`, and asserts when they do not fit. An encoder-decoder model's relative position
+    /// bias cannot be added to attention split into one KV stream per sequence: llama.cpp
+    /// asserts while it reserves the graph.
+    pub fn check_for_model(&self, n_ctx_train: u32, encoder_decoder: bool) -> Result<()> {
         let n_seq_max = self.n_seq_max.unwrap_or(1);
+        if encoder_decoder && n_seq_max > 1 && !self.kv_unified.unwrap_or(false) {
+            return Err(Error::value(format!(
+                "an encoder-decoder model runs several sequences (n_seq_max={n_seq_max}) only in one KV \
+                 stream: pass kv_unified=True"
+            )));
+        }
         let n_ctx = self.n_ctx.unwrap_or(n_ctx_train).max(1);
         let n_batch = self.n_batch.unwrap_or(DEFAULT_N_BATCH).min(n_ctx);
         if n_seq_max > n_batch {
@@ -191,10 +218,10 @@ impl ContextOptions {
                 params.with_attention_type(LlamaAttentionType::from(in_range("attention_type", attention, -1, 1)?));
         }
         if let Some(name) = &self.cache_type_k {
-            params = params.with_cache_type_k(cache_type(name)?);
+            params = params.with_cache_type_k(cache_type(name)?.0);
         }
         if let Some(name) = &self.cache_type_v {
-            params = params.with_cache_type_v(cache_type(name)?);
+            params = params.with_cache_type_v(cache_type(name)?.0);
         }
         if let Some(offload) = self.offload_kqv {
             params = params.with_offload_kqv(offload);
@@ -232,13 +259,28 @@ mod tests {
             n_seq_max: Some(8),
             ..ContextOptions::default()
         };
-        assert!(matches!(options.check_for_model(8192), Err(Error::Value(_))));
+        assert!(matches!(options.check_for_model(8192, false), Err(Error::Value(_))));
         let default_ctx = ContextOptions {
             n_seq_max: Some(8),
             ..ContextOptions::default()
         };
-        assert!(default_ctx.check_for_model(8192).is_ok());
-        assert!(default_ctx.check_for_model(4).is_err());
+        assert!(default_ctx.check_for_model(8192, false).is_ok());
+        assert!(default_ctx.check_for_model(4, false).is_err());
+    }
+
+    #[test]
+    fn runs_several_sequences_of_an_encoder_decoder_only_in_one_stream() {
+        let streams = ContextOptions {
+            n_seq_max: Some(2),
+            ..ContextOptions::default()
+        };
+        assert!(matches!(streams.check_for_model(512, true), Err(Error::Value(_))));
+        assert!(streams.check_for_model(512, false).is_ok());
+        let unified = ContextOptions {
+            kv_unified: Some(true),
+            ..streams
+        };
+        assert!(unified.check_for_model(512, true).is_ok());
     }
 
     #[test]

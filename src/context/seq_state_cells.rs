@@ -1,4 +1,5 @@
 //! The cells of a sequence state, read before llama.cpp restores them [llama.cpp internal].
+//! (The layout described here is a KV cache's; `check_recurrent_cells` reads recurrent memory's.)
 //!
 //! llama.cpp takes a sequence state's positions as they are. A cell at 2**31 - 1 can then never
 //! be removed by any range (`seq_rm` covers positions below its end, and the largest end is
@@ -56,6 +57,20 @@ pub fn check_positions(state: &[u8], n_layer: u32) -> Result<()> {
         return Ok(());
     }
     Ok(())
+}
+
+/// `StateError` for a recurrent model's sequence state of more than one cell. A recurrent
+/// sequence is one cell (its state), and a state llama.cpp writes holds 0 or 1; it restores
+/// any other count into that one cell and then asserts that each position got a cell of its
+/// own (`llama-memory-recurrent.cpp:1051`). Layout: `io_magic`, a sequence id, the cell count.
+pub fn check_recurrent_cells(state: &[u8]) -> Result<()> {
+    match word(state, 8) {
+        Some(cells) if cells > 1 => Err(Error::state(
+            "Cells",
+            format!("the sequence state holds {cells} cells; a recurrent model's sequence is one"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -251,8 +251,12 @@ impl OpenContext {
     }
 
     fn set_seq_state_bytes(&mut self, src: &[u8], dest_seq_id: i32, flags: u32) -> Result<usize> {
-        let n_layer = u32::try_from(self.model().n_layer()).unwrap_or(0);
-        seq_state_cells::check_positions(src, n_layer)?;
+        if self.model().is_recurrent() {
+            seq_state_cells::check_recurrent_cells(src)?;
+        } else {
+            let n_layer = u32::try_from(self.model().n_layer()).unwrap_or(0);
+            seq_state_cells::check_positions(src, n_layer)?;
+        }
         self.restore_seq(dest_seq_id, |native| {
             match native.with_mut(|context| context.state_seq_set_data_ext(src, dest_seq_id, flags)) {
                 0 => Err(Error::state("SeqSetData", "llama.cpp rejected the sequence state data")),

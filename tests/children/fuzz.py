@@ -121,6 +121,7 @@ stages = st.one_of(
     st.builds(lambda p: lambda: llamactx.LlamaSampler.min_p(p, 1), st.floats(-0.5, 1.5)),
     st.builds(lambda t: lambda: llamactx.LlamaSampler.temp(t), st.floats(allow_nan=True, allow_infinity=True)),
     st.builds(lambda n: lambda: llamactx.LlamaSampler.penalties(N_VOCAB, n, 1.3, 0.1, 0.1), st.integers(-2, 2**21)),
+    st.builds(lambda t: lambda: llamactx.LlamaSampler.logit_bias(N_VOCAB, [(t, 2.0)]), st.integers(-2, 60000)),
     st.builds(lambda g: lambda: llamactx.LlamaSampler.grammar(model, g), st.sampled_from(GRAMMARS)),
     st.builds(
         lambda g, p: lambda: llamactx.LlamaSampler.grammar_lazy_patterns(model, g, "root", [p], []),
@@ -210,6 +211,11 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
         st.tuples(tokens),
     ),
     "set_sampler": (lambda s: ctx.set_sampler(s, llamactx.LlamaSampler.greedy()), st.tuples(seqs)),
+    # Chains of any stages in any order on the backend: the next decodes build them into graphs.
+    "set_sampler_chain": (
+        lambda s, made: ctx.set_sampler(s, chain_of(made)),
+        st.tuples(seqs, st.lists(stages, max_size=6)),
+    ),
     "token_to_str": (lambda t: model.token_to_str(t), st.tuples(tokens)),
     "detokenize": (lambda ts: model.detokenize(ts), st.tuples(token_lists)),
     "str_to_token": (lambda text, bos: model.str_to_token(text, bos), st.tuples(st.text(max_size=20), st.booleans())),

@@ -141,6 +141,38 @@ def context_of_a_vocabulary_only_model(model: llamactx.LlamaModel) -> None:
     llamactx.LlamaModel.load_from_file(model.path, vocab_only=True).new_context()
 
 
+def encoder_decoder_from_stdin(**options: Any) -> llamactx.LlamaContext:
+    """A context of the T5-style model whose path the test writes on standard input."""
+    model = llamactx.LlamaModel.load_from_file(sys.stdin.read().strip())
+    return model.new_context(n_ctx=64, n_batch=64, n_ubatch=64, **options)
+
+
+def one_token(token: int, pos: int = 0) -> llamactx.LlamaBatch:
+    batch = llamactx.LlamaBatch(1)
+    batch.add(token, pos, [0], True)
+    return batch
+
+
+@case
+def encoder_decoder_with_a_kv_stream_per_sequence(model: llamactx.LlamaModel) -> None:
+    encoder_decoder_from_stdin(n_seq_max=2, kv_unified=False)
+
+
+@case
+def encoder_decoder_decoding_before_encoding(model: llamactx.LlamaModel) -> None:
+    encoder_decoder_from_stdin().decode(one_token(0))
+
+
+@case
+def encoder_decoder_decoding_a_restored_state_without_encoding(model: llamactx.LlamaModel) -> None:
+    ctx = encoder_decoder_from_stdin()
+    ctx.encode(one_token(3))
+    ctx.decode(one_token(0))
+    fresh = ctx.model.new_context(n_ctx=64, n_batch=64, n_ubatch=64)
+    fresh.set_state_data(ctx.copy_state_data())  # the KV cache, not the encoder's output
+    fresh.decode(one_token(5, pos=1))
+
+
 # 4. Capabilities claimed but absent
 
 
@@ -185,8 +217,21 @@ def tokenizing_without_a_byte_token_to_fall_back_on(model: llamactx.LlamaModel) 
     vocabulary_from_stdin().str_to_token("ABC", False)
 
 
+@case
+def infill_on_the_vocabulary_from_stdin(model: llamactx.LlamaModel) -> None:
+    LlamaSampler.infill(vocabulary_from_stdin())
+
+
+def backend_sampled(model: llamactx.LlamaModel, chain: LlamaSampler) -> int:
+    """The token `chain`, set as sequence 0's backend sampler, draws for one more token."""
+    ctx = prompted(model)
+    ctx.set_sampler(0, chain)
+    decode_one_more(ctx)
+    return ctx.get_sampled_token_ith(-1)
+
+
 def on_the_backend(model: llamactx.LlamaModel, *stages: LlamaSampler) -> None:
-    prompted(model).set_sampler(0, LlamaSampler.chain([*stages, LlamaSampler.greedy()]))
+    backend_sampled(model, LlamaSampler.chain([*stages, LlamaSampler.greedy()]))
 
 
 @case
@@ -200,13 +245,40 @@ def backend_logit_bias_past_an_earlier_top_k(model: llamactx.LlamaModel) -> None
 
 
 @case
+def backend_logit_bias_after_top_k(model: llamactx.LlamaModel) -> None:
+    on_the_backend(model, LlamaSampler.top_k(40), LlamaSampler.logit_bias(model.n_vocab(), [(5, 1.0)]))
+
+
+@case
 def backend_penalties_of_another_vocabulary(model: llamactx.LlamaModel) -> None:
     on_the_backend(model, LlamaSampler.penalties(100, 64, 1.1, 0.0, 0.0))
 
 
 @case
+def backend_stage_after_dist(model: llamactx.LlamaModel) -> None:
+    on_the_backend(model, LlamaSampler.dist(7))
+
+
+@case
+def backend_third_top_k_or_top_p(model: llamactx.LlamaModel) -> None:
+    on_the_backend(model, LlamaSampler.top_k(40), LlamaSampler.top_p(0.9, 1), LlamaSampler.top_k(20))
+
+
+@case
+def backend_chain_past_its_graph_size(model: llamactx.LlamaModel) -> None:
+    on_the_backend(model, *(LlamaSampler.min_p(0.05, 1) for _ in range(300)))
+
+
+@case
 def backend_chain_that_fits(model: llamactx.LlamaModel) -> None:
     on_the_backend(model, LlamaSampler.top_k(40), LlamaSampler.temp(0.8))
+
+
+@case
+def backend_chain_ending_in_dist(model: llamactx.LlamaModel) -> None:
+    stages = [LlamaSampler.penalties(model.n_vocab(), 64, 1.1, 0.0, 0.0), LlamaSampler.top_k(40)]
+    token = backend_sampled(model, LlamaSampler.chain([*stages, LlamaSampler.top_p(0.9, 1), LlamaSampler.dist(7)]))
+    assert 0 <= token < model.n_vocab()
 
 
 def decode_one_more(ctx: llamactx.LlamaContext) -> None:
@@ -216,6 +288,13 @@ def decode_one_more(ctx: llamactx.LlamaContext) -> None:
 
 
 # 5. Sizes taken from user numbers
+
+
+@case
+def context_larger_than_the_machine(model: llamactx.LlamaModel) -> None:
+    # 2**29 cells: llama.cpp's per-cell arrays alone (24 GiB) are written before its KV cache
+    # (11 TiB) fails to allocate, which ends in the OOM killer on most machines.
+    model.new_context(n_ctx=2**29)
 
 
 @case
@@ -326,6 +405,30 @@ def context_used_after_a_fork_while_another_thread_decodes(model: llamactx.Llama
     worker.join()
     if os.waitstatus_to_exitcode(status) == 3:
         raise RuntimeError("the child was refused the context")
+
+
+def as_two_cells(state: bytes) -> bytes:
+    """A recurrent model's sequence state of one cell, rewritten to hold that cell twice: its
+    position and sequence count, and each layer's row (the u32 at byte 8 counts the cells)."""
+    (position,) = struct.unpack_from("<i", state, 12)
+    cells = struct.pack("<iIiI", position, 0, position, 0)
+    layers = bytearray(state[20:28])  # s_trans, n_layer
+    at = 28
+    while at < len(state):
+        _, row = struct.unpack_from("<iQ", state, at)
+        layers += state[at : at + 12] + state[at + 12 : at + 12 + row] * 2
+        at += 12 + row
+    return state[:8] + struct.pack("<I", 2) + cells + bytes(layers)
+
+
+@case
+def recurrent_sequence_state_of_two_cells(model: llamactx.LlamaModel) -> None:
+    mamba = llamactx.LlamaModel.load_from_file(sys.stdin.read().strip())
+    ctx = mamba.new_context(n_ctx=64, n_seq_max=2)
+    batch = llamactx.LlamaBatch(8)
+    batch.add_sequence([1, 10, 20, 30, 40], 0, False)
+    ctx.decode(batch)
+    ctx.state_seq_set_data(as_two_cells(ctx.state_seq_get_data(0)), 0)
 
 
 # 7. Silent wrong results
