@@ -286,7 +286,7 @@ impl PyLlamaSampler {
     /// Divides the logits by temperature `t` (`t <= 0` keeps only the most likely token).
     #[staticmethod]
     fn temp(t: f32) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::temp(finite("t", t)?), Stage::Plain))
+        Ok(Self::new(LlamaSampler::temp(finite("t", t)?), Stage::temperature(t)))
     }
 
     /// Keeps the `k` most likely tokens (`k <= 0` keeps all).
@@ -320,7 +320,7 @@ impl PyLlamaSampler {
     fn temp_ext(t: f32, delta: f32, exponent: f32) -> PyResult<Self> {
         Ok(Self::new(
             LlamaSampler::temp_ext(finite("t", t)?, finite("delta", delta)?, finite("exponent", exponent)?),
-            Stage::Plain,
+            Stage::temperature(t),
         ))
     }
 

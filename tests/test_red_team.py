@@ -40,6 +40,7 @@ RAISES = {
     "backend_logit_bias_after_top_k": "ValueError",
     "backend_stage_after_dist": "ValueError",
     "backend_third_top_k_or_top_p": "ValueError",
+    "backend_top_k_after_a_temperature_of_zero": "ValueError",
     "backend_chain_past_its_graph_size": "ValueError",
     "backend_chain_that_fits": "none",
     "backend_chain_ending_in_dist": "none",

@@ -3,9 +3,10 @@
 //! the backend up to the first one that only runs on the CPU; only those are checked.
 //!
 //! The rules come from llama.cpp's backend `apply` functions and were confirmed by setting
-//! every chain of up to four of `temp`, `temp_ext`, `top_k`, `top_p`, `min_p`, `logit_bias`,
-//! `penalties`, `dist`, `greedy` and `xtc` on a context, each in its own process: every chain
-//! that aborted breaks one of them.
+//! every chain of up to three of `temp`, `temp_ext`, `top_k`, `top_p`, `min_p`, `logit_bias`,
+//! `penalties`, `dist`, `greedy` and `xtc` (and of up to four of six of them) on a context and
+//! decoding, and by random chains with hostile parameters (a temperature of 0 or less keeps one
+//! candidate): every chain that aborted breaks one of them.
 
 use crate::errors::{Error, Result};
 
@@ -30,6 +31,16 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// `temp`/`temp_ext` at `t`: on the backend, a temperature of 0 or less keeps only the most
+    /// likely candidate, as `top_k(1)` does.
+    pub fn temperature(t: f32) -> Self {
+        if t <= 0.0 {
+            Stage::TopK(1)
+        } else {
+            Stage::Plain
+        }
+    }
+
     /// The vocabulary size a stage indexed by token id was built for.
     pub fn built_for(self) -> Option<i32> {
         match self {
@@ -174,6 +185,14 @@ mod tests {
         let mut past_the_backend = vec![Stage::Cpu];
         past_the_backend.extend([Stage::Plain; MAX_BACKEND_STAGES + 1]);
         assert!(fits(&past_the_backend));
+    }
+
+    #[test]
+    fn takes_a_temperature_of_zero_as_top_k_of_one() {
+        assert!(fits(&[Stage::temperature(0.0), Stage::Plain]));
+        assert!(!fits(&[Stage::temperature(0.0), Stage::TopK(40)]));
+        assert!(!fits(&[Stage::temperature(-1.0), BIAS]));
+        assert!(fits(&[Stage::temperature(0.8), Stage::TopK(40), Stage::TopP]));
     }
 
     #[test]

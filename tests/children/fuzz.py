@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -113,20 +114,39 @@ PATTERN_PIECES = st.sampled_from(["(", ")", "[", "]", "a", "\\", "*", "+", "?", 
 patterns = st.lists(PATTERN_PIECES, max_size=24).map("".join)
 
 # One stage of a sampler chain, in any order (the chain may select nothing, or mask everything).
+# Partials, so that the printed calls say which stages a failing chain held.
+S = llamactx.LlamaSampler
 stages = st.one_of(
-    st.just(llamactx.LlamaSampler.greedy),
-    st.just(lambda: llamactx.LlamaSampler.dist(0)),
-    st.builds(lambda k: lambda: llamactx.LlamaSampler.top_k(k), st.integers(-2, 60000)),
-    st.builds(lambda p: lambda: llamactx.LlamaSampler.top_p(p, 1), st.floats(-0.5, 1.5)),
-    st.builds(lambda p: lambda: llamactx.LlamaSampler.min_p(p, 1), st.floats(-0.5, 1.5)),
-    st.builds(lambda t: lambda: llamactx.LlamaSampler.temp(t), st.floats(allow_nan=True, allow_infinity=True)),
-    st.builds(lambda n: lambda: llamactx.LlamaSampler.penalties(N_VOCAB, n, 1.3, 0.1, 0.1), st.integers(-2, 2**21)),
-    st.builds(lambda t: lambda: llamactx.LlamaSampler.logit_bias(N_VOCAB, [(t, 2.0)]), st.integers(-2, 60000)),
-    st.builds(lambda g: lambda: llamactx.LlamaSampler.grammar(model, g), st.sampled_from(GRAMMARS)),
+    st.just(partial(S.greedy)),
+    st.just(partial(S.dist, 0)),
+    st.builds(partial, st.just(S.top_k), st.integers(-2, 60000)),
+    st.builds(partial, st.just(S.top_p), st.floats(-0.5, 1.5), st.just(1)),
+    st.builds(partial, st.just(S.min_p), st.floats(-0.5, 1.5), st.just(1)),
+    st.builds(partial, st.just(S.temp), st.floats(allow_nan=True, allow_infinity=True)),
     st.builds(
-        lambda g, p: lambda: llamactx.LlamaSampler.grammar_lazy_patterns(model, g, "root", [p], []),
+        partial,
+        st.just(S.penalties),
+        st.just(N_VOCAB),
+        st.integers(-2, 2**21),
+        st.just(1.3),
+        st.just(0.1),
+        st.just(0.1),
+    ),
+    st.builds(
+        partial,
+        st.just(S.logit_bias),
+        st.just(N_VOCAB),
+        st.tuples(st.integers(-2, 60000), st.just(2.0)).map(lambda b: [b]),
+    ),
+    st.builds(partial, st.just(S.grammar), st.just(model), st.sampled_from(GRAMMARS)),
+    st.builds(
+        partial,
+        st.just(S.grammar_lazy_patterns),
+        st.just(model),
         st.sampled_from(GRAMMARS),
-        patterns,
+        st.just("root"),
+        patterns.map(lambda p: [p]),
+        st.just([]),
     ),
 )
 

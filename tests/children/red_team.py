@@ -265,6 +265,12 @@ def backend_third_top_k_or_top_p(model: llamactx.LlamaModel) -> None:
 
 
 @case
+def backend_top_k_after_a_temperature_of_zero(model: llamactx.LlamaModel) -> None:
+    # On the backend, temp(0) keeps one candidate (top_k(1)); top_k(40) then asserts.
+    on_the_backend(model, LlamaSampler.temp(0.0), LlamaSampler.top_k(40))
+
+
+@case
 def backend_chain_past_its_graph_size(model: llamactx.LlamaModel) -> None:
     on_the_backend(model, *(LlamaSampler.min_p(0.05, 1) for _ in range(300)))
 
