@@ -15,13 +15,13 @@ use crate::errors::{Error, Result};
 /// A cell without and with llama.cpp's extension (M-RoPE positions, token id).
 const CELL_BYTES: [usize; 2] = [12, 24];
 
-fn word(state: &[u8], at: usize) -> Option<u32> {
+pub(super) fn word(state: &[u8], at: usize) -> Option<u32> {
     let bytes = state.get(at..at.checked_add(4)?)?;
     Some(u32::from_le_bytes(bytes.try_into().ok()?))
 }
 
 /// Whether the stream's data plausibly starts at `at`: `v_trans` then at most `n_layer` layers.
-fn data_starts_at(state: &[u8], at: usize, n_layer: u32) -> bool {
+pub(super) fn data_starts_at(state: &[u8], at: usize, n_layer: u32) -> bool {
     matches!((word(state, at), word(state, at + 4)), (Some(0 | 1), Some(layers)) if layers <= n_layer)
 }
 

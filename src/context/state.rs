@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::{seq_state_cells, OpenContext, PyLlamaContext};
+use super::{seq_state_cells, whole_state_cells, OpenContext, PyLlamaContext};
 use crate::backend::explained;
 use crate::batch::MAX_POSITION;
 use crate::errors::{Error, Result};
@@ -146,29 +146,39 @@ fn foreign_state() -> Error {
 }
 
 /// Checks a whole-state file (session magic and version, token count, tokens, state) as far
-/// as its state header, which must be `header`; files llama.cpp refuses before that are left
-/// to it [llama.cpp internal].
-fn check_state_file(path: &Path, capacity: usize, header: &[u8]) -> Result<()> {
+/// as its state header, which must be `header`, and returns the memory's state that follows;
+/// files llama.cpp refuses before that are left to it (`None`) [llama.cpp internal].
+fn check_state_file(path: &Path, capacity: usize, header: &[u8]) -> Result<Option<Vec<u8>>> {
     let mut file = File::open(path).map_err(|err| Error::state("LoadFile", err.to_string()))?;
     let mut head = [0_u8; 12];
     if file.read_exact(&mut head).is_err() {
-        return Ok(());
+        return Ok(None);
     }
     let word = |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
     let n_tokens = word(8) as usize;
     let ours = word(0) == llama_cpp_sys_4::LLAMA_SESSION_MAGIC && word(4) == llama_cpp_sys_4::LLAMA_SESSION_VERSION;
     if !ours || n_tokens > capacity {
-        return Ok(());
+        return Ok(None);
     }
     let mut found = vec![0_u8; header.len()];
     let start = 12 + 4 * n_tokens as u64;
     if file.seek(SeekFrom::Start(start)).is_err() || file.read_exact(&mut found).is_err() || found != header {
         return Err(foreign_state());
     }
-    Ok(())
+    let mut memory = Vec::new();
+    file.read_to_end(&mut memory)
+        .map_err(|err| Error::state("LoadFile", err.to_string()))?;
+    Ok(Some(memory))
 }
 
 impl OpenContext {
+    /// `StateError` for a whole state's memory (what follows its architecture name) holding a
+    /// cell that belongs to no sequence (see `whole_state_cells`).
+    fn check_cell_owners(&self, memory: &[u8]) -> Result<()> {
+        let n_layer = u32::try_from(self.model().n_layer()).unwrap_or(0);
+        whole_state_cells::check_owners(memory, self.model().is_recurrent(), n_layer)
+    }
+
     /// Restoring state leaves llama.cpp without outputs (see the module comment).
     fn forget_outputs(&mut self) {
         self.output_rows.clear();
@@ -233,9 +243,11 @@ impl OpenContext {
 
     fn set_state_bytes(&mut self, src: &[u8]) -> Result<usize> {
         self.restore_all(|native, before| {
-            if !src.starts_with(architecture_header(before)) {
+            let header = architecture_header(before);
+            if !src.starts_with(header) {
                 return Err(foreign_state());
             }
+            native.check_cell_owners(&src[header.len()..])?;
             match native.with_mut(|context| context.state_set_data(src)) {
                 0 => Err(Error::state("SetData", "llama.cpp rejected the state data")),
                 read => Ok(read),
@@ -286,7 +298,9 @@ impl PyLlamaContext {
         let max_tokens = check_capacity(max_tokens)?;
         self.run(py, |native| {
             native.restore_all(|native, before| {
-                check_state_file(&path, max_tokens, architecture_header(before))?;
+                if let Some(memory) = check_state_file(&path, max_tokens, architecture_header(before))? {
+                    native.check_cell_owners(&memory)?;
+                }
                 let loaded = native.with_mut(|context| context.load_session_file(&path, max_tokens));
                 Ok(to_ids(&loaded?))
             })
@@ -352,7 +366,9 @@ impl PyLlamaContext {
         let capacity = check_capacity(n_token_capacity)?;
         self.run(py, |native| {
             native.restore_all(|native, before| {
-                check_state_file(&path, capacity, architecture_header(before))?;
+                if let Some(memory) = check_state_file(&path, capacity, architecture_header(before))? {
+                    native.check_cell_owners(&memory)?;
+                }
                 let mut tokens = Vec::new();
                 if native.with_mut(|context| context.state_load_file(&path, &mut tokens, capacity)) {
                     Ok(to_ids(&tokens))

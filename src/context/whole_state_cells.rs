@@ -1,0 +1,196 @@
+//! The cells of a whole state, read before llama.cpp restores them [llama.cpp internal].
+//!
+//! llama.cpp restores a cell that belongs to no sequence as it finds it. In a KV cache the cell
+//! is then masked from every sequence but holds its slot until the cache is cleared; in
+//! recurrent memory a new sequence that takes it starts from its state instead of from zeros.
+//! llama.cpp never writes such a cell, so states holding one are refused.
+//!
+//! Layout after the architecture name: for recurrent memory, a cell count and each cell's
+//! position, sequence count and sequence ids. For a KV cache, a stream count, then per stream a
+//! cell count, each cell's position, sequence count, optional 12-byte extension and sequence
+//! ids, then the stream's data: `v_trans`, the layer count, two rotation sizes, each layer's K
+//! rows (type, row size, rows) and each V rows of the layers that have them (type, row size,
+//! rows; or, transposed, type, element size, width, elements). A layout this walk does not
+//! recognise passes to llama.cpp, which checks what it can.
+
+use super::seq_state_cells::{data_starts_at, word};
+use crate::errors::{Error, Result};
+
+/// A cell's position and sequence count, before its extension and sequence ids.
+const CELL_HEAD_BYTES: usize = 8;
+/// llama.cpp's cell extension (M-RoPE positions), in the models that have one.
+const EXTENSION_BYTES: usize = 12;
+/// `v_trans`, the layer count and the two rotation sizes that start a stream's data.
+const DATA_HEAD_BYTES: usize = 16;
+/// A K or V layer's type and row size.
+const ROWS_HEAD_BYTES: usize = 12;
+
+/// `StateError` for a whole state (`memory`: what follows the architecture name) holding a
+/// cell that belongs to no sequence. `n_layer` is the model's, to recognise the data sections.
+pub fn check_owners(memory: &[u8], recurrent: bool, n_layer: u32) -> Result<()> {
+    let owned = if recurrent {
+        cells_end(memory, 4, word(memory, 0), 0).is_none_or(|(_, owned)| owned)
+    } else {
+        kv_streams_owned(memory, n_layer)
+    };
+    if owned {
+        Ok(())
+    } else {
+        Err(Error::state(
+            "Cells",
+            "the state holds a cell that belongs to no sequence (llama.cpp never writes one)",
+        ))
+    }
+}
+
+/// Whether every cell of every KV stream belongs to a sequence (true for a layout not
+/// recognised).
+fn kv_streams_owned(memory: &[u8], n_layer: u32) -> bool {
+    let Some(n_stream) = word(memory, 0) else { return true };
+    let mut at = 4;
+    for stream in 0..n_stream {
+        let cells = word(memory, at);
+        if cells == Some(0) {
+            // An empty stream is its cell count alone.
+            at += 4;
+            continue;
+        }
+        let Some((data_at, owned)) = [0, EXTENSION_BYTES]
+            .into_iter()
+            .filter_map(|extension| cells_end(memory, at + 4, cells, extension))
+            .find(|&(end, _)| data_starts_at(memory, end, n_layer))
+        else {
+            return true;
+        };
+        if !owned {
+            return false;
+        }
+        if stream + 1 == n_stream {
+            return true;
+        }
+        let Some(next) = data_end(memory, data_at, cells, n_layer) else {
+            return true;
+        };
+        at = next;
+    }
+    true
+}
+
+/// Where `cells` cells starting at `at` end, and whether each names a sequence; `None` past
+/// the end of the state.
+fn cells_end(state: &[u8], mut at: usize, cells: Option<u32>, extension: usize) -> Option<(usize, bool)> {
+    let mut owned = true;
+    for _ in 0..cells? {
+        let n_seq_id = usize::try_from(word(state, at + 4)?).ok()?;
+        owned &= n_seq_id > 0;
+        at = at
+            .checked_add(CELL_HEAD_BYTES + extension)?
+            .checked_add(n_seq_id.checked_mul(4)?)?;
+        if at > state.len() {
+            return None;
+        }
+    }
+    Some((at, owned))
+}
+
+/// Where a stream's data starting at `at` ends: tried with V rows in every layer and in none
+/// (the models llama.cpp knows), kept when the next stream's cells and data follow.
+fn data_end(state: &[u8], at: usize, cells: Option<u32>, n_layer: u32) -> Option<usize> {
+    let cells = u64::from(cells?);
+    let v_trans = word(state, at)? == 1;
+    let layers = word(state, at + 4)?;
+    let k_end = rows_end(state, at + DATA_HEAD_BYTES, layers, cells, false)?;
+    [layers, 0].into_iter().find_map(|v_layers| {
+        let end = rows_end(state, k_end, v_layers, cells, v_trans)?;
+        let next_cells = word(state, end);
+        let next_is_empty = next_cells == Some(0);
+        let next_has_data = [0, EXTENSION_BYTES]
+            .into_iter()
+            .filter_map(|extension| cells_end(state, end + 4, next_cells, extension))
+            .any(|(data_at, _)| data_starts_at(state, data_at, n_layer));
+        (next_is_empty || next_has_data).then_some(end)
+    })
+}
+
+/// Where `layers` K or V sections of `cells` rows starting at `at` end.
+fn rows_end(state: &[u8], mut at: usize, layers: u32, cells: u64, transposed: bool) -> Option<usize> {
+    for _ in 0..layers {
+        let bytes = if transposed {
+            let element = u64::from(word(state, at + 4)?);
+            let width = u64::from(word(state, at + 8)?);
+            element.checked_mul(width)?.checked_mul(cells)?
+        } else {
+            let row = u64::from_le_bytes(state.get(at + 4..at + 12)?.try_into().ok()?);
+            row.checked_mul(cells)?
+        };
+        at = at
+            .checked_add(ROWS_HEAD_BYTES)?
+            .checked_add(usize::try_from(bytes).ok()?)?;
+        if at > state.len() {
+            return None;
+        }
+    }
+    Some(at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LAYERS: u32 = 2;
+
+    /// A KV stream of cells `(position, sequence ids)`, each layer's K and V rows 4 bytes wide.
+    fn stream(cells: &[(i32, &[u32])]) -> Vec<u32> {
+        let mut words = vec![u32::try_from(cells.len()).unwrap()];
+        if cells.is_empty() {
+            return words;
+        }
+        for (position, seq_ids) in cells {
+            words.extend([position.cast_unsigned(), u32::try_from(seq_ids.len()).unwrap()]);
+            words.extend(seq_ids.iter());
+        }
+        words.extend([0, LAYERS, 0, 0]);
+        for _ in 0..2 * LAYERS {
+            words.extend([1, 4, 0]); // type, row size (u64: 4, 0)
+            words.extend(std::iter::repeat_n(0, cells.len()));
+        }
+        words
+    }
+
+    fn state(streams: &[Vec<u32>]) -> Vec<u8> {
+        let mut words = vec![u32::try_from(streams.len()).unwrap()];
+        words.extend(streams.iter().flatten());
+        words.iter().flat_map(|word| word.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn finds_a_cell_without_a_sequence_in_any_stream() {
+        let owned = stream(&[(0, &[0]), (1, &[0, 1])]);
+        let ownerless = stream(&[(0, &[1]), (1, &[])]);
+        let owned_state = state(std::slice::from_ref(&owned));
+        assert!(check_owners(&owned_state, false, LAYERS).is_ok());
+        assert!(check_owners(&state(&[owned.clone(), owned.clone()]), false, LAYERS).is_ok());
+        assert!(check_owners(&state(&[ownerless.clone(), owned.clone()]), false, LAYERS).is_err());
+        assert!(check_owners(&state(&[owned.clone(), ownerless.clone()]), false, LAYERS).is_err());
+        assert!(check_owners(&state(&[owned.clone(), stream(&[])]), false, LAYERS).is_ok());
+        assert!(check_owners(&state(&[stream(&[]), ownerless.clone()]), false, LAYERS).is_err());
+        assert!(check_owners(&state(&[owned.clone(), stream(&[]), ownerless]), false, LAYERS).is_err());
+    }
+
+    #[test]
+    fn finds_a_recurrent_cell_without_a_sequence() {
+        let words = |n_seq_id: u32| [2, 5, 1, 0, 7, n_seq_id, 1];
+        let bytes = |words: &[u32]| -> Vec<u8> { words.iter().flat_map(|word| word.to_le_bytes()).collect() };
+        assert!(check_owners(&bytes(&words(1)), true, LAYERS).is_ok());
+        assert!(check_owners(&bytes(&words(0)[..6]), true, LAYERS).is_err());
+    }
+
+    #[test]
+    fn unknown_layouts_and_truncated_states_pass_to_llama_cpp() {
+        assert!(check_owners(&[0; 3], false, LAYERS).is_ok());
+        let mut truncated = state(&[stream(&[(0, &[])])]);
+        truncated.truncate(12);
+        assert!(check_owners(&truncated, false, LAYERS).is_ok());
+        assert!(check_owners(&[9, 0, 0, 0], true, LAYERS).is_ok());
+    }
+}
