@@ -16,7 +16,7 @@ mod params;
 mod rollback;
 mod seq_state_cells;
 mod state;
-mod whole_state_cells;
+mod state_layout;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 """Tiny GGUF files written with the ``gguf`` package: a random BERT encoder (for ``encode``),
 a random T5 encoder-decoder, a random recurrent Mamba (for sequence-state restores), a random
-LoRA adapter for SmolLM2 (for ``lora_adapter_*``) and vocabulary-only models."""
+hybrid Nemotron-H (KV cache plus recurrent state), a random LoRA adapter for SmolLM2 (for
+``lora_adapter_*``) and vocabulary-only models."""
 
 from __future__ import annotations
 
@@ -187,13 +188,7 @@ def write_tiny_mamba(path: Path, seed: int = 0) -> Path:
     writer.add_ssm_time_step_rank(rank)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(vocab)
-    writer.add_token_scores([-float(i) for i in range(len(vocab))])
-    writer.add_token_types([token_type(token) for token in vocab])
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    add_spm_vocabulary(writer, vocab)
 
     def norm(name: str) -> None:
         writer.add_tensor(name, np.ones(width, dtype=np.float32))
@@ -215,6 +210,73 @@ def write_tiny_mamba(path: Path, seed: int = 0) -> Path:
         writer.add_tensor(f"blk.{block}.ssm_a", a)  # no ".weight" suffix on ssm_a and ssm_d
         writer.add_tensor(f"blk.{block}.ssm_d", np.ones(inner, dtype=np.float32))
         tensor(f"blk.{block}.ssm_out.weight", width, inner)
+    _finish(writer)
+    return path
+
+
+HYBRID_WIDTH = 16
+HYBRID_CONTEXT = 128
+HYBRID_HEADS = 2  # attention heads of 8; the attention layer keeps both as KV heads
+HYBRID_LAYERS = ("mamba2", "attention")  # layer 0 recurrent, layer 1 attention
+HYBRID_INNER = 32  # ssm.inner_size: 4 Mamba-2 heads of 8
+HYBRID_SSM_HEADS = 4  # ssm.time_step_rank: Mamba-2's head count
+HYBRID_CONV = 4  # ssm.conv_kernel
+HYBRID_STATE = 8  # ssm.state_size
+HYBRID_GROUPS = 1  # ssm.group_count
+
+
+def write_tiny_hybrid(path: Path, seed: int = 0) -> Path:
+    """A hybrid Nemotron-H (llama.cpp arch ``nemotron_h``) with random weights, the hybrid with
+    the fewest tensors: 16 wide, layer 0 a Mamba-2 mixer (inner size 32 in 4 heads, conv kernel 4,
+    state size 8, 1 group) and layer 1 attention without RoPE (2 heads of 8, 2 KV heads), neither
+    with a feed-forward part (``feed_forward_length`` is 0 on both, ``head_count_kv`` 0 on the
+    Mamba-2 layer), tied output and the SentencePiece vocabulary of ``spm_vocabulary()``.
+    llama.cpp gives it a ``llama_memory_hybrid`` memory: a KV cache for layer 1 only and a
+    recurrent memory (one cell per sequence, conv and SSM states) for layer 0."""
+    vocab = spm_vocabulary()
+    width, inner, state, groups = HYBRID_WIDTH, HYBRID_INNER, HYBRID_STATE, HYBRID_GROUPS
+    conv_channels = inner + 2 * groups * state  # x, B and C go through the convolution
+    writer = gguf.GGUFWriter(str(path), "nemotron_h")
+    tensor = random_tensors(writer, seed)
+    writer.add_name("tiny-hybrid")
+    writer.add_context_length(HYBRID_CONTEXT)
+    writer.add_embedding_length(width)
+    writer.add_block_count(len(HYBRID_LAYERS))
+    writer.add_feed_forward_length([0] * len(HYBRID_LAYERS))  # n_ff 0: a mixer layer, not an MLP one
+    writer.add_head_count(HYBRID_HEADS)
+    writer.add_head_count_kv([0 if kind == "mamba2" else HYBRID_HEADS for kind in HYBRID_LAYERS])
+    writer.add_ssm_conv_kernel(HYBRID_CONV)
+    writer.add_ssm_inner_size(inner)
+    writer.add_ssm_state_size(state)
+    writer.add_ssm_time_step_rank(HYBRID_SSM_HEADS)
+    writer.add_ssm_group_count(groups)
+    writer.add_layer_norm_eps(1e-5)  # required; the RMS norms fall back to it
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    add_spm_vocabulary(writer, vocab)
+
+    def norm(name: str, *shape: int) -> None:
+        writer.add_tensor(name, np.ones(shape or (width,), dtype=np.float32))
+
+    # numpy shapes are ggml's reversed: ssm_in is [n_embd, d_in_proj] in ggml, ssm_a [1, n_ssm_head].
+    tensor("token_embd.weight", len(vocab), width, scale=1.0)  # no "output": tied to token_embd
+    norm("output_norm.weight")
+    for block, kind in enumerate(HYBRID_LAYERS):
+        norm(f"blk.{block}.attn_norm.weight")  # every layer's pre-norm, whatever its mixer
+        if kind == "mamba2":
+            # in_proj yields z, x, B, C and dt: 2*d_inner + 2*n_group*d_state + n_ssm_head rows.
+            tensor(f"blk.{block}.ssm_in.weight", 2 * inner + 2 * groups * state + HYBRID_SSM_HEADS, width)
+            tensor(f"blk.{block}.ssm_conv1d.weight", conv_channels, HYBRID_CONV)
+            tensor(f"blk.{block}.ssm_conv1d.bias", conv_channels)
+            tensor(f"blk.{block}.ssm_dt.bias", HYBRID_SSM_HEADS)
+            # A = -exp(A_log) per head, as the converter stores it: decaying states.
+            a = -np.arange(1, HYBRID_SSM_HEADS + 1, dtype=np.float32).reshape(HYBRID_SSM_HEADS, 1)
+            writer.add_tensor(f"blk.{block}.ssm_a", a)  # no ".weight" suffix on ssm_a and ssm_d
+            writer.add_tensor(f"blk.{block}.ssm_d", np.ones((HYBRID_SSM_HEADS, 1), dtype=np.float32))
+            norm(f"blk.{block}.ssm_norm.weight", groups, inner // groups)
+            tensor(f"blk.{block}.ssm_out.weight", width, inner)
+        else:
+            for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                tensor(f"blk.{block}.{part}.weight", width, width)
     _finish(writer)
     return path
 
@@ -267,6 +329,17 @@ def write_vocabulary(path: Path, tokenizer: str, tokens: list[str]) -> Path:
         writer.add_token_types([token_type(token) for token in tokens])
     _finish(writer)
     return path
+
+
+def add_spm_vocabulary(writer: gguf.GGUFWriter, tokens: list[str]) -> None:
+    """``tokens`` as a SentencePiece vocabulary (see ``spm_vocabulary``): unknown 0, BOS 1, EOS 2."""
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([-float(i) for i in range(len(tokens))])
+    writer.add_token_types([token_type(token) for token in tokens])
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
 
 
 def token_type(token: str) -> gguf.TokenType:

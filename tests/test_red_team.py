@@ -4,7 +4,7 @@ exception (or works): each case runs in a child process with a timeout
 
 from __future__ import annotations
 
-import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +58,8 @@ RAISES = {
     "ctrl_c_during_a_decode_nested_in_a_callback": "KeyboardInterrupt",
     "context_used_after_a_fork_while_another_thread_decodes": "RuntimeError",
     # 7. Silent wrong results
+    "whole_state_with_a_cell_of_no_sequence": "StateError",
+    "state_file_with_a_cell_of_no_sequence": "StateError",
     "position_that_no_range_can_remove": "ValueError",
     "shift_past_the_last_position": "ValueError",
     "penalties_over_minus_one_tokens": "ValueError",
@@ -163,9 +165,15 @@ def test_an_encoder_decoder_decodes_after_encoding_in_one_kv_stream(tmp_path: Pa
     assert not np.array_equal(rows[0], rows[1])  # each sequence attends to its own encoding
 
 
-def test_a_recurrent_sequence_state_of_two_cells_is_refused(model_path: Path, tmp_path: Path) -> None:
-    mamba = synthetic.write_tiny_mamba(tmp_path / "mamba.gguf")
-    assert raised_by(model_path, "recurrent_sequence_state_of_two_cells", stdin=str(mamba)) == "StateError"
+@pytest.mark.parametrize("write", [synthetic.write_tiny_mamba, synthetic.write_tiny_hybrid], ids=["mamba", "hybrid"])
+@pytest.mark.parametrize(
+    "case", ["recurrent_sequence_state_of_two_cells", "recurrent_whole_state_with_a_cell_of_no_sequence"]
+)
+def test_recurrent_states_llama_cpp_would_abort_on_or_keep_are_refused(
+    model_path: Path, tmp_path: Path, write: Callable[[Path], Path], case: str
+) -> None:
+    recurrent = write(tmp_path / "recurrent.gguf")
+    assert raised_by(model_path, case, stdin=str(recurrent)) == "StateError"
 
 
 def test_a_recurrent_sequence_state_moves_to_another_sequence(tmp_path: Path) -> None:
@@ -192,53 +200,3 @@ def test_a_recurrent_sequence_state_moves_to_another_sequence(tmp_path: Path) ->
 def test_an_adapter_no_cpu_kernel_multiplies_is_refused(model_path: Path, tmp_path: Path) -> None:
     adapter = synthetic.write_lora_for_smollm2(tmp_path / "f64.gguf", dtype=np.float64)
     assert raised_by(model_path, "adapter_no_cpu_kernel_multiplies", stdin=str(adapter)) == "LlamaLoraAdapterInitError"
-
-
-def without_the_first_cells_owner(state: bytes, streams: bool) -> bytes:
-    """A whole state whose first cell belongs to no sequence: its sequence count set to 0 and
-    its one sequence id dropped. After the architecture name come the stream count (KV caches
-    only), the first stream's cell count, then each cell's position, sequence count and ids."""
-    (name_length,) = struct.unpack_from("<I", state, 0)
-    first_cell = 4 + name_length + (8 if streams else 4)
-    position, n_seq_id = struct.unpack_from("<iI", state, first_cell)
-    assert n_seq_id == 1
-    return state[:first_cell] + struct.pack("<iI", position, 0) + state[first_cell + 12 :]
-
-
-def filled(ctx: llamactx.LlamaContext, sequences: int) -> llamactx.LlamaContext:
-    for seq in range(sequences):
-        batch = llamactx.LlamaBatch(4)
-        batch.add_sequence([1, 10 + seq, 20, 30], seq, False)
-        ctx.decode(batch)
-    return ctx
-
-
-@pytest.mark.parametrize("n_seq_max", [1, 2])
-def test_a_whole_state_with_a_cell_of_no_sequence_is_refused(
-    model: llamactx.LlamaModel, tmp_path: Path, n_seq_max: int
-) -> None:
-    ctx = filled(model.new_context(n_ctx=256, n_seq_max=n_seq_max), n_seq_max)
-    state = ctx.copy_state_data()
-    crafted = without_the_first_cells_owner(state, streams=True)
-    with pytest.raises(llamactx.StateError, match="belongs to no sequence"):
-        ctx.set_state_data(crafted)
-    assert ctx.copy_state_data() == state  # nothing changed
-    session = tmp_path / "session.bin"
-    ctx.state_save_file(session, [1, 2, 3])
-    saved = session.read_bytes()
-    state_at = 12 + 4 * 3  # magic, version, token count, tokens
-    session.write_bytes(saved[:state_at] + without_the_first_cells_owner(saved[state_at:], streams=True))
-    with pytest.raises(llamactx.StateError, match="belongs to no sequence"):
-        ctx.state_load_file(session, 16)
-    session.write_bytes(saved)
-    assert ctx.state_load_file(session, 16) == [1, 2, 3]
-
-
-def test_a_recurrent_whole_state_with_a_cell_of_no_sequence_is_refused(tmp_path: Path) -> None:
-    # Accepted, the cell's state would be where a new sequence starts instead of zeros.
-    mamba = llamactx.LlamaModel.load_from_file(synthetic.write_tiny_mamba(tmp_path / "mamba.gguf"))
-    ctx = filled(mamba.new_context(n_ctx=64, n_seq_max=2), 2)
-    state = ctx.copy_state_data()
-    with pytest.raises(llamactx.StateError, match="belongs to no sequence"):
-        ctx.set_state_data(without_the_first_cells_owner(state, streams=False))
-    assert ctx.set_state_data(state) == len(state)

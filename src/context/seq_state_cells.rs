@@ -59,12 +59,12 @@ pub fn check_positions(state: &[u8], n_layer: u32) -> Result<()> {
     Ok(())
 }
 
-/// `StateError` for a recurrent model's sequence state of more than one cell. A recurrent
-/// sequence is one cell (its state), and a state llama.cpp writes holds 0 or 1; it restores
-/// any other count into that one cell and then asserts that each position got a cell of its
-/// own (`llama-memory-recurrent.cpp:1051`). Layout: `io_magic`, a sequence id, the cell count.
-pub fn check_recurrent_cells(state: &[u8]) -> Result<()> {
-    match word(state, 8) {
+/// `StateError` for a sequence state whose recurrent part, at `at`, holds more than one cell.
+/// A recurrent sequence is one cell (its state), and a state llama.cpp writes holds 0 or 1; it
+/// restores any other count into that one cell and then asserts that each position got a cell
+/// of its own (`llama-memory-recurrent.cpp:1051`). The part starts with the cell count.
+pub fn check_recurrent_cells(state: &[u8], at: usize) -> Result<()> {
+    match word(state, at) {
         Some(cells) if cells > 1 => Err(Error::state(
             "Cells",
             format!("the sequence state holds {cells} cells; a recurrent model's sequence is one"),

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::{seq_state_cells, whole_state_cells, OpenContext, PyLlamaContext};
+use super::state_layout::{self, Memory};
+use super::{seq_state_cells, OpenContext, PyLlamaContext};
 use crate::backend::explained;
 use crate::batch::MAX_POSITION;
 use crate::errors::{Error, Result};
@@ -173,10 +174,23 @@ fn check_state_file(path: &Path, capacity: usize, header: &[u8]) -> Result<Optio
 
 impl OpenContext {
     /// `StateError` for a whole state's memory (what follows its architecture name) holding a
-    /// cell that belongs to no sequence (see `whole_state_cells`).
+    /// cell that belongs to no sequence (see `state_layout`).
     fn check_cell_owners(&self, memory: &[u8]) -> Result<()> {
-        let n_layer = u32::try_from(self.model().n_layer()).unwrap_or(0);
-        whole_state_cells::check_owners(memory, self.model().is_recurrent(), n_layer)
+        state_layout::check_owners(memory, self.memory_kind(), self.n_layer())
+    }
+
+    fn n_layer(&self) -> u32 {
+        u32::try_from(self.model().n_layer()).unwrap_or(0)
+    }
+
+    fn memory_kind(&self) -> Memory {
+        if self.model().is_recurrent() {
+            Memory::Recurrent
+        } else if self.model().is_hybrid() {
+            Memory::Hybrid
+        } else {
+            Memory::Kv
+        }
     }
 
     /// Restoring state leaves llama.cpp without outputs (see the module comment).
@@ -263,11 +277,21 @@ impl OpenContext {
     }
 
     fn set_seq_state_bytes(&mut self, src: &[u8], dest_seq_id: i32, flags: u32) -> Result<usize> {
-        if self.model().is_recurrent() {
-            seq_state_cells::check_recurrent_cells(src)?;
-        } else {
-            let n_layer = u32::try_from(self.model().n_layer()).unwrap_or(0);
-            seq_state_cells::check_positions(src, n_layer)?;
+        // After `io_magic` and the sequence id.
+        const MEMORY_AT: usize = 8;
+        let n_layer = self.n_layer();
+        // With `PARTIAL_ONLY`, a KV cache without a sliding window writes nothing.
+        let has_kv_part = flags & SEQ_FLAGS_ALLOWED == 0 || self.model().n_swa() > 0;
+        match self.memory_kind() {
+            Memory::Recurrent => seq_state_cells::check_recurrent_cells(src, MEMORY_AT)?,
+            Memory::Hybrid if !has_kv_part => seq_state_cells::check_recurrent_cells(src, MEMORY_AT)?,
+            kind => {
+                seq_state_cells::check_positions(src, n_layer)?;
+                let memory = src.get(MEMORY_AT..).unwrap_or_default();
+                if let (Memory::Hybrid, Some(end)) = (kind, state_layout::kv_part_end(memory, n_layer)?) {
+                    seq_state_cells::check_recurrent_cells(memory, end)?;
+                }
+            }
         }
         self.restore_seq(dest_seq_id, |native| {
             match native.with_mut(|context| context.state_seq_set_data_ext(src, dest_seq_id, flags)) {

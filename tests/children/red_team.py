@@ -16,6 +16,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import crafted_states
 import harness
 
 import llamactx
@@ -413,31 +414,77 @@ def context_used_after_a_fork_while_another_thread_decodes(model: llamactx.Llama
         raise RuntimeError("the child was refused the context")
 
 
-def as_two_cells(state: bytes) -> bytes:
-    """A recurrent model's sequence state of one cell, rewritten to hold that cell twice: its
-    position and sequence count, and each layer's row (the u32 at byte 8 counts the cells)."""
-    (position,) = struct.unpack_from("<i", state, 12)
-    cells = struct.pack("<iIiI", position, 0, position, 0)
-    layers = bytearray(state[20:28])  # s_trans, n_layer
-    at = 28
-    while at < len(state):
-        _, row = struct.unpack_from("<iQ", state, at)
-        layers += state[at : at + 12] + state[at + 12 : at + 12 + row] * 2
-        at += 12 + row
-    return state[:8] + struct.pack("<I", 2) + cells + bytes(layers)
+def model_from_stdin() -> llamactx.LlamaModel:
+    """The model whose path the test writes on standard input."""
+    return llamactx.LlamaModel.load_from_file(sys.stdin.read().strip())
+
+
+def filled(ctx: llamactx.LlamaContext, sequences: int) -> llamactx.LlamaContext:
+    """``ctx`` with four tokens decoded in each of its first ``sequences`` sequences."""
+    for seq in range(sequences):
+        batch = llamactx.LlamaBatch(4)
+        batch.add_sequence([1, 10 + seq, 20, 30], seq, False)
+        ctx.decode(batch)
+    return ctx
 
 
 @case
 def recurrent_sequence_state_of_two_cells(model: llamactx.LlamaModel) -> None:
-    mamba = llamactx.LlamaModel.load_from_file(sys.stdin.read().strip())
-    ctx = mamba.new_context(n_ctx=64, n_seq_max=2)
-    batch = llamactx.LlamaBatch(8)
-    batch.add_sequence([1, 10, 20, 30, 40], 0, False)
-    ctx.decode(batch)
-    ctx.state_seq_set_data(as_two_cells(ctx.state_seq_get_data(0)), 0)
+    """On a recurrent (Mamba) or hybrid model from stdin, whose recurrent part follows the KV part."""
+    stdin_model = model_from_stdin()
+    ctx = filled(stdin_model.new_context(n_ctx=64, n_seq_max=2), 1)
+    state = ctx.state_seq_get_data(0)
+    recurrent_at = 8  # after io_magic and the sequence id
+    if stdin_model.meta_val_str("general.architecture") != "mamba":
+        recurrent_at += crafted_states.kv_part_length(state[8:])
+    ctx.state_seq_set_data(crafted_states.as_two_cells(state, recurrent_at), 0)
 
 
 # 7. Silent wrong results
+
+
+@case
+def whole_state_with_a_cell_of_no_sequence(model: llamactx.LlamaModel) -> None:
+    ctx = filled(model.new_context(n_ctx=256, n_seq_max=2), 2)
+    state = ctx.copy_state_data()
+    first_cell = crafted_states.memory_at(state) + 8  # after the stream and cell counts
+    try:
+        ctx.set_state_data(crafted_states.without_an_owner(state, first_cell))
+    finally:
+        assert ctx.copy_state_data() == state
+
+
+@case
+def state_file_with_a_cell_of_no_sequence(model: llamactx.LlamaModel) -> None:
+    ctx = filled(model.new_context(n_ctx=256), 1)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "session.bin"
+        ctx.state_save_file(path, [1, 2, 3])
+        saved = path.read_bytes()
+        state_at = 12 + 4 * 3  # magic, version, token count, tokens
+        first_cell = state_at + crafted_states.memory_at(saved[state_at:]) + 8
+        path.write_bytes(crafted_states.without_an_owner(saved, first_cell))
+        try:
+            ctx.state_load_file(path, 16)
+        finally:
+            path.write_bytes(saved)
+            assert ctx.state_load_file(path, 16) == [1, 2, 3]
+
+
+@case
+def recurrent_whole_state_with_a_cell_of_no_sequence(model: llamactx.LlamaModel) -> None:
+    """On a recurrent (Mamba) or hybrid model from stdin. Accepted, the cell's state would be
+    where a new sequence starts instead of zeros."""
+    stdin_model = model_from_stdin()
+    ctx = filled(stdin_model.new_context(n_ctx=64, n_seq_max=2), 2)
+    state = ctx.copy_state_data()
+    recurrent_at = crafted_states.memory_at(state)
+    if stdin_model.meta_val_str("general.architecture") != "mamba":
+        recurrent_at += crafted_states.kv_part_length(state[recurrent_at:])
+    try:
+        ctx.set_state_data(crafted_states.without_an_owner(state, recurrent_at + 4))
+    finally:
+        assert ctx.set_state_data(state) == len(state)
 
 
 @case

@@ -1,15 +1,17 @@
-//! The cells of a whole state, read before llama.cpp restores them [llama.cpp internal].
+//! The memory part of states (KV streams, recurrent cells), walked before llama.cpp restores
+//! them [llama.cpp internal].
 //!
 //! llama.cpp restores a cell that belongs to no sequence as it finds it. In a KV cache the cell
 //! is then masked from every sequence but holds its slot until the cache is cleared; in
 //! recurrent memory a new sequence that takes it starts from its state instead of from zeros.
-//! llama.cpp never writes such a cell, so states holding one are refused.
+//! llama.cpp never writes such a cell, so whole states holding one are refused. A hybrid
+//! model's states put the recurrent part after the KV part; this walk finds where it starts.
 //!
-//! Layout after the architecture name: for recurrent memory, a cell count and each cell's
-//! position, sequence count and sequence ids. For a KV cache, a stream count, then per stream a
-//! cell count, each cell's position, sequence count, optional 12-byte extension and sequence
+//! Layouts. Recurrent memory: a cell count, then each cell's position, sequence count and
+//! sequence ids, then its data. A KV cache: a stream count, then per stream a cell count and,
+//! unless it is 0, each cell's position, sequence count, optional 12-byte extension and sequence
 //! ids, then the stream's data: `v_trans`, the layer count, two rotation sizes, each layer's K
-//! rows (type, row size, rows) and each V rows of the layers that have them (type, row size,
+//! rows (type, row size, rows) and the V rows of the layers that have them (type, row size,
 //! rows; or, transposed, type, element size, width, elements). A layout this walk does not
 //! recognise passes to llama.cpp, which checks what it can.
 
@@ -25,28 +27,46 @@ const DATA_HEAD_BYTES: usize = 16;
 /// A K or V layer's type and row size.
 const ROWS_HEAD_BYTES: usize = 12;
 
-/// `StateError` for a whole state (`memory`: what follows the architecture name) holding a
-/// cell that belongs to no sequence. `n_layer` is the model's, to recognise the data sections.
-pub fn check_owners(memory: &[u8], recurrent: bool, n_layer: u32) -> Result<()> {
-    let owned = if recurrent {
-        cells_end(memory, 4, word(memory, 0), 0).is_none_or(|(_, owned)| owned)
-    } else {
-        kv_streams_owned(memory, n_layer)
+/// The kind of memory a model's states hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    Kv,
+    Recurrent,
+    /// A KV part, then a recurrent part.
+    Hybrid,
+}
+
+/// `StateError` for a whole state's memory (what follows the architecture name) holding a cell
+/// that belongs to no sequence. `n_layer` is the model's, to recognise the data sections.
+pub fn check_owners(memory: &[u8], kind: Memory, n_layer: u32) -> Result<()> {
+    let recurrent_at = match kind {
+        Memory::Recurrent => Some(0),
+        Memory::Kv => kv_part_end(memory, n_layer).map(|_| None)?,
+        Memory::Hybrid => kv_part_end(memory, n_layer)?,
     };
-    if owned {
+    let recurrent_owned = recurrent_at
+        .and_then(|at| cells_end(memory, at + 4, word(memory, at), 0))
+        .is_none_or(|(_, owned)| owned);
+    if recurrent_owned {
         Ok(())
     } else {
-        Err(Error::state(
-            "Cells",
-            "the state holds a cell that belongs to no sequence (llama.cpp never writes one)",
-        ))
+        Err(ownerless())
     }
 }
 
-/// Whether every cell of every KV stream belongs to a sequence (true for a layout not
-/// recognised).
-fn kv_streams_owned(memory: &[u8], n_layer: u32) -> bool {
-    let Some(n_stream) = word(memory, 0) else { return true };
+fn ownerless() -> Error {
+    Error::state(
+        "Cells",
+        "the state holds a cell that belongs to no sequence (llama.cpp never writes one)",
+    )
+}
+
+/// Where the KV part of `memory` ends (`None` for a layout the walk does not recognise);
+/// `StateError` for a cell that belongs to no sequence.
+pub fn kv_part_end(memory: &[u8], n_layer: u32) -> Result<Option<usize>> {
+    let Some(n_stream) = word(memory, 0) else {
+        return Ok(None);
+    };
     let mut at = 4;
     for stream in 0..n_stream {
         let cells = word(memory, at);
@@ -60,20 +80,18 @@ fn kv_streams_owned(memory: &[u8], n_layer: u32) -> bool {
             .filter_map(|extension| cells_end(memory, at + 4, cells, extension))
             .find(|&(end, _)| data_starts_at(memory, end, n_layer))
         else {
-            return true;
+            return Ok(None);
         };
         if !owned {
-            return false;
+            return Err(ownerless());
         }
-        if stream + 1 == n_stream {
-            return true;
-        }
-        let Some(next) = data_end(memory, data_at, cells, n_layer) else {
-            return true;
+        let last = stream + 1 == n_stream;
+        let Some(next) = data_end(memory, data_at, cells, n_layer, last) else {
+            return Ok(None);
         };
         at = next;
     }
-    true
+    Ok(Some(at))
 }
 
 /// Where `cells` cells starting at `at` end, and whether each names a sequence; `None` past
@@ -94,8 +112,9 @@ fn cells_end(state: &[u8], mut at: usize, cells: Option<u32>, extension: usize) 
 }
 
 /// Where a stream's data starting at `at` ends: tried with V rows in every layer and in none
-/// (the models llama.cpp knows), kept when the next stream's cells and data follow.
-fn data_end(state: &[u8], at: usize, cells: Option<u32>, n_layer: u32) -> Option<usize> {
+/// (the models llama.cpp knows), kept when the next stream's cells and data follow or, after
+/// the `last` stream, when it fits.
+fn data_end(state: &[u8], at: usize, cells: Option<u32>, n_layer: u32, last: bool) -> Option<usize> {
     let cells = u64::from(cells?);
     let v_trans = word(state, at)? == 1;
     let layers = word(state, at + 4)?;
@@ -108,7 +127,7 @@ fn data_end(state: &[u8], at: usize, cells: Option<u32>, n_layer: u32) -> Option
             .into_iter()
             .filter_map(|extension| cells_end(state, end + 4, next_cells, extension))
             .any(|(data_at, _)| data_starts_at(state, data_at, n_layer));
-        (next_is_empty || next_has_data).then_some(end)
+        (last || next_is_empty || next_has_data).then_some(end)
     })
 }
 
@@ -168,29 +187,39 @@ mod tests {
         let owned = stream(&[(0, &[0]), (1, &[0, 1])]);
         let ownerless = stream(&[(0, &[1]), (1, &[])]);
         let owned_state = state(std::slice::from_ref(&owned));
-        assert!(check_owners(&owned_state, false, LAYERS).is_ok());
-        assert!(check_owners(&state(&[owned.clone(), owned.clone()]), false, LAYERS).is_ok());
-        assert!(check_owners(&state(&[ownerless.clone(), owned.clone()]), false, LAYERS).is_err());
-        assert!(check_owners(&state(&[owned.clone(), ownerless.clone()]), false, LAYERS).is_err());
-        assert!(check_owners(&state(&[owned.clone(), stream(&[])]), false, LAYERS).is_ok());
-        assert!(check_owners(&state(&[stream(&[]), ownerless.clone()]), false, LAYERS).is_err());
-        assert!(check_owners(&state(&[owned.clone(), stream(&[]), ownerless]), false, LAYERS).is_err());
+        assert!(check_owners(&owned_state, Memory::Kv, LAYERS).is_ok());
+        assert!(check_owners(&state(&[owned.clone(), owned.clone()]), Memory::Kv, LAYERS).is_ok());
+        assert!(check_owners(&state(&[ownerless.clone(), owned.clone()]), Memory::Kv, LAYERS).is_err());
+        assert!(check_owners(&state(&[owned.clone(), ownerless.clone()]), Memory::Kv, LAYERS).is_err());
+        assert!(check_owners(&state(&[owned.clone(), stream(&[])]), Memory::Kv, LAYERS).is_ok());
+        assert!(check_owners(&state(&[stream(&[]), ownerless.clone()]), Memory::Kv, LAYERS).is_err());
+        assert!(check_owners(&state(&[owned.clone(), stream(&[]), ownerless]), Memory::Kv, LAYERS).is_err());
     }
 
     #[test]
     fn finds_a_recurrent_cell_without_a_sequence() {
         let words = |n_seq_id: u32| [2, 5, 1, 0, 7, n_seq_id, 1];
         let bytes = |words: &[u32]| -> Vec<u8> { words.iter().flat_map(|word| word.to_le_bytes()).collect() };
-        assert!(check_owners(&bytes(&words(1)), true, LAYERS).is_ok());
-        assert!(check_owners(&bytes(&words(0)[..6]), true, LAYERS).is_err());
+        assert!(check_owners(&bytes(&words(1)), Memory::Recurrent, LAYERS).is_ok());
+        assert!(check_owners(&bytes(&words(0)[..6]), Memory::Recurrent, LAYERS).is_err());
+    }
+
+    #[test]
+    fn finds_where_a_hybrids_recurrent_part_starts() {
+        let kv = state(&[stream(&[(0, &[0])]), stream(&[])]);
+        let recurrent = |n_seq_id: u32| [1u32, 3, n_seq_id, 0].map(u32::to_le_bytes).concat();
+        let hybrid = |n_seq_id: u32| [kv.clone(), recurrent(n_seq_id)].concat();
+        assert_eq!(kv_part_end(&hybrid(1), LAYERS).unwrap(), Some(kv.len()));
+        assert!(check_owners(&hybrid(1), Memory::Hybrid, LAYERS).is_ok());
+        assert!(check_owners(&hybrid(0)[..kv.len() + 12], Memory::Hybrid, LAYERS).is_err());
     }
 
     #[test]
     fn unknown_layouts_and_truncated_states_pass_to_llama_cpp() {
-        assert!(check_owners(&[0; 3], false, LAYERS).is_ok());
+        assert!(check_owners(&[0; 3], Memory::Kv, LAYERS).is_ok());
         let mut truncated = state(&[stream(&[(0, &[])])]);
         truncated.truncate(12);
-        assert!(check_owners(&truncated, false, LAYERS).is_ok());
-        assert!(check_owners(&[9, 0, 0, 0], true, LAYERS).is_ok());
+        assert!(check_owners(&truncated, Memory::Kv, LAYERS).is_ok());
+        assert!(check_owners(&[9, 0, 0, 0], Memory::Recurrent, LAYERS).is_ok());
     }
 }
