@@ -23,6 +23,14 @@ const SCALAR_TEXT_LEN: usize = 64;
 const GGUF_TYPE_STRING: u32 = 8;
 const GGUF_TYPE_ARRAY: u32 = 9;
 const TOKEN_LIST_KEY: &[u8] = b"tokenizer.ggml.tokens";
+const TOKEN_TYPE_KEY: &[u8] = b"tokenizer.ggml.token_type";
+const TOKENIZER_KEY: &[u8] = b"tokenizer.ggml.model";
+const GGUF_TYPE_INT32: u32 = 5;
+/// `LLAMA_TOKEN_TYPE_BYTE`, in `tokenizer.ggml.token_type`.
+const BYTE_TOKEN_TYPE: i32 = 6;
+/// The tokenizer whose vocabulary type (WordPiece) has no byte tokens: llama.cpp aborts
+/// (`GGML_ABORT` in `token_to_byte`) while it renders one at load.
+const WORDPIECE_TOKENIZER: &[u8] = b"bert";
 
 fn fixed_size(gguf_type: u32) -> Option<u64> {
     match gguf_type {
@@ -41,6 +49,10 @@ struct Header<R> {
     duplicate_token: Option<String>,
     /// The ggml types of the file's tensors (read by `scan_tensors`).
     tensor_types: BTreeSet<u32>,
+    /// `tokenizer.ggml.model`.
+    tokenizer: Vec<u8>,
+    /// Whether `tokenizer.ggml.token_type` marks a token as a byte.
+    has_byte_token: bool,
 }
 
 impl<R: Read> Header<R> {
@@ -50,6 +62,8 @@ impl<R: Read> Header<R> {
             longest: 0,
             duplicate_token: None,
             tensor_types: BTreeSet::new(),
+            tokenizer: Vec::new(),
+            has_byte_token: false,
         }
     }
 
@@ -96,6 +110,10 @@ impl<R: Read> Header<R> {
     fn value(&mut self, gguf_type: u32, key: &[u8]) -> std::io::Result<()> {
         match (gguf_type, fixed_size(gguf_type)) {
             (_, Some(size)) => self.skip(size),
+            (GGUF_TYPE_STRING, None) if key == TOKENIZER_KEY => {
+                self.tokenizer = self.read_string()?;
+                Ok(())
+            }
             (GGUF_TYPE_STRING, None) => {
                 let len = self.string_len(true)?;
                 self.skip(len)
@@ -104,6 +122,7 @@ impl<R: Read> Header<R> {
                 let item_type = self.u32()?;
                 let count = self.u64()?;
                 match fixed_size(item_type) {
+                    Some(_) if item_type == GGUF_TYPE_INT32 && key == TOKEN_TYPE_KEY => self.token_types(count),
                     Some(size) => self.skip(size.saturating_mul(count)),
                     None if item_type == GGUF_TYPE_STRING && key == TOKEN_LIST_KEY => self.token_list(count),
                     // Array items never reach llama.cpp's metadata strings.
@@ -130,6 +149,13 @@ impl<R: Read> Header<R> {
             if self.duplicate_token.is_none() && !seen.insert(token.clone()) {
                 self.duplicate_token = Some(String::from_utf8_lossy(&token).into_owned());
             }
+        }
+        Ok(())
+    }
+
+    fn token_types(&mut self, count: u64) -> std::io::Result<()> {
+        for _ in 0..count {
+            self.has_byte_token |= self.u32()?.cast_signed() == BYTE_TOKEN_TYPE;
         }
         Ok(())
     }
@@ -221,7 +247,7 @@ fn remember_bound(path: &Path, longest: u64) -> Result<usize> {
 }
 
 /// Checks a GGUF file for what makes llama.cpp abort instead of failing (a vocabulary that
-/// lists a token twice), and notes the bound for its metadata buffers. A file that is not
+/// lists a token twice, byte tokens in a WordPiece vocabulary), and notes the bound for its metadata buffers. A file that is not
 /// readable GGUF passes: llama.cpp refuses it with an error of its own.
 pub fn check_model_file(path: &Path) -> Result<()> {
     let Ok(header) = scan_file(path) else { return Ok(()) };
@@ -231,6 +257,15 @@ pub fn check_model_file(path: &Path) -> Result<()> {
             "InvalidVocabulary",
             None,
             format!("the vocabulary lists the token {token:?} twice; llama.cpp cannot load it"),
+        ));
+    }
+    if header.has_byte_token && header.tokenizer == WORDPIECE_TOKENIZER {
+        return Err(Error::llama(
+            ExcClass::LlamaModelLoadError,
+            "InvalidVocabulary",
+            None,
+            "the WordPiece (bert) vocabulary marks a token as a byte, which llama.cpp cannot render; it \
+             cannot load it",
         ));
     }
     remember_bound(path, header.longest)?;

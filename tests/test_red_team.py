@@ -106,6 +106,16 @@ def test_a_sentencepiece_vocabulary_without_a_byte_token_refuses_to_tokenize(mod
     assert raised_by(model_path, case, stdin=str(vocabulary)) == "ValueError"
 
 
+def test_a_wordpiece_vocabulary_with_a_byte_token_is_refused(model_path: Path, tmp_path: Path) -> None:
+    # llama.cpp renders every token at load, and a WordPiece byte token aborts (found by the fuzzer).
+    tokens = [*synthetic.bert_vocabulary(), "<0x41>"]  # marked as a byte token
+    vocabulary = synthetic.write_vocabulary(tmp_path / "wpm.gguf", "bert", tokens)
+    assert raised_by(model_path, "loading_the_vocabulary_from_stdin", stdin=str(vocabulary)) == "LlamaModelLoadError"
+    del tokens[-1]
+    vocabulary = synthetic.write_vocabulary(tmp_path / "wpm.gguf", "bert", tokens)
+    assert raised_by(model_path, "loading_the_vocabulary_from_stdin", stdin=str(vocabulary)) == "none"
+
+
 def test_a_complete_sentencepiece_vocabulary_tokenizes(tmp_path: Path) -> None:
     vocabulary = synthetic.write_vocabulary(tmp_path / "spm.gguf", "llama", synthetic.spm_vocabulary())
     model = llamactx.LlamaModel.load_from_file(vocabulary, vocab_only=True)

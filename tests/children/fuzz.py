@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import tempfile
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import llamactx
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests/, for the GGUF writers
+import synthetic
 
 # RuntimeError: a callback that calls back into the context it runs in.
 ALLOWED = (llamactx.LlamaCppError, ValueError, IndexError, TypeError, OverflowError, FileNotFoundError, RuntimeError)
@@ -151,6 +156,47 @@ stages = st.one_of(
 )
 
 
+CRAFTED_MODELS = {
+    "bert": synthetic.write_tiny_bert,
+    "t5": synthetic.write_tiny_t5,
+    "mamba": synthetic.write_tiny_mamba,
+    "hybrid": synthetic.write_tiny_hybrid,
+}
+
+
+def crafted_vocabulary(tokenizer: str, pieces: list[str], text: str) -> None:
+    """A vocabulary-only GGUF of any pieces (duplicates, empty, huge) under any tokenizer, used."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = synthetic.write_vocabulary(Path(folder) / "vocabulary.gguf", tokenizer, pieces)
+        vocabulary = llamactx.LlamaModel.load_from_file(path, vocab_only=True)
+    for call in (
+        lambda: vocabulary.detokenize(vocabulary.str_to_token(text, True)),
+        lambda: [vocabulary.token_to_bytes(token) for token in range(vocabulary.n_vocab())],
+        lambda: llamactx.LlamaSampler.infill(vocabulary),
+        lambda: llamactx.LlamaSampler.grammar(vocabulary, GRAMMARS[0]),
+    ):
+        with contextlib.suppress(*ALLOWED):
+            call()
+
+
+def crafted_model(kind: str, seed: int, options: dict[str, Any], ids: list[int], flip: tuple[int, int]) -> None:
+    """A small model of another architecture (encoder-decoder, recurrent, hybrid, encoder) with
+    any context options: encoded, decoded, and its state restored with a flipped byte."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = CRAFTED_MODELS[kind](Path(folder) / "model.gguf", seed)
+        crafted = llamactx.LlamaModel.load_from_file(path)
+    context = crafted.new_context(n_ctx=64, n_batch=64, n_ubatch=64, **options)
+    for run in (context.encode, context.decode, context.decode):
+        batch = llamactx.LlamaBatch(len(ids) + 1, 2)
+        with contextlib.suppress(*ALLOWED):
+            batch.add_sequence(ids, 0, False)
+            run(batch)
+    state = bytearray(context.copy_state_data())
+    if state:
+        state[flip[0] % len(state)] ^= flip[1]
+        context.set_state_data(bytes(state))
+
+
 def chain_of(made: list[Callable[[], llamactx.LlamaSampler]]) -> llamactx.LlamaSampler:
     return llamactx.LlamaSampler.chain([make() for make in made])
 
@@ -253,6 +299,27 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
         st.tuples(st.lists(stages, max_size=5), ints, st.lists(tokens, max_size=4)),
     ),
     "reentrant_decode": (reentrant_decode, st.tuples(st.integers(0, 1))),
+    "crafted_vocabulary": (
+        crafted_vocabulary,
+        st.tuples(
+            st.sampled_from(["llama", "gpt2", "bert", "t5", "none"]),
+            st.lists(st.one_of(st.text(max_size=6), st.sampled_from(synthetic.spm_vocabulary())), max_size=40),
+            st.text(max_size=12),
+        ),
+    ),
+    "crafted_model": (
+        crafted_model,
+        st.tuples(
+            st.sampled_from(list(CRAFTED_MODELS)),
+            st.integers(0, 3),
+            st.fixed_dictionaries(
+                {},
+                optional={"n_seq_max": st.integers(1, 3), "kv_unified": st.booleans(), "embeddings": st.booleans()},
+            ),
+            st.lists(st.integers(-1, 50), max_size=6),
+            st.tuples(st.integers(0, 2**16), st.integers(1, 255)),
+        ),
+    ),
     "state_flip": (
         lambda at, bits: ctx.state_set_data(flipped_state(at, bits)),
         st.tuples(st.integers(0, 2**20), st.integers(0, 255)),

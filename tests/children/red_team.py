@@ -199,6 +199,11 @@ def vocabulary_from_stdin() -> llamactx.LlamaModel:
 
 
 @case
+def loading_the_vocabulary_from_stdin(model: llamactx.LlamaModel) -> None:
+    vocabulary_from_stdin()
+
+
+@case
 def tokenizing_with_a_model_without_a_tokenizer(model: llamactx.LlamaModel) -> None:
     vocabulary_from_stdin().str_to_token("hello", False)
 
