@@ -107,13 +107,13 @@ impl OpenContext {
 
     /// Creates a context of `model` with `options` (checked here), ready to compute.
     pub fn open(native_model: Arc<LlamaModel>, options: &ContextOptions) -> Result<Self> {
-        let encoder_decoder = native_model.has_encoder() && native_model.has_decoder();
+        let has_encoder = native_model.has_encoder();
+        let encoder_decoder = has_encoder && native_model.has_decoder();
         options.check_for_model(native_model.n_ctx_train(), encoder_decoder)?;
         memory_budget::check_host_memory(options, &native_model)?;
         let params = options.to_params()?;
         let backend = backend()?;
         let n_vocab = native_model.n_vocab();
-        let has_encoder = native_model.has_encoder();
         let cell = ContextCell::try_new(native_model, |model| explained(|| model.new_context(backend, params)))?;
         let (n_seq_max, n_batch, n_ubatch, has_memory, causal_attn) = cell.with_dependent(|_, context| {
             let raw = context.as_ptr();

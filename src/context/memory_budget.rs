@@ -32,7 +32,7 @@ pub fn check_host_memory(options: &ContextOptions, model: &LlamaModel) -> Result
     Err(Error::value(format!(
         "n_ctx={} needs at least {:.1} GiB for its KV cache, but only {:.1} GiB of memory is \
          available; use a smaller n_ctx (or a smaller cache_type_k/cache_type_v)",
-        n_ctx(options, model),
+        options.effective_n_ctx(model.n_ctx_train()),
         gib(needed),
         gib(available)
     )))
@@ -45,17 +45,12 @@ fn gib(bytes: u64) -> f64 {
     bytes / f64::from(1u32 << 30)
 }
 
-/// The `n_ctx` llama.cpp will use: the model's training context when unset or 0.
-fn n_ctx(options: &ContextOptions, model: &LlamaModel) -> u32 {
-    options.n_ctx.filter(|&n| n > 0).unwrap_or_else(|| model.n_ctx_train())
-}
-
 fn lower_bound_bytes(options: &ContextOptions, model: &LlamaModel) -> Result<u64> {
     if model.is_recurrent() {
         // One cell per sequence, whatever n_ctx says.
         return Ok(0);
     }
-    let n_ctx = u64::from(n_ctx(options, model));
+    let n_ctx = u64::from(options.effective_n_ctx(model.n_ctx_train()));
     let sliding = model.n_swa() > 0 && !options.swa_full.unwrap_or(false);
     let kv_cell_bytes = if model.is_hybrid() || sliding {
         0

@@ -11,8 +11,9 @@ use pyo3::types::PyDict;
 use crate::errors::{Error, Result};
 use crate::threadpool::{available_cpus, check_threads};
 
-/// llama.cpp's default `n_batch`, needed to check combinations [llama.cpp internal].
+/// llama.cpp's default `n_batch` and `n_ctx`, needed to check combinations [llama.cpp internal].
 const DEFAULT_N_BATCH: u32 = 2048;
+const DEFAULT_N_CTX: u32 = 512;
 
 /// Declares `ContextOptions` from one list of `name: type`: the struct, the keyword names
 /// `new_context` accepts, and their extraction. A new llama.cpp parameter is one line here and
@@ -159,6 +160,16 @@ fn cache_type(name: &str) -> Result<(GgmlType, u64)> {
 }
 
 impl ContextOptions {
+    /// The `n_ctx` llama.cpp will use for these options: its default when unset, the model's
+    /// training context for 0.
+    pub fn effective_n_ctx(&self, n_ctx_train: u32) -> u32 {
+        match self.n_ctx {
+            None => DEFAULT_N_CTX,
+            Some(0) => n_ctx_train,
+            Some(n_ctx) => n_ctx,
+        }
+    }
+
     /// llama.cpp reserves an output row per sequence within `n_batch`, which it first caps at
     /// `n_ctx`, and asserts when they do not fit. An encoder-decoder model's relative position
     /// bias cannot be added to attention split into one KV stream per sequence: llama.cpp
@@ -266,6 +277,22 @@ mod tests {
         };
         assert!(default_ctx.check_for_model(8192, false).is_ok());
         assert!(default_ctx.check_for_model(4, false).is_err());
+    }
+
+    #[test]
+    fn takes_n_ctx_as_llama_cpp_does() {
+        let unset = ContextOptions::default();
+        assert_eq!(unset.effective_n_ctx(8192), DEFAULT_N_CTX);
+        let zero = ContextOptions {
+            n_ctx: Some(0),
+            ..ContextOptions::default()
+        };
+        assert_eq!(zero.effective_n_ctx(8192), 8192);
+        let given = ContextOptions {
+            n_ctx: Some(300),
+            ..ContextOptions::default()
+        };
+        assert_eq!(given.effective_n_ctx(8192), 300);
     }
 
     #[test]
