@@ -33,13 +33,14 @@ bench: build model bench-peers ## llamactx vs llama.cpp's tools (built from the 
 	$(PY) -m pip install --quiet matplotlib
 	$(PY) benches/compare.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/server.py --peer-python $(PEERS_VENV)/bin/python
+	$(PY) benches/structured.py --peer-python $(PEERS_VENV)/bin/python
 
 bench-peers: ## the peers of make bench in their own venv: llama-cpp-python 0.3.36 with its server (builds for ~7 minutes, once) and xllamacpp (llama.cpp's server, prebuilt)
 	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
 	# AMX kernels compiled out, as scripts/llamactx_build.py does for llamactx (SIGILL otherwise on
 	# VMs whose CPUs report AMX); its server predates sse-starlette 2.2 and fastapi 0.116.
 	CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)" $(PEERS_VENV)/bin/python -m pip install --quiet --no-cache-dir \
-		numpy openai xllamacpp "llama-cpp-python[server]==0.3.36" "sse-starlette<2.2" "fastapi<0.116"
+		numpy openai jsonschema xllamacpp "llama-cpp-python[server]==0.3.36" "sse-starlette<2.2" "fastapi<0.116"
 
 wheel: $(VENV)/.deps ## a release wheel in dist/ (abi3: one wheel for CPython 3.10 and later)
 	rm -rf dist

@@ -25,6 +25,7 @@ use crate::batch::BatchState;
 use crate::context::{ContextOptions, OpenContext};
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
+use crate::guidance;
 use crate::model::PyLlamaModel;
 use crate::sampler::SendSampler;
 use crate::tokens::check_vocab;
@@ -199,7 +200,7 @@ impl PyEngineCore {
 
     /// Queues a request for `tokens`. `ValueError` for a prompt that can never run,
     /// `EngineBusy` when `max_waiting` requests already wait.
-    #[pyo3(signature = (tokens, max_tokens, stop, sampling, logprobs, grammar))]
+    #[pyo3(signature = (tokens, max_tokens, stop, sampling, logprobs, constraint))]
     #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
@@ -209,7 +210,7 @@ impl PyEngineCore {
         stop: Vec<String>,
         sampling: Option<&Bound<'_, PySamplingParams>>,
         logprobs: usize,
-        grammar: Option<String>,
+        constraint: Option<(String, String)>,
     ) -> PyResult<PyRequestCore> {
         if logprobs > logprobs::MAX_TOP {
             return Err(Error::value(format!("logprobs must be in 0..={}, got {logprobs}", logprobs::MAX_TOP)).into());
@@ -221,11 +222,15 @@ impl PyEngineCore {
         }
         let sampling = sampling.map_or_else(PySamplingParams::greedy, |sampling| sampling.get().clone());
         self.refuse(&tokens, &sampling)?;
-        let grammar = match grammar {
-            Some(grammar) => {
+        let grammar = match constraint {
+            Some((kind, text)) => {
                 let model = Arc::clone(&self.model);
                 Some(detached(py, move || {
-                    Ok(SendSampler(LlamaSampler::try_grammar(&model, &grammar, "root")?))
+                    Ok(SendSampler(if kind == "gbnf" {
+                        LlamaSampler::try_grammar(&model, &text, "root")?
+                    } else {
+                        guidance::new(&model, &kind, &text)?
+                    }))
                 })?)
             }
             None => None,

@@ -99,6 +99,9 @@ exception_classes! {
         "A call through the crate's C++ shim failed (crate enum `ShimError`), e.g. sampling.";
     SamplerInitError(LlamaCppError):
         "llama.cpp could not build a sampler (e.g. a grammar it cannot parse).";
+    SchemaError(LlamaCppError, PyValueError):
+        "A JSON Schema or grammar that llguidance cannot compile, that admits no output, or \
+         that failed while generating; nothing unconstrained is generated.";
     StateError(LlamaCppError):
         "A state function returned failure (`false` or `0`) without an error enum.";
     EngineBusy(LlamaCppError):

@@ -8,19 +8,18 @@
 //! [llama.cpp internal].
 //! The one pattern llama.cpp still sees is our own, anchored and as short as a token.
 
-use std::cell::RefCell;
-use std::ffi::{c_char, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ffi::CStr;
 use std::sync::Arc;
 
 use llama_cpp_4::model::LlamaModel;
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
-use llama_cpp_sys_4::{llama_sampler, llama_sampler_i, llama_token, llama_token_data_array};
+use llama_cpp_sys_4::llama_token_data_array;
 use regex::bytes::{Regex, RegexBuilder};
 
 use crate::errors::{shim_error, Error, Result};
 use crate::model::PyLlamaModel;
+use crate::sampler::custom::{into_sampler, RustSampler};
 use crate::sampler::refuse_unfinished_end;
 
 /// The longest trigger pattern accepted, in bytes.
@@ -85,17 +84,6 @@ struct LazyGrammar {
     state: State,
 }
 
-thread_local! {
-    /// Why the last accept on this thread failed inside a lazy grammar. llama.cpp's sampler
-    /// interface has no way to report it, so the caller collects it (`take_failure`).
-    static FAILURE: RefCell<Option<Error>> = const { RefCell::new(None) };
-}
-
-/// The failure a lazy grammar recorded during the last accept on this thread, if any.
-pub fn take_failure() -> Option<Error> {
-    FAILURE.with(|failure| failure.borrow_mut().take())
-}
-
 fn awaiting() -> State {
     State::Awaiting {
         text: Vec::new(),
@@ -120,10 +108,10 @@ pub fn new(
         patterns,
         trigger_tokens,
     });
-    Ok(into_sampler(LazyGrammar {
+    Ok(into_sampler(Box::new(LazyGrammar {
         spec,
         state: awaiting(),
-    }))
+    })))
 }
 
 impl LazyGrammar {
@@ -193,99 +181,42 @@ fn forward(spec: &Spec, grammar: &mut LlamaSampler, token: LlamaToken) -> Result
     grammar.try_accept(token).map_err(shim_error)
 }
 
-fn into_sampler(lazy: LazyGrammar) -> LlamaSampler {
-    // SAFETY: INTERFACE is a static that llama.cpp only reads; the context is a live
-    // `LazyGrammar` that `free` (below) turns back into its Box exactly once.
-    unsafe { LlamaSampler::from_raw((&raw const INTERFACE).cast_mut(), boxed(lazy)) }
-}
-
-fn boxed(lazy: LazyGrammar) -> *mut c_void {
-    Box::into_raw(Box::new(lazy)).cast()
-}
-
-/// The `LazyGrammar` behind a sampler built by `into_sampler`.
-///
-/// # Safety
-/// `sampler` must come from `into_sampler`, be alive, and not be used by another thread.
-unsafe fn lazy<'a>(sampler: *const llama_sampler) -> &'a mut LazyGrammar {
-    // SAFETY: per the contract, `ctx` is the `LazyGrammar` that `into_sampler` boxed.
-    unsafe { &mut *(*sampler).ctx.cast::<LazyGrammar>() }
-}
-
-/// Runs `body`, so that no panic unwinds into llama.cpp (that would abort the process).
-fn guarded<T>(fallback: T, body: impl FnOnce() -> T) -> T {
-    catch_unwind(AssertUnwindSafe(body)).unwrap_or(fallback)
-}
-
-unsafe extern "C" fn name(_: *const llama_sampler) -> *const c_char {
-    c"grammar".as_ptr()
-}
-
-unsafe extern "C" fn accept(sampler: *mut llama_sampler, token: llama_token) {
-    // SAFETY: llama.cpp calls this on a sampler it got from `into_sampler`.
-    let lazy = unsafe { lazy(sampler) };
-    let outcome = guarded(Err(Error::Runtime("a lazy grammar panicked".to_owned())), || {
-        lazy.accept(LlamaToken::new(token))
-    });
-    if let Err(err) = outcome {
-        FAILURE.with(|failure| *failure.borrow_mut() = Some(err));
+impl RustSampler for LazyGrammar {
+    fn name(&self) -> &'static CStr {
+        c"grammar"
     }
-}
 
-unsafe extern "C" fn apply(sampler: *mut llama_sampler, candidates: *mut llama_token_data_array) {
-    // SAFETY: llama.cpp calls this on a sampler it got from `into_sampler`.
-    let lazy = unsafe { lazy(sampler) };
-    if let State::Triggered(chain) = &lazy.state {
-        // SAFETY: the chain holds exactly one stage and outlives the call; `candidates` is the
-        // live array llama.cpp hands to every stage, which the grammar masks in place.
-        unsafe { llama_cpp_sys_4::llama_sampler_apply(chain.chain_get_ptr(0), candidates) };
+    fn accept(&mut self, token: LlamaToken) -> Result<()> {
+        LazyGrammar::accept(self, token)
     }
-}
 
-unsafe extern "C" fn reset(sampler: *mut llama_sampler) {
-    // SAFETY: llama.cpp calls this on a sampler it got from `into_sampler`.
-    unsafe { lazy(sampler) }.state = awaiting();
-}
+    fn apply(&mut self, candidates: &mut llama_token_data_array) {
+        if let State::Triggered(chain) = &self.state {
+            // SAFETY: the chain holds exactly one stage and outlives the call; `candidates` is
+            // the live array llama.cpp hands to every stage, which the grammar masks in place.
+            unsafe { llama_cpp_sys_4::llama_sampler_apply(chain.chain_get_ptr(0), candidates) };
+        }
+    }
 
-unsafe extern "C" fn clone(sampler: *const llama_sampler) -> *mut llama_sampler {
-    // SAFETY: llama.cpp calls this on a sampler it got from `into_sampler`.
-    let lazy = unsafe { lazy(sampler) };
-    guarded(std::ptr::null_mut(), || {
-        let state = match &lazy.state {
+    fn reset(&mut self) -> Result<()> {
+        self.state = awaiting();
+        Ok(())
+    }
+
+    fn copy(&self) -> Result<Box<dyn RustSampler>> {
+        let state = match &self.state {
             State::Awaiting { text, tokens } => State::Awaiting {
                 text: text.clone(),
                 tokens: tokens.clone(),
             },
             State::Triggered(grammar) => State::Triggered(grammar.clone_sampler()),
         };
-        let copy = boxed(LazyGrammar {
-            spec: Arc::clone(&lazy.spec),
+        Ok(Box::new(LazyGrammar {
+            spec: Arc::clone(&self.spec),
             state,
-        });
-        // SAFETY: as in `into_sampler`; llama.cpp owns the copy and frees it through `free`.
-        unsafe { llama_cpp_sys_4::llama_sampler_init((&raw const INTERFACE).cast_mut(), copy) }
-    })
+        }))
+    }
 }
-
-unsafe extern "C" fn free(sampler: *mut llama_sampler) {
-    // SAFETY: llama.cpp frees each sampler once; `ctx` is the Box `into_sampler` leaked.
-    drop(unsafe { Box::from_raw((*sampler).ctx.cast::<LazyGrammar>()) });
-}
-
-static INTERFACE: llama_sampler_i = llama_sampler_i {
-    name: Some(name),
-    accept: Some(accept),
-    apply: Some(apply),
-    reset: Some(reset),
-    clone: Some(clone),
-    free: Some(free),
-    backend_init: None,
-    backend_accept: None,
-    backend_apply: None,
-    backend_set_input: None,
-    backend_reset: None,
-    copy_state: None,
-};
 
 #[cfg(test)]
 mod tests {

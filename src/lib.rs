@@ -8,6 +8,7 @@ mod cpu_budget;
 mod engine;
 mod errors;
 mod gil;
+mod guidance;
 mod interrupt;
 mod lazy_grammar;
 mod lora;

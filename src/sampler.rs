@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use crate::context::{OpenContext, PyLlamaContext};
 use crate::errors::{shim_error, Error, ExcClass, Result};
 use crate::gil::detached;
+use crate::guidance;
 use crate::lazy_grammar;
 use crate::model::PyLlamaModel;
 use crate::token_data::PyLlamaTokenDataArray;
@@ -20,6 +21,7 @@ use crate::tokens::{check_vocab, extract_token_ids, to_llama_tokens};
 use backend_stages::Stage;
 
 mod backend_stages;
+pub mod custom;
 
 pub struct SendSampler(pub LlamaSampler);
 
@@ -55,6 +57,11 @@ impl PyLlamaSampler {
                 LlamaSampler::chain_simple([copy])
             }))
         })
+    }
+
+    /// A CPU-only sampler (or chain) that points into `model`'s vocabulary.
+    pub(crate) fn for_model(sampler: LlamaSampler, model: Arc<LlamaModel>) -> Self {
+        ModelSampler::new(sampler, model).into_sampler()
     }
 
     fn new(sampler: LlamaSampler, stage: Stage) -> Self {
@@ -134,7 +141,11 @@ impl PyLlamaSampler {
 /// is accepted.
 pub fn select(native: &OpenContext, sampler: &mut LlamaSampler, row: i32) -> Result<LlamaTokenData> {
     let mut candidates = native.with(|context| LlamaTokenDataArray::from_iter(context.candidates_ith(row), false));
+    custom::take_failure();
     candidates.apply_sampler(sampler);
+    if let Some(failure) = custom::take_failure() {
+        return Err(failure);
+    }
     let chosen = candidates
         .selected
         .and_then(|i| candidates.data.get(i).copied())
@@ -182,9 +193,9 @@ pub(crate) fn refuse_unfinished_end(end_of_generation: bool, sampler: &LlamaSamp
 /// crate's shim), or a lazy grammar whose replay failed inside its C callback. A grammar that
 /// failed is left unusable by llama.cpp: the caller must not use the sampler again.
 pub(crate) fn try_accept(sampler: &mut LlamaSampler, token: LlamaToken) -> Result<()> {
-    lazy_grammar::take_failure();
+    custom::take_failure();
     let failure = sampler.try_accept(token).map_err(shim_error).err();
-    failure.or_else(lazy_grammar::take_failure).map_or(Ok(()), Err)
+    failure.or_else(custom::take_failure).map_or(Ok(()), Err)
 }
 
 fn rejects(sampler: &LlamaSampler, token: LlamaToken) -> bool {
@@ -440,6 +451,21 @@ impl PyLlamaSampler {
         let model = model_of(model)?;
         detached(py, move || {
             let sampler = LlamaSampler::try_grammar(&model, &grammar, &root)?;
+            Ok(ModelSampler::new(sampler, model))
+        })
+        .map(ModelSampler::into_sampler)
+    }
+
+    /// Constrains tokens to `data` with llguidance, compiled against `model`'s vocabulary:
+    /// `kind` "json_schema" (a JSON Schema, as JSON text), "lark" (llguidance's Lark dialect) or
+    /// "regex". Output may only end (an end-of-generation token) where the constraint is
+    /// complete, and must end once it is. Keeps `model` alive. `SchemaError` when llguidance
+    /// cannot compile the constraint or it admits no output.
+    #[staticmethod]
+    fn llguidance(py: Python<'_>, model: &Bound<'_, PyLlamaModel>, kind: String, data: String) -> PyResult<Self> {
+        let model = model_of(model)?;
+        detached(py, move || {
+            let sampler = guidance::new(&model, &kind, &data)?;
             Ok(ModelSampler::new(sampler, model))
         })
         .map(ModelSampler::into_sampler)

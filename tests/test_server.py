@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import numpy as np
 import openai
+import pydantic
 import pytest
 from serving import ENGINE_OPTIONS, MODEL_ID, Server, running_server
 from starlette.applications import Starlette
 from starlette.routing import Mount
+from tool_examples import ASK_WEATHER, TIME, WEATHER
 
 import llamactx
 from llamactx.cli import _embedding_context
@@ -301,6 +304,119 @@ def test_embeddings_are_off_unless_asked_for(server: Server) -> None:
         client(server).embeddings.create(model=MODEL_ID, input="hello")
 
 
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+ASK_PERSON = [{"role": "user", "content": "Describe a person as JSON."}]
+
+
+def test_response_format_json_schema_returns_the_engines_valid_json(server: Server, engine: llamactx.Engine) -> None:
+    expected = greedy_chat(engine, ASK_PERSON, max_tokens=64, json_schema=PERSON)
+    response_format: Any = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    reply = client(server).chat.completions.create(
+        model=MODEL_ID, messages=ASK_PERSON, temperature=0, max_tokens=64, response_format=response_format
+    )
+    assert reply.choices[0].message.content == expected.text
+    assert reply.choices[0].finish_reason == "stop"
+    person = json.loads(expected.text)
+    assert set(person) == {"name", "age"}
+    assert isinstance(person["age"], int)
+
+
+def test_response_format_json_object_streams_a_json_object(server: Server) -> None:
+    chunks = client(server).chat.completions.create(
+        model=MODEL_ID,
+        messages=ASK_PERSON,
+        temperature=0,
+        max_tokens=96,
+        response_format={"type": "json_object"},
+        stream=True,
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert isinstance(json.loads(text), dict)
+
+
+def test_parse_with_a_pydantic_model_through_the_official_client(server: Server) -> None:
+    class Person(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        name: str = pydantic.Field(max_length=20)
+        age: int
+
+    reply = client(server).chat.completions.parse(
+        model=MODEL_ID, messages=ASK_PERSON, temperature=0, max_tokens=64, response_format=Person
+    )
+    assert isinstance(reply.choices[0].message.parsed, Person)
+
+
+def test_a_weather_tool_round_trip_through_the_official_client(server: Server) -> None:
+    api = client(server)
+    called = api.chat.completions.create(model=MODEL_ID, messages=ASK_WEATHER, tools=[WEATHER], temperature=0)
+    assert called.choices[0].finish_reason == "tool_calls"
+    message = called.choices[0].message
+    assert message.content is None
+    (call,) = message.tool_calls or []
+    assert call.type == "function"
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert call.id.startswith("call_")
+    result = {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 C"}
+    answer = api.chat.completions.create(
+        model=MODEL_ID,
+        messages=[*ASK_WEATHER, message.model_dump(exclude_none=True), result],
+        tools=[WEATHER],
+        tool_choice="none",
+        temperature=0,
+        max_tokens=48,
+    )
+    assert answer.choices[0].message.tool_calls is None
+    assert "sunny" in (answer.choices[0].message.content or "").lower()
+
+
+def test_required_tool_choice_always_yields_a_parseable_call(server: Server) -> None:
+    api = client(server)
+    questions = ["What is the weather in Paris?", "Tell me a joke.", "What time is it?", "Hi!"]
+    for seed, question in enumerate(questions * 3):
+        reply = api.chat.completions.create(
+            model=MODEL_ID,
+            messages=[{"role": "user", "content": question}],
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            temperature=1.0,
+            seed=seed,
+            max_tokens=96,
+        )
+        # A small model may repeat its call until max_tokens: the calls it completed still count.
+        assert reply.choices[0].finish_reason in {"tool_calls", "length"}, reply
+        assert reply.choices[0].message.tool_calls, reply
+        for call in reply.choices[0].message.tool_calls:
+            arguments = json.loads(call.function.arguments)
+            if call.function.name == "get_time":
+                assert arguments == {}  # no parameters: an object closed to every key
+            else:
+                jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+
+
+def test_a_named_tool_choice_and_a_streamed_call(server: Server) -> None:
+    api = client(server)
+    named: Any = {"type": "function", "function": {"name": "get_time"}}
+    options: dict[str, Any] = {"model": MODEL_ID, "messages": ASK_WEATHER, "temperature": 0, "max_tokens": 96}
+    whole = api.chat.completions.create(**options, tools=[WEATHER, TIME], tool_choice=named)
+    calls = whole.choices[0].message.tool_calls or []
+    assert calls
+    assert {call.function.name for call in calls} == {"get_time"}
+    chunks = list(api.chat.completions.create(**options, tools=[WEATHER], stream=True))
+    streamed = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert len(streamed) == 1
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    (delta,) = streamed[0]
+    assert delta.index == 0
+    assert delta.function is not None
+    assert (delta.function.name, json.loads(delta.function.arguments or "")) == ("get_weather", {"city": "Paris"})
+
+
 def raw_post(server: Server, path: str, body: bytes | str, **headers: str) -> httpx.Response:
     data = body.encode() if isinstance(body, str) else body
     return httpx.post(
@@ -320,7 +436,25 @@ HOSTILE_BODIES: list[tuple[str, str | bytes, int, str | None]] = [
     ("wrong type", chat_body(temperature="hot"), 400, "temperature"),
     ("string for a number", chat_body(max_tokens="5"), 400, "max_tokens"),
     ("unknown field", chat_body(frobnicate=1), 400, "frobnicate"),
-    ("tools", chat_body(tools=[{"type": "function"}]), 400, "tools"),
+    ("tool without its function", chat_body(tools=[{"type": "function"}]), 400, "tools.0.function"),
+    (
+        "tool_choice of an unknown function",
+        chat_body(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}),
+        400,
+        "tool_choice",
+    ),
+    (
+        "tools with a response_format",
+        chat_body(tools=[WEATHER], response_format={"type": "json_object"}),
+        400,
+        "tools",
+    ),
+    (
+        "tool parameters llguidance cannot compile",
+        chat_body(tools=[{**WEATHER, "function": {"name": "f", "parameters": {"not": {}}}}]),
+        400,
+        "tools",
+    ),
     ("huge max_tokens", chat_body(max_tokens=10**30), 400, "max_tokens"),
     ("huge seed", chat_body(seed=10**30), 400, "seed"),
     (
@@ -347,6 +481,31 @@ HOSTILE_BODIES: list[tuple[str, str | bytes, int, str | None]] = [
     ("repeat_last_n -1 is the whole sequence", chat_body(repeat_last_n=-1, repeat_penalty=1.2), 200, None),
     ("logit_bias out of vocabulary", chat_body(logit_bias={"99999999": 1}), 400, "logit_bias"),
     ("grammar that does not parse", chat_body(grammar="root ::= ("), 400, "grammar"),
+    (
+        "schema llguidance cannot compile",
+        chat_body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}),
+        400,
+        "response_format",
+    ),
+    (
+        "json_schema without its schema",
+        chat_body(response_format={"type": "json_schema"}),
+        400,
+        "response_format.json_schema",
+    ),
+    ("unknown response_format", chat_body(response_format={"type": "xml"}), 400, "response_format.type"),
+    (
+        "lark that does not compile",
+        chat_body(grammar="%llguidance {}\nstart: nowhere"),
+        400,
+        "grammar",
+    ),
+    (
+        "grammar and response_format",
+        chat_body(grammar='root ::= "a"', response_format={"type": "json_object"}),
+        400,
+        "response_format",
+    ),
     ("top_logprobs without logprobs", chat_body(top_logprobs=2), 400, "top_logprobs"),
     ("top_logprobs too many", chat_body(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
     ("unknown model", chat_body(model="gpt-4o"), 404, "model"),

@@ -42,6 +42,7 @@ from llamactx._llamactx import (
     SamplerInitError,
     SamplingParams,
     SaveSessionError,
+    SchemaError,
     ShimError,
     StateError,
     StringFromModelError,
@@ -52,6 +53,7 @@ from llamactx._llamactx import (
 )
 from llamactx._logging import set_verbose
 from llamactx._models import default_model_path
+from llamactx._structured import generate_json
 
 # A library's logger: silent unless the application configures logging (no "last resort"
 # printing of llama.cpp's warnings to stderr).
@@ -94,6 +96,7 @@ __all__ = [
     "SamplerInitError",
     "SamplingParams",
     "SaveSessionError",
+    "SchemaError",
     "ShimError",
     "StateError",
     "StringFromModelError",
@@ -107,6 +110,7 @@ __all__ = [
     "embed",
     "generate",
     "generate_batch",
+    "generate_json",
     "prefill",
     "set_verbose",
     "stream",

@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from llamactx._generation import continue_sequence, generate, prefill
 from llamactx._llamactx import LlamaContext, LlamaSampler
+from llamactx._structured import JsonSchema
 
 __all__ = ["ChatSession", "chat"]
 
@@ -20,11 +21,23 @@ def chat(
     sampler: LlamaSampler | None = None,
     stop: Sequence[str] = (),
     seq_id: int = 0,
+    json_schema: JsonSchema | None = None,
+    grammar: str | None = None,
 ) -> str:
     """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts or pairs), formatted
-    with the model's chat template; greedy when ``sampler`` is None."""
+    with the model's chat template; greedy when ``sampler`` is None. ``json_schema`` and
+    ``grammar`` constrain the reply, as in ``stream``."""
     prompt = ctx.model.apply_chat_template(messages, None, True)
-    return generate(ctx, prompt, max_tokens=max_tokens, sampler=sampler, stop=stop, seq_id=seq_id)
+    return generate(
+        ctx,
+        prompt,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        stop=stop,
+        seq_id=seq_id,
+        json_schema=json_schema,
+        grammar=grammar,
+    )
 
 
 class ChatSession:

@@ -12,6 +12,8 @@ from typing import Any
 
 from llamactx._chat import Message
 from llamactx._llamactx import Completion, LlamaModel, SamplingParams, _EngineCore, _RequestCore, _Waker
+from llamactx._structured import JsonSchema, constraint
+from llamactx._tools import Tool, ToolChoice, plan, reply_message
 
 __all__ = ["Delta", "Engine", "Request"]
 
@@ -69,8 +71,9 @@ class Request:
     engine is raised by both. Ctrl-C while waiting raises ``KeyboardInterrupt`` and cancels the
     request; so does cancelling the asyncio task that awaits it."""
 
-    def __init__(self, core: _RequestCore) -> None:
+    def __init__(self, core: _RequestCore, reply_schema: dict[str, Any] | None = None) -> None:
         self._core = core
+        self._reply_schema = reply_schema
 
     def __iter__(self) -> Iterator[str]:
         for text, _ in self.deltas():
@@ -121,6 +124,16 @@ class Request:
         while (completion := self._core.result_now()) is None:
             await self._wait(waker, end_only=True)
         return completion
+
+    def message(self, timeout: float | None = None) -> dict[str, Any]:
+        """OpenAI's assistant message for the result: ``content``, and for a chat submitted with
+        ``tools``, the ``tool_calls`` it made (``content`` None then), each with a fresh ``id``
+        and its ``arguments`` as JSON text."""
+        return reply_message(self.result(timeout).text, self._reply_schema)
+
+    async def amessage(self) -> dict[str, Any]:
+        """``message()`` for ``await``."""
+        return reply_message((await self).text, self._reply_schema)
 
     def cancel(self) -> None:
         """Stops the request at the engine's next step; it ends with ``finish_reason ==
@@ -173,16 +186,21 @@ class Engine:
         stop: str | Sequence[str] = (),
         sampling: SamplingParams | None = None,
         logprobs: int = 0,
+        json_schema: JsonSchema | None = None,
         grammar: str | None = None,
     ) -> Request:
         """Queues a request to generate up to ``max_tokens`` tokens after ``prompt`` (text, or
         token ids) and returns at once. Greedy when ``sampling`` is None; ``logprobs`` (0..20)
-        asks for the log-probabilities of each generated token and of that many alternatives;
-        ``grammar`` (GBNF, rule ``root``) constrains the output. ``ValueError`` for a prompt that
-        cannot fit a sequence, ``SamplerInitError`` for a grammar llama.cpp cannot parse,
+        asks for the log-probabilities of each generated token and of that many alternatives.
+        ``json_schema`` (a dict, JSON text, or a pydantic model / dataclass / TypedDict class) or
+        ``grammar`` (GBNF, rule ``root``; llguidance's Lark when it starts with ``%llguidance``)
+        constrains the output; it ends with "stop" only where the constraint is complete.
+        ``ValueError`` for a prompt that cannot fit a sequence, ``SchemaError`` for a schema
+        llguidance cannot compile, ``SamplerInitError`` for GBNF llama.cpp cannot parse,
         ``EngineBusy`` when ``max_waiting`` requests wait."""
         stops = [stop] if isinstance(stop, str) else list(stop)
-        return Request(self._core.submit(self.tokens(prompt), max_tokens, stops, sampling, logprobs, grammar))
+        spec = constraint(json_schema, grammar)
+        return Request(self._core.submit(self.tokens(prompt), max_tokens, stops, sampling, logprobs, spec))
 
     def submit_chat(
         self,
@@ -192,18 +210,35 @@ class Engine:
         stop: str | Sequence[str] = (),
         sampling: SamplingParams | None = None,
         logprobs: int = 0,
+        json_schema: JsonSchema | None = None,
         grammar: str | None = None,
+        tools: Sequence[Tool] = (),
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
     ) -> Request:
         """``submit`` for the assistant's reply to ``messages`` (``{"role", "content"}`` dicts or
-        pairs), formatted with the model's chat template."""
-        return self.submit(
-            self.chat_tokens(messages),
+        pairs, OpenAI's assistant ``tool_calls`` and ``tool`` results included), formatted with
+        the model's chat template.
+
+        ``tools`` (OpenAI's function tools) with ``tool_choice`` ("auto", "required", "none" or
+        ``{"type": "function", "function": {"name": ...}}``) let the reply call them:
+        ``request.message()`` gives the OpenAI message with its ``tool_calls``, whose arguments
+        match the tools' parameter schemas. ``ValueError`` for tools with ``json_schema`` or
+        ``grammar``, a malformed tool or an unknown ``tool_choice``."""
+        if tools and (json_schema is not None or grammar is not None):
+            raise ValueError("tools constrain the reply themselves: give json_schema or grammar without tools")
+        planned = plan(messages, tools, tool_choice, parallel_tool_calls)
+        request = self.submit(
+            self.chat_tokens(planned.messages),
             max_tokens=max_tokens,
             stop=stop,
             sampling=sampling,
             logprobs=logprobs,
+            json_schema=json_schema if planned.schema is None else planned.schema,
             grammar=grammar,
         )
+        request._reply_schema = planned.schema
+        return request
 
     def tokens(self, prompt: str | Sequence[int]) -> list[int]:
         """The token ids ``submit`` decodes for ``prompt`` (text gets the model's BOS token)."""

@@ -3,9 +3,10 @@ many sequences of one context at once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 
 from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler, _SequenceSteps
+from llamactx._structured import JsonSchema, constrained
 
 __all__ = ["continue_sequence", "generate", "generate_batch", "prefill", "stream"]
 
@@ -65,9 +66,10 @@ def continue_sequence(
     sampler: LlamaSampler,
     stop: Sequence[str] = (),
     seq_id: int = 0,
-) -> Iterator[str]:
+) -> Generator[str, None, str]:
     """Generates after ``history``, whose tokens ``seq_id`` already holds, the last with logits.
-    Each token decoded is appended to ``history``, which so keeps mirroring the KV cache."""
+    Each token decoded is appended to ``history``, which so keeps mirroring the KV cache. The
+    generator's return value is the finish reason: "stop" or "length"."""
     steps = _steps(ctx.model, stop, max_tokens, ctx.n_ctx_seq())
     batch = LlamaBatch(1)
     for _ in range(max_tokens):
@@ -76,11 +78,12 @@ def continue_sequence(
         if piece:
             yield piece
         if finish is not None:
-            return
+            return finish
         batch.clear()
         batch.add(token, len(history), [seq_id], True)
         ctx.decode(batch)
         history.append(token)
+    return "length"
 
 
 def stream(
@@ -92,7 +95,9 @@ def stream(
     stop: Sequence[str] = (),
     seq_id: int = 0,
     progress: Callable[[int, int], None] | None = None,
-) -> Iterator[str]:
+    json_schema: JsonSchema | None = None,
+    grammar: str | None = None,
+) -> Generator[str, None, str]:
     """Generates up to ``max_tokens`` tokens after ``prompt`` and yields their text as it comes.
 
     The sequence ``seq_id`` of ``ctx`` is cleared first. ``sampler`` defaults to greedy.
@@ -100,12 +105,19 @@ def stream(
     ``max_tokens`` or when the sequence reaches the context size. Text is decoded
     incrementally as UTF-8: a character split across tokens is emitted once complete.
     ``progress(done, total)`` reports the prompt's decoding, one call per ``n_batch`` chunk.
+    The generator's return value is the finish reason: "stop" or "length".
+
+    ``json_schema`` (a dict, JSON text, or a pydantic model / dataclass / TypedDict class) or
+    ``grammar`` (GBNF; llguidance's Lark when it starts with ``%llguidance``) constrains the
+    output, masking the candidates before ``sampler`` sees them; it may only end where the
+    constraint is complete. ``SchemaError`` for a schema llguidance cannot compile,
+    ``SamplerInitError`` for GBNF llama.cpp cannot parse, before anything is decoded.
     """
     tokens = _prompt_tokens(ctx, prompt, max_tokens)
+    sampler = constrained(ctx.model, sampler, json_schema, grammar) or LlamaSampler.greedy()
     ctx.clear_kv_cache_seq(seq_id)
     prefill(ctx, tokens, seq_id, progress=progress)
-    sampler = sampler if sampler is not None else LlamaSampler.greedy()
-    yield from continue_sequence(ctx, tokens, max_tokens=max_tokens, sampler=sampler, stop=stop, seq_id=seq_id)
+    return (yield from continue_sequence(ctx, tokens, max_tokens=max_tokens, sampler=sampler, stop=stop, seq_id=seq_id))
 
 
 def generate(
@@ -116,9 +128,21 @@ def generate(
     sampler: LlamaSampler | None = None,
     stop: Sequence[str] = (),
     seq_id: int = 0,
+    json_schema: JsonSchema | None = None,
+    grammar: str | None = None,
 ) -> str:
     """The whole text ``stream`` yields for the same arguments (greedy when ``sampler`` is None)."""
-    return "".join(stream(ctx, prompt, max_tokens=max_tokens, sampler=sampler, stop=stop, seq_id=seq_id))
+    pieces = stream(
+        ctx,
+        prompt,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        stop=stop,
+        seq_id=seq_id,
+        json_schema=json_schema,
+        grammar=grammar,
+    )
+    return "".join(pieces)
 
 
 class _Sequence:
@@ -209,6 +233,8 @@ def generate_batch(
     max_tokens: int = 128,
     sampler: LlamaSampler | None = None,
     stop: Sequence[str] = (),
+    json_schema: JsonSchema | None = None,
+    grammar: str | None = None,
 ) -> list[str]:
     """Generates after every prompt at once, each in its own sequence of ``ctx``: one decode per
     step for all sequences still running. A prompt prefix common to all is decoded once and
@@ -217,9 +243,11 @@ def generate_batch(
     Up to ``ctx.n_seq_max()`` prompts run together (more are done in groups). Each sequence
     samples with its own copy of ``sampler`` (greedy when None). The whole KV cache of ``ctx``
     is cleared. With greedy sampling the results equal ``generate`` called on each prompt.
+    ``json_schema`` and ``grammar`` constrain every output, as in ``stream``.
     """
     model = ctx.model
     token_lists = [_prompt_tokens(ctx, prompt, max_tokens) for prompt in prompts]
+    sampler = constrained(model, sampler, json_schema, grammar)
     results: list[str] = []
     n_seq = ctx.n_seq_max()
     for start in range(0, len(token_lists), n_seq):

@@ -131,6 +131,11 @@ class ShimError(LlamaCppError):
 class SamplerInitError(LlamaCppError):
     """llama.cpp could not build a sampler (e.g. a grammar it cannot parse)."""
 
+class SchemaError(LlamaCppError, ValueError):
+    """A JSON Schema or grammar that llguidance cannot compile, that admits no output, or that failed while
+    generating; nothing unconstrained is generated.
+    """
+
 class StateError(LlamaCppError):
     """A state function returned failure (`false` or `0`) without an error enum."""
 
@@ -612,6 +617,14 @@ class LlamaSampler:
         `SamplerInitError` for a grammar llama.cpp cannot parse.
         """
     @staticmethod
+    def llguidance(model: LlamaModel, kind: str, data: str) -> LlamaSampler:
+        """Constrains tokens to `data` with llguidance, compiled against `model`'s vocabulary:
+        `kind` "json_schema" (a JSON Schema, as JSON text), "lark" (llguidance's Lark dialect) or
+        "regex". Output may only end (an end-of-generation token) where the constraint is
+        complete, and must end once it is. Keeps `model` alive. `SchemaError` when llguidance
+        cannot compile the constraint or it admits no output.
+        """
+    @staticmethod
     def grammar_lazy_patterns(
         model: LlamaModel, grammar: str, root: str, trigger_patterns: Sequence[str], trigger_tokens: _Tokens
     ) -> LlamaSampler:
@@ -797,6 +810,11 @@ class SamplingParams:
         logit_bias: Mapping[int, float] | None = None,
         seed: int | None = None,
     ) -> SamplingParams: ...
+    def sampler(self, model: LlamaModel) -> LlamaSampler:
+        """These parameters as a `LlamaSampler` chain for `model`, for `generate` and friends (each
+        call builds a fresh chain: samplers keep state). `ValueError` for a logit bias on a token
+        the model does not have.
+        """
     @property
     def temperature(self) -> float:
         """Scales the logits; 0 picks the most likely token (greedy)."""
@@ -917,7 +935,7 @@ class _EngineCore:
         stop: Sequence[str],
         sampling: SamplingParams | None,
         logprobs: int,
-        grammar: str | None,
+        constraint: tuple[str, str] | None,
     ) -> _RequestCore:
         """Queues a request for `tokens`. `ValueError` for a prompt that can never run,
         `EngineBusy` when `max_waiting` requests already wait.

@@ -8,7 +8,8 @@ use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 
 use crate::errors::{Error, Result};
-use crate::sampler::{finite, probability, window};
+use crate::model::PyLlamaModel;
+use crate::sampler::{finite, probability, window, PyLlamaSampler};
 
 /// llama.cpp's seed that asks its random generator for a seed of its own [llama.cpp internal].
 const RANDOM_SEED: u32 = u32::MAX;
@@ -172,6 +173,16 @@ impl PySamplingParams {
             logit_bias,
             seed,
         })
+    }
+
+    /// These parameters as a `LlamaSampler` chain for `model`, for `generate` and friends (each
+    /// call builds a fresh chain: samplers keep state). `ValueError` for a logit bias on a token
+    /// the model does not have.
+    fn sampler(&self, model: &Bound<'_, PyLlamaModel>) -> PyResult<PyLlamaSampler> {
+        let model = model.get().vocabulary()?;
+        let n_vocab = model.n_vocab();
+        self.check_vocabulary(n_vocab)?;
+        Ok(PyLlamaSampler::for_model(self.build(n_vocab), model))
     }
 
     fn __repr__(&self) -> String {

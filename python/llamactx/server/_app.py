@@ -32,7 +32,16 @@ from llamactx import __version__
 from llamactx._embedding import embed
 from llamactx._engine import Delta, Engine, Request
 from llamactx._limits import INT32_MAX, RANDOM_SEED
-from llamactx._llamactx import Completion, EngineBusy, LlamaContext, LlamaCppError, SamplerInitError, SamplingParams
+from llamactx._llamactx import (
+    Completion,
+    EngineBusy,
+    LlamaContext,
+    LlamaCppError,
+    SamplerInitError,
+    SamplingParams,
+    SchemaError,
+)
+from llamactx._tools import ToolPlan, plan, reply_message
 from llamactx.server._metrics import ServerMetrics
 from llamactx.server._openai import JSON, ApiError, chat_logprobs, completion_logprobs, total_usage
 from llamactx.server._schemas import PENALTY_WINDOW_MAX, ChatRequest, CompletionRequest, EmbeddingRequest, SamplingBody
@@ -136,8 +145,18 @@ class _Responses:
             seed=_seed(body.seed, choice),
         )
 
-    def submit(self, prompts: Sequence[list[int]], body: SamplingBody, *, max_tokens: int, logprobs: int) -> list[_Job]:
-        """Queues every choice (all or none: a refusal cancels those already queued)."""
+    def submit(
+        self,
+        prompts: Sequence[list[int]],
+        body: SamplingBody,
+        *,
+        max_tokens: int,
+        logprobs: int,
+        schema: dict[str, Any] | None,
+        schema_param: str = "response_format",
+    ) -> list[_Job]:
+        """Queues every choice (all or none: a refusal cancels those already queued), its output
+        constrained to ``schema`` (from the body's ``schema_param``) when given."""
         limit = self.engine.n_ctx_seq
         for tokens in prompts:
             if len(tokens) >= limit:
@@ -158,6 +177,7 @@ class _Responses:
                         stop=stop,
                         sampling=self.sampling(body, choice),
                         logprobs=logprobs,
+                        json_schema=schema,
                         grammar=body.grammar,
                     )
                     jobs.append(_Job(request, len(jobs), choice == 0))
@@ -167,6 +187,9 @@ class _Responses:
             if isinstance(error, Exception):
                 if self.engine.closed:
                     raise ApiError(503, "the server is shutting down", retry_after=RETRY_AFTER_SECONDS) from error
+                if isinstance(error, SchemaError):
+                    param = "grammar" if body.grammar is not None else schema_param
+                    raise ApiError(400, f"the constraint cannot be used: {error}", param=param) from error
                 if (refusal := _refusal(error)) is not None:
                     raise refusal from error
             raise
@@ -202,6 +225,7 @@ class _Responses:
             body,
             max_tokens=UNLIMITED if body.max_tokens is None else body.max_tokens,
             logprobs=_engine_logprobs(body.logprobs is not None, top),
+            schema=_response_schema(body),
         )
         reply = _Reply("cmpl", "text_completion", self.model_id, body.stream_options)
 
@@ -237,11 +261,11 @@ class _Responses:
         body = await self.body(http, ChatRequest)
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        messages = [
-            {"role": "system" if message.role == "developer" else message.role, "content": message.text()}
-            for message in body.messages
-        ]
-        tokens = self._tokens(partial(self.engine.chat_tokens, messages), "messages")
+        planned = _tool_plan(body)
+        if planned.schema is not None and (body.grammar is not None or _response_schema(body) is not None):
+            raise ApiError(400, "tools constrain the reply themselves: drop grammar and response_format", param="tools")
+        schema = planned.schema or _response_schema(body)
+        tokens = self._tokens(partial(self.engine.chat_tokens, planned.messages), "messages")
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top = body.top_logprobs or 0
         jobs = self.submit(
@@ -249,10 +273,12 @@ class _Responses:
             body,
             max_tokens=UNLIMITED if limit is None else limit,
             logprobs=_engine_logprobs(body.logprobs, top),
+            schema=schema,
+            schema_param="response_format" if planned.schema is None else "tools",
         )
         reply = _Reply("chatcmpl", "chat.completion", self.model_id, body.stream_options)
 
-        def choice(job: _Job, delta: Delta | None, completion: Completion | None, offset: int) -> JSON:
+        def choice(job: _Job, delta: Delta | None, completion: Completion | None, offset: int) -> JSON | None:
             logprobs_wanted = body.logprobs
             if completion is None:
                 out: JSON = {
@@ -262,15 +288,20 @@ class _Responses:
                     "finish_reason": None,
                 }
                 if delta is not None:
+                    if planned.schema is not None:
+                        return None  # the reply protocol's JSON; the message comes whole at the end
                     text, logprobs = delta
                     out["delta"] = {"content": text}
                     if logprobs_wanted:
                         out["logprobs"] = chat_logprobs(self.model, logprobs, top)
                 return out
-            message = {"role": "assistant", "content": completion.text, "refusal": None}
-            out = {"index": job.index, "logprobs": None, "finish_reason": completion.finish_reason}
+            message = {**reply_message(completion.text, planned.schema), "refusal": None}
+            finish = "tool_calls" if message.get("tool_calls") and completion.finish_reason == "stop" else None
+            out = {"index": job.index, "logprobs": None, "finish_reason": finish or completion.finish_reason}
             if body.stream:
                 out["delta"] = {}
+                if planned.schema is not None:
+                    out["delta"] = _streamed(message)
             else:
                 out["message"] = message
                 if logprobs_wanted:
@@ -329,7 +360,8 @@ class _Responses:
         if completions is None:
             return Response(status_code=CLIENT_GONE)
         self._finished(reply, jobs, completions)
-        choices = [choice(job, None, completion, 0) for job, completion in zip(jobs, completions, strict=True)]
+        built = (choice(job, None, completion, 0) for job, completion in zip(jobs, completions, strict=True))
+        choices = [one for one in built if one is not None]
         usage = total_usage(_firsts(jobs, completions), completions)
         return JSONResponse(reply.whole(choices, usage), headers={"X-Request-Id": reply.id})
 
@@ -340,15 +372,18 @@ class _Responses:
         try:
             if reply.object == "chat.completion":
                 for job in jobs:
-                    yield reply.event([choice(job, None, None, 0)])
+                    if (first := choice(job, None, None, 0)) is not None:
+                        yield reply.event([first])
             offsets = [0] * len(jobs)
             async for index, delta in _merged(jobs):
-                yield reply.event([choice(jobs[index], delta, None, offsets[index])])
+                if (chunk := choice(jobs[index], delta, None, offsets[index])) is not None:
+                    yield reply.event([chunk])
                 offsets[index] += len(delta[0])
             completions = [await job.request for job in jobs]
             self._finished(reply, jobs, completions)
             for job, completion in zip(jobs, completions, strict=True):
-                yield reply.event([choice(job, None, completion, offsets[job.index])])
+                if (last := choice(job, None, completion, offsets[job.index])) is not None:
+                    yield reply.event([last])
             if reply.include_usage:
                 yield reply.event([], usage=total_usage(_firsts(jobs, completions), completions))
             yield "data: [DONE]\n\n"
@@ -391,7 +426,8 @@ class _Responses:
         )
 
 
-_ChoiceBuilder = Callable[[_Job, Delta | None, Completion | None, int], JSON]
+# A choice's chunk or whole choice; None: nothing to send for this delta.
+_ChoiceBuilder = Callable[[_Job, Delta | None, Completion | None, int], JSON | None]
 
 
 class _Reply:
@@ -530,6 +566,37 @@ def _invalid(error: ValidationError) -> ApiError:
     return ApiError(400, f"invalid value for {param}: {problem['msg']}", param=param)
 
 
+def _tool_plan(body: ChatRequest) -> ToolPlan:
+    """The chat's turns and the reply's schema when ``tools`` may be called."""
+    messages = [message.model_dump(exclude_none=True) for message in body.messages]
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
+    choice = body.tool_choice or "auto"
+    named = choice if isinstance(choice, str) else choice.model_dump()
+    try:
+        return plan(messages, tools, named, body.parallel_tool_calls)
+    except ValueError as error:
+        raise ApiError(400, str(error), param="tool_choice" if "tool_choice" in str(error) else "tools") from None
+
+
+def _streamed(message: JSON) -> JSON:
+    """A whole reply as the last streamed delta: content, or the tool calls with their index."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return {"content": message["content"]}
+    return {"tool_calls": [{"index": index, **call} for index, call in enumerate(calls)]}
+
+
+def _response_schema(body: SamplingBody) -> dict[str, Any] | None:
+    """The JSON Schema ``response_format`` asks for (None: any text)."""
+    if body.response_format is None:
+        return None
+    if body.response_format.type == "json_schema" and body.response_format.json_schema is None:
+        raise ApiError(400, "response_format json_schema needs its json_schema", param="response_format.json_schema")
+    if body.grammar is not None and body.response_format.type != "text":
+        raise ApiError(400, "give grammar or a JSON response_format, not both", param="response_format")
+    return body.response_format.output_schema()
+
+
 def _refusal(error: Exception) -> ApiError | None:
     """What the client sees of the engine's refusal to take a request (None: not a refusal)."""
     if isinstance(error, ApiError):
@@ -538,6 +605,7 @@ def _refusal(error: Exception) -> ApiError | None:
         return ApiError(503, f"the server is busy: {error}", code="server_busy", retry_after=RETRY_AFTER_SECONDS)
     if isinstance(error, SamplerInitError):
         return ApiError(400, f"the grammar cannot be used: {error}", param="grammar")
+
     if isinstance(error, (ValueError, LlamaCppError)):
         return ApiError(400, str(error))
     return None

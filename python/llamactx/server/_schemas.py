@@ -4,7 +4,7 @@ else, a wrong type or an out-of-range number is refused with 400 before it reach
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +35,30 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Body):
+    """``response_format.json_schema``: the schema is always enforced, ``strict`` or not."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema the output must match (None: any text)."""
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                return None
+            return self.json_schema.schema_
+        if self.type == "json_object":
+            return {"type": "object"}
+        return None
+
+
 class SamplingBody(_Body):
     """What completions and chat share: sampling, stopping and llama-server's extras. The
     defaults of ``temperature``, ``top_p``, ``top_k`` and ``min_p`` are llama.cpp's."""
@@ -57,6 +81,7 @@ class SamplingBody(_Body):
     repeat_penalty: Annotated[float, Field(ge=0.0, le=10.0)] = 1.0
     repeat_last_n: Annotated[int, Field(ge=-1, le=PENALTY_WINDOW_MAX)] = 64
     grammar: str | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(SamplingBody):
@@ -75,16 +100,50 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """The content as one string (text parts joined)."""
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
+
+
+class Function(_Body):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern="^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: Function
+
+
+class FunctionName(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatRequest(SamplingBody):
@@ -100,7 +159,9 @@ class ChatRequest(SamplingBody):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
-    parallel_tool_calls: bool | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class EmbeddingRequest(_Body):

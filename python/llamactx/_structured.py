@@ -1,0 +1,188 @@
+"""Structured output: JSON Schemas (dicts, JSON text, pydantic models, dataclasses, TypedDicts)
+and grammars as constraints on what is generated, and ``generate_json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from llamactx._llamactx import LlamaContext, LlamaModel, LlamaSampler, SamplingParams
+
+if TYPE_CHECKING:
+    from llamactx._chat import Message
+    from llamactx._engine import Engine
+
+__all__ = ["JsonSchema", "generate_json"]
+
+#: What ``json_schema=`` takes: a JSON Schema as a dict or JSON text, or a class whose schema
+#: pydantic derives (a pydantic model, a dataclass, a TypedDict).
+JsonSchema = Mapping[str, Any] | str | bool | type
+
+#: A grammar starting with this is llguidance's Lark dialect, as llama.cpp marks it; any other
+#: grammar is GBNF, parsed by llama.cpp.
+LARK_MARKER = "%llguidance"
+
+T = TypeVar("T")
+
+
+def schema_text(schema: JsonSchema) -> str:
+    """``schema`` as JSON Schema text; a class's schema comes from pydantic, closed to keys
+    other than its fields."""
+    if isinstance(schema, str):
+        return schema
+    if isinstance(schema, bool | Mapping):
+        return json.dumps(schema)
+    if isinstance(schema, type):
+        return json.dumps(closed(_type_adapter(schema).json_schema()))
+    raise TypeError(
+        f"json_schema takes a dict, JSON text, or a pydantic model / dataclass / TypedDict class, "
+        f"not {type(schema).__name__}"
+    )
+
+
+# Keywords whose value is a subschema, a list of them, or a map of names to them.
+_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "unevaluatedItems")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object that does not say: a
+    class instance keeps only its fields and a function takes only its parameters, so extra keys
+    would only cost tokens (a small model invents them until ``max_tokens``)."""
+    if not isinstance(schema, dict):
+        return schema
+    schema = dict(schema)
+    for key in _SUBSCHEMA:
+        if key in schema:
+            schema[key] = closed(schema[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            schema[key] = [closed(item) for item in schema[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            schema[key] = {name: closed(sub) for name, sub in schema[key].items()}
+    if "properties" in schema and "additionalProperties" not in schema:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def _type_adapter(cls: type) -> Any:
+    try:
+        import pydantic
+    except ImportError as err:  # pragma: no cover - pydantic comes with the server extra
+        raise TypeError(f"a class as json_schema needs pydantic (pip install pydantic): {cls.__name__}") from err
+    if not (isinstance(cls, type) and issubclass(cls, pydantic.BaseModel)) and not (
+        dataclasses.is_dataclass(cls) or _is_typed_dict(cls)
+    ):
+        raise TypeError(f"json_schema takes a pydantic model, a dataclass or a TypedDict class, not {cls.__name__}")
+    return pydantic.TypeAdapter(cls)
+
+
+def _is_typed_dict(cls: type) -> bool:
+    return issubclass(cls, dict) and hasattr(cls, "__required_keys__")
+
+
+def constraint(json_schema: JsonSchema | None, grammar: str | None) -> tuple[str, str] | None:
+    """``(kind, text)`` of the one constraint given: "json_schema", "lark" (a grammar marked
+    ``%llguidance``) or "gbnf"; None for none."""
+    if json_schema is not None and grammar is not None:
+        raise ValueError("give json_schema or grammar, not both")
+    if json_schema is not None:
+        return "json_schema", schema_text(json_schema)
+    if grammar is not None:
+        return ("lark" if grammar.lstrip().startswith(LARK_MARKER) else "gbnf"), grammar
+    return None
+
+
+def constrained(
+    model: LlamaModel, sampler: LlamaSampler | None, json_schema: JsonSchema | None, grammar: str | None
+) -> LlamaSampler | None:
+    """``sampler`` (greedy when None) behind the constraint, which masks the candidates first;
+    ``sampler`` itself when there is no constraint."""
+    spec = constraint(json_schema, grammar)
+    if spec is None:
+        return sampler
+    kind, text = spec
+    stage = LlamaSampler.grammar(model, text) if kind == "gbnf" else LlamaSampler.llguidance(model, kind, text)
+    return LlamaSampler.chain([stage, sampler if sampler is not None else LlamaSampler.greedy()])
+
+
+@overload
+def generate_json(
+    target: LlamaContext | Engine,
+    prompt: str | Sequence[Message],
+    schema: type[T],
+    *,
+    max_tokens: int = ...,
+    sampling: SamplingParams | None = ...,
+) -> T: ...
+@overload
+def generate_json(
+    target: LlamaContext | Engine,
+    prompt: str | Sequence[Message],
+    schema: Mapping[str, Any] | str | bool,
+    *,
+    max_tokens: int = ...,
+    sampling: SamplingParams | None = ...,
+) -> Any: ...
+def generate_json(
+    target: LlamaContext | Engine,
+    prompt: str | Sequence[Message],
+    schema: JsonSchema,
+    *,
+    max_tokens: int = 512,
+    sampling: SamplingParams | None = None,
+) -> Any:
+    """Generates a value matching ``schema`` and returns it parsed and validated: an instance
+    when ``schema`` is a pydantic model, dataclass or TypedDict (through pydantic), else the
+    JSON value (checked with the ``jsonschema`` package when it is installed).
+
+    ``target`` is a ``LlamaContext`` (sequence 0 is used) or an ``Engine``; ``prompt`` is text,
+    or chat messages formatted with the model's chat template. Greedy when ``sampling`` is None.
+    ``SchemaError`` for a schema llguidance cannot compile; ``ValueError`` when ``max_tokens``
+    ends the output before the value is complete.
+    """
+    from llamactx._engine import Engine
+
+    text_schema = schema_text(schema)
+    if isinstance(target, Engine):
+        submit = target.submit if isinstance(prompt, str) else target.submit_chat
+        completion = submit(prompt, max_tokens=max_tokens, sampling=sampling, json_schema=text_schema).result()  # type: ignore[arg-type]
+        text, complete = completion.text, completion.finish_reason == "stop"
+    else:
+        text, complete = _generate_on_context(target, prompt, text_schema, max_tokens, sampling)
+    if not complete:
+        raise ValueError(f"max_tokens={max_tokens} ended the output before the JSON value was complete: {text!r}")
+    return _validated(text, schema, text_schema)
+
+
+def _generate_on_context(
+    ctx: LlamaContext, prompt: str | Sequence[Message], schema: str, max_tokens: int, sampling: SamplingParams | None
+) -> tuple[str, bool]:
+    from llamactx._generation import stream
+
+    model = ctx.model
+    text = prompt if isinstance(prompt, str) else model.apply_chat_template(prompt, None, True)
+    sampler = None if sampling is None else sampling.sampler(model)
+    pieces: list[str] = []
+    generation = stream(ctx, text, max_tokens=max_tokens, sampler=sampler, json_schema=schema)
+    while True:
+        try:
+            pieces.append(next(generation))
+        except StopIteration as end:
+            return "".join(pieces), end.value == "stop"
+
+
+def _validated(text: str, schema: JsonSchema, text_schema: str) -> Any:
+    if isinstance(schema, type):
+        return _type_adapter(schema).validate_json(text)
+    value = json.loads(text)
+    try:
+        import jsonschema  # type: ignore[import-untyped]
+    except ImportError:
+        return value
+    jsonschema.validate(value, json.loads(text_schema), format_checker=jsonschema.FormatChecker())
+    return value

@@ -1,0 +1,193 @@
+"""Tool calls, OpenAI's ``tools`` / ``tool_choice`` / ``parallel_tool_calls``, on any model: the
+tools and a reply protocol go into the system prompt, and the reply is constrained (by a JSON
+Schema, through llguidance) to a JSON object that either calls tools with arguments matching
+their parameters or answers in ``content``. A call is therefore always parseable, and
+``tool_choice="required"`` or a named function always yields one."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from llamactx._structured import closed
+
+__all__ = ["Tool", "ToolChoice", "ToolPlan", "plan", "reply_message"]
+
+#: OpenAI's tool: ``{"type": "function", "function": {"name", "description", "parameters"}}``.
+Tool = Mapping[str, Any]
+#: ``"none"``, ``"auto"``, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``.
+ToolChoice = Literal["none", "auto", "required"] | Mapping[str, Any]
+
+_CALLS_START = '{"tool_calls": ['
+
+#: The most calls one reply makes (a small model repeats a call until its tokens run out).
+MAX_CALLS = 8
+
+_INSTRUCTIONS = {
+    "auto": 'To call tools, reply with {"tool_calls": [{"name": ..., "arguments": {...}}]}; '
+    'to answer the user directly, reply with {"content": "your answer"}.',
+    "required": 'Call a tool now: reply with {"tool_calls": [{"name": ..., "arguments": {...}}]}.',
+}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How a chat with tools is generated: the messages to format with the chat template, and
+    the JSON Schema the reply must match (None: free text, as without tools)."""
+
+    messages: list[tuple[str, str]]
+    schema: dict[str, Any] | None
+
+
+def plan(
+    messages: Sequence[Mapping[str, Any] | tuple[str, str]],
+    tools: Sequence[Tool],
+    tool_choice: ToolChoice = "auto",
+    parallel_tool_calls: bool = True,
+) -> ToolPlan:
+    """The ``ToolPlan`` for a conversation. Earlier assistant tool calls are shown in the reply
+    protocol and ``tool`` results keep their role. ``ValueError`` for a malformed tool, an
+    unknown ``tool_choice`` or a named function that is not among ``tools``."""
+    functions = [_function(tool) for tool in tools]
+    names = [function["name"] for function in functions]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tool names must be unique, got {names}")
+    mode, chosen = _choice(tool_choice, names)
+    history = _history(messages)
+    if mode == "none" or not functions:
+        return ToolPlan(history, None)
+    offered = [function for function in functions if chosen is None or function["name"] == chosen]
+    system = "You can call these tools:\n" + json.dumps(offered) + "\n" + _INSTRUCTIONS[mode]
+    if history and history[0][0] == "system":
+        history[0] = ("system", history[0][1] + "\n\n" + system)
+    else:
+        history.insert(0, ("system", system))
+    calls: dict[str, Any] = {"type": "array", "items": {"anyOf": [_call_schema(f) for f in offered]}, "minItems": 1}
+    calls["maxItems"] = MAX_CALLS if parallel_tool_calls else 1
+    call_reply = _object({"tool_calls": calls})
+    schema = call_reply if mode == "required" else {"anyOf": [call_reply, _object({"content": {"type": "string"}})]}
+    return ToolPlan(history, schema)
+
+
+def reply_message(text: str, schema: Mapping[str, Any] | None) -> dict[str, Any]:
+    """OpenAI's assistant message for a reply generated under ``schema`` (a plan's; None: the
+    text is the content): ``content`` and, for calls, ``tool_calls`` with fresh ids and the
+    arguments as JSON text. A reply that ``max_tokens`` cut keeps the calls it completed, or
+    else comes back as its text in ``content``."""
+    if schema is None:
+        return {"role": "assistant", "content": text}
+    try:
+        reply = json.loads(text)
+    except ValueError:
+        reply = {"tool_calls": _completed_calls(text)}
+        if not reply["tool_calls"]:
+            return {"role": "assistant", "content": text}
+    if "tool_calls" not in reply:
+        return {"role": "assistant", "content": reply["content"]}
+    calls = [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])},
+        }
+        for call in reply["tool_calls"]
+    ]
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
+def _completed_calls(text: str) -> list[Any]:
+    """The calls a cut reply completed: the constraint lets a call's object close only once it
+    is valid, and lays the reply out as ``{"tool_calls": [CALL, CALL, ...``."""
+    if not text.startswith(_CALLS_START):
+        return []
+    decoder = json.JSONDecoder()
+    calls: list[Any] = []
+    at = len(_CALLS_START)
+    while True:
+        try:
+            call, at = decoder.raw_decode(text, at)
+        except ValueError:
+            return calls
+        calls.append(call)
+        if not text.startswith(", ", at):
+            return calls
+        at += 2
+
+
+def _function(tool: Tool) -> dict[str, Any]:
+    function = tool.get("function") if tool.get("type") == "function" else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str) or not function["name"]:
+        raise ValueError(f'a tool is {{"type": "function", "function": {{"name": ...}}}}, got {tool!r}')
+    parameters = function.get("parameters", {"type": "object", "properties": {}})
+    if not isinstance(parameters, Mapping):
+        raise ValueError(f"the parameters of tool {function['name']!r} must be a JSON Schema object")
+    # Unknown arguments would break the call: objects are closed unless they say otherwise.
+    described = {"name": function["name"], "parameters": closed(dict(parameters))}
+    if function.get("description"):
+        described["description"] = str(function["description"])
+    return described
+
+
+def _choice(tool_choice: ToolChoice, names: list[str]) -> tuple[str, str | None]:
+    if isinstance(tool_choice, str):
+        if tool_choice not in ("none", "auto", "required"):
+            raise ValueError(f'tool_choice is "none", "auto", "required" or a named function, got {tool_choice!r}')
+        return tool_choice, None
+    function = tool_choice.get("function") if tool_choice.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if name not in names:
+        raise ValueError(f"tool_choice names a function that is not among the tools: {tool_choice!r}")
+    return "required", name
+
+
+def _call_schema(function: Mapping[str, Any]) -> dict[str, Any]:
+    return _object({"name": {"const": function["name"]}, "arguments": function["parameters"]})
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+def _history(messages: Sequence[Mapping[str, Any] | tuple[str, str]]) -> list[tuple[str, str]]:
+    """The conversation as chat-template turns. A tool's result becomes a user turn naming the
+    tool: chat templates without tool support drop or garble a ``tool`` role, and a small model
+    answers from "The tool get_weather returned: ..." where it repeats its call after a bare
+    result."""
+    names: dict[str, str] = {}
+    history = []
+    for message in messages:
+        if not isinstance(message, tuple):
+            for call in message.get("tool_calls") or ():
+                names[str(call.get("id"))] = call["function"]["name"]
+            if message.get("role") == "tool":
+                name = names.get(str(message.get("tool_call_id")), "")
+                history.append(("user", f"The tool {name} returned: {_rendered(message)[1]}".replace("  ", " ")))
+                continue
+        history.append(_rendered(message))
+    return history
+
+
+def _rendered(message: Mapping[str, Any] | tuple[str, str]) -> tuple[str, str]:
+    if isinstance(message, tuple):
+        return message
+    role = "system" if message.get("role") == "developer" else str(message.get("role"))
+    calls = message.get("tool_calls")
+    if role == "assistant" and calls:
+        shown = " ".join(
+            f"I will call {call['function']['name']}({_arguments(call['function'].get('arguments', '{}'))})."
+            for call in calls
+        )
+        return role, shown
+    if "content" not in message:
+        raise ValueError("chat message lacks 'content'")
+    content = message["content"]
+    if isinstance(content, list):  # OpenAI's text parts
+        content = "".join(str(part.get("text", "")) for part in content)
+    return role, "" if content is None else str(content)
+
+
+def _arguments(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)

@@ -1,0 +1,210 @@
+//! Structured output through llguidance: a JSON Schema, a Lark grammar or a regex, compiled
+//! against the model's own vocabulary and applied as a llama.cpp sampler stage that masks every
+//! token the constraint cannot take next.
+//!
+//! It fails closed: a constraint llguidance cannot compile (or that admits no output) is refused
+//! before anything is decoded, and one that fails while generating masks every token and reports
+//! why, so no unconstrained token is ever sampled.
+
+use std::ffi::CStr;
+use std::sync::Arc;
+
+use llama_cpp_4::model::LlamaModel;
+use llama_cpp_4::sampling::LlamaSampler;
+use llama_cpp_4::token::LlamaToken;
+use llama_cpp_sys_4::{llama_token, llama_token_data_array};
+use llguidance::api::TopLevelGrammar;
+use llguidance::Matcher;
+use serde_json::Value;
+use toktrie::{SimpleVob, TokenId};
+
+use crate::errors::{Error, ExcClass, Result};
+use crate::sampler::custom::{self, candidates_of, into_sampler, RustSampler};
+
+mod vocabulary;
+
+/// What a constraint is written in, as llama.cpp's own llguidance sampler names them.
+pub const KINDS: [&str; 3] = ["json_schema", "lark", "regex"];
+
+/// The JSON layout a schema's output takes unless the schema's own `x-guidance` says otherwise:
+/// no optional whitespace (a small model can otherwise fill its budget with newlines), and the
+/// separators models write themselves.
+const JSON_LAYOUT: &str = r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
+
+/// `SchemaError` (a `ValueError`) of kind `kind`.
+pub fn schema_error(kind: &'static str, message: impl Into<String>) -> Error {
+    Error::llama(ExcClass::SchemaError, kind, None, message)
+}
+
+/// A sampler stage constraining output to `data`, a constraint of kind `kind` (one of
+/// `KINDS`). `SchemaError` when llguidance cannot compile it or it admits no output.
+pub fn new(model: &Arc<LlamaModel>, kind: &str, data: &str) -> Result<LlamaSampler> {
+    let grammar = grammar(kind, data)?;
+    let factory = vocabulary::factory(model)?;
+    let parser = factory
+        .create_parser(grammar)
+        .map_err(|err| schema_error("Unsupported", format!("llguidance cannot compile this {kind}: {err}")))?;
+    let matcher = Matcher::new(Ok(parser));
+    let mut guidance = Guidance {
+        start: matcher.clone(),
+        matcher,
+        ends: vocabulary::end_tokens(model)?,
+        mask: None,
+    };
+    let first = guidance.mask().map_err(|err| schema_error("Unsupported", err))?;
+    if first.is_zero() {
+        return Err(schema_error("Unsatisfiable", format!("this {kind} admits no output")));
+    }
+    guidance.mask = Some(first);
+    Ok(into_sampler(Box::new(guidance)))
+}
+
+fn grammar(kind: &str, data: &str) -> Result<TopLevelGrammar> {
+    match kind {
+        "json_schema" => {
+            let schema: Value = serde_json::from_str(data)
+                .map_err(|err| schema_error("InvalidJson", format!("the schema is not JSON: {err}")))?;
+            Ok(TopLevelGrammar::from_json_schema(with_layout(schema)?))
+        }
+        "lark" => Ok(TopLevelGrammar::from_lark(data.to_owned())),
+        "regex" => Ok(TopLevelGrammar::from_regex(data)),
+        _ => Err(Error::value(format!(
+            "constraint kind must be one of {KINDS:?}, got {kind:?}"
+        ))),
+    }
+}
+
+fn with_layout(schema: Value) -> Result<Value> {
+    match schema {
+        Value::Object(mut fields) => {
+            if !fields.contains_key("x-guidance") {
+                let layout = serde_json::from_str(JSON_LAYOUT).map_err(|err| Error::Panic(err.to_string()))?;
+                fields.insert("x-guidance".to_owned(), layout);
+            }
+            Ok(Value::Object(fields))
+        }
+        Value::Bool(_) => Ok(schema),
+        _ => Err(schema_error("InvalidSchema", "a JSON Schema is an object or a boolean")),
+    }
+}
+
+/// An llguidance error's message without the parser state it dumps after it.
+fn first_line(err: impl std::fmt::Display) -> String {
+    let message = err.to_string();
+    message.lines().next().unwrap_or_default().to_owned()
+}
+
+/// One constrained generation's state.
+struct Guidance {
+    /// The matcher before any token: `reset` starts from a copy (a matcher that refused a
+    /// token stays in its error state).
+    start: Matcher,
+    matcher: Matcher,
+    /// llguidance's end of sequence first, then the model's other end-of-generation tokens,
+    /// which stand for it.
+    ends: Vec<TokenId>,
+    /// The mask for the tokens accepted so far, once computed.
+    mask: Option<SimpleVob>,
+}
+
+impl Guidance {
+    fn mask(&mut self) -> std::result::Result<SimpleVob, String> {
+        self.matcher.compute_mask_or_eos().map_err(first_line)
+    }
+
+    fn allows(&self, mask: &SimpleVob, token: TokenId) -> bool {
+        (token as usize) < mask.len()
+            && (mask.is_allowed(token) || (self.ends.contains(&token) && mask.is_allowed(self.ends[0])))
+    }
+
+    /// Masks the candidates the constraint cannot take; all of them when it failed.
+    fn apply(&mut self, candidates: &mut [llama_cpp_sys_4::llama_token_data]) {
+        if self.mask.is_none() {
+            match self.mask() {
+                Ok(mask) => self.mask = Some(mask),
+                Err(err) => custom::record(schema_error("Failed", format!("the constraint failed: {err}"))),
+            }
+        }
+        let mask = self.mask.as_ref();
+        for candidate in candidates {
+            let allowed = TokenId::try_from(candidate.id)
+                .ok()
+                .zip(mask)
+                .is_some_and(|(token, mask)| self.allows(mask, token));
+            if !allowed {
+                candidate.logit = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    fn accept(&mut self, token: llama_token) -> Result<()> {
+        self.mask = None;
+        let refused = format!("token {token} does not follow the constraint here");
+        let token = TokenId::try_from(token).map_err(|_| schema_error("Refused", refused.clone()))?;
+        let token = if self.ends.contains(&token) {
+            self.ends[0]
+        } else {
+            token
+        };
+        if token == self.ends[0] && self.matcher.is_stopped() && !self.matcher.is_error() {
+            return Ok(());
+        }
+        self.matcher
+            .consume_token(token)
+            .map_err(|err| schema_error("Refused", format!("{refused}: {}", first_line(err))))
+    }
+}
+
+impl RustSampler for Guidance {
+    fn name(&self) -> &'static CStr {
+        c"llguidance"
+    }
+
+    fn accept(&mut self, token: LlamaToken) -> Result<()> {
+        Guidance::accept(self, token.0)
+    }
+
+    fn apply(&mut self, candidates: &mut llama_token_data_array) {
+        Guidance::apply(self, candidates_of(candidates));
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        self.mask = None;
+        self.matcher = self.start.clone();
+        Ok(())
+    }
+
+    fn copy(&self) -> Result<Box<dyn RustSampler>> {
+        Ok(Box::new(Guidance {
+            start: self.start.clone(),
+            matcher: self.matcher.clone(),
+            ends: self.ends.clone(),
+            mask: self.mask.clone(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemas_get_the_compact_layout_unless_they_choose_their_own() {
+        let layout: Value = serde_json::from_str(JSON_LAYOUT).unwrap();
+        let schema = with_layout(serde_json::json!({"type": "object"})).unwrap();
+        assert_eq!(schema["x-guidance"], layout);
+        let own = serde_json::json!({"type": "object", "x-guidance": {"whitespace_flexible": true}});
+        assert_eq!(with_layout(own.clone()).unwrap(), own);
+        assert_eq!(with_layout(Value::Bool(true)).unwrap(), Value::Bool(true));
+        assert!(with_layout(serde_json::json!([1])).is_err());
+    }
+
+    #[test]
+    fn kinds_are_llama_cpps_names_and_json_must_parse() {
+        assert!(grammar("json_schema", "{}").is_ok());
+        assert!(grammar("lark", "start: \"a\"").is_ok());
+        assert!(grammar("regex", "a+").is_ok());
+        assert!(matches!(grammar("gbnf", "root ::= \"a\""), Err(Error::Value(_))));
+        assert!(matches!(grammar("json_schema", "{"), Err(Error::Llama { kind, .. }) if kind == "InvalidJson"));
+    }
+}

@@ -1,0 +1,119 @@
+"""Tool calls in the engine: the reply protocol, its constraint, and OpenAI-shaped messages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tool_examples import ASK_WEATHER, TIME, WEATHER
+
+import llamactx
+from llamactx._tools import MAX_CALLS, plan, reply_message
+
+ASK = ASK_WEATHER
+
+
+@pytest.fixture(scope="module")
+def engine(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
+    with llamactx.Engine(model, n_ctx=4096, n_seq_max=4) as engine:
+        yield engine
+
+
+def test_the_plan_puts_the_tools_in_the_system_turn_and_results_in_user_turns() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [
+        {"role": "developer", "content": "Be brief."},
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+    ]
+    planned = plan(messages, [WEATHER, TIME], "auto", parallel_tool_calls=False)
+    roles = [role for role, _ in planned.messages]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert planned.messages[0][1].startswith("Be brief.\n\nYou can call these tools:")
+    assert '"get_time"' in planned.messages[0][1]
+    assert planned.messages[2][1] == 'I will call get_weather({"city": "Paris"}).'
+    assert planned.messages[3][1] == "The tool get_weather returned: Sunny"
+    assert planned.schema is not None
+    calls, content = planned.schema["anyOf"]
+    assert calls["properties"]["tool_calls"]["maxItems"] == 1
+    assert content["required"] == ["content"]
+    required = plan(ASK, [WEATHER], "required").schema
+    assert required is not None
+    assert required["required"] == ["tool_calls"]
+    assert required["properties"]["tool_calls"]["maxItems"] == MAX_CALLS
+    named = plan(ASK, [WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}})
+    assert '"get_weather"' not in named.messages[0][1]
+    assert plan(ASK, [WEATHER], "none").schema is None
+    assert plan(ASK, [], "auto").messages == [("user", "What is the weather in Paris?")]
+
+
+@pytest.mark.parametrize(
+    ("tools", "choice", "message"),
+    [
+        ([{"type": "function"}], "auto", "a tool is"),
+        ([{"type": "function", "function": {"name": ""}}], "auto", "a tool is"),
+        ([WEATHER, WEATHER], "auto", "unique"),
+        ([WEATHER], "sometimes", "tool_choice is"),
+        ([WEATHER], {"type": "function", "function": {"name": "get_time"}}, "not among the tools"),
+        ([{"type": "function", "function": {"name": "f", "parameters": [1]}}], "auto", "JSON Schema object"),
+    ],
+)
+def test_malformed_tools_and_choices_are_refused(tools: Any, choice: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan(ASK, tools, choice)
+
+
+def test_reply_messages_are_openais() -> None:
+    schema = plan(ASK, [WEATHER]).schema
+    called = reply_message('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}', schema)
+    (call,) = called["tool_calls"]
+    assert called["content"] is None
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert call["id"].startswith("call_")
+    assert reply_message('{"content": "Hello"}', schema) == {"role": "assistant", "content": "Hello"}
+    assert reply_message('{"tool_calls": [{"na', schema)["content"] == '{"tool_calls": [{"na'
+    assert reply_message("plain", None) == {"role": "assistant", "content": "plain"}
+    cut = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_weather", "argu'
+    assert [call["function"]["arguments"] for call in reply_message(cut, schema)["tool_calls"]] == ['{"city": "Oslo"}']
+
+
+def test_the_engine_calls_the_tool_and_answers_from_its_result(engine: llamactx.Engine) -> None:
+    message = engine.submit_chat(ASK, tools=[WEATHER], max_tokens=96).message()
+    (call,) = message["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    result = {"role": "tool", "tool_call_id": call["id"], "content": "Sunny, 24 C"}
+    answer = engine.submit_chat([*ASK, message, result], tools=[WEATHER], tool_choice="none", max_tokens=48)
+    assert "sunny" in answer.message()["content"].lower()
+
+
+def test_sampled_required_calls_always_parse(engine: llamactx.Engine) -> None:
+    async def calls() -> list[dict[str, Any]]:
+        requests = [
+            engine.submit_chat(
+                [{"role": "user", "content": question}],
+                tools=[WEATHER, TIME],
+                tool_choice="required",
+                sampling=llamactx.SamplingParams(temperature=1.2, seed=seed),
+                max_tokens=128,
+            )
+            for seed, question in enumerate(["Weather in Rome?", "What time is it?", "Sing a song."] * 4)
+        ]
+        return [await request.amessage() for request in requests]
+
+    for message in asyncio.run(calls()):
+        assert message["tool_calls"], message
+        for call in message["tool_calls"]:
+            arguments = json.loads(call["function"]["arguments"])
+            assert call["function"]["name"] in {"get_weather", "get_time"}
+            assert set(arguments) == ({"city"} if call["function"]["name"] == "get_weather" else set())
+
+
+def test_tools_refuse_another_constraint(engine: llamactx.Engine) -> None:
+    with pytest.raises(ValueError, match="tools constrain the reply"):
+        engine.submit_chat(ASK, tools=[WEATHER], json_schema={"type": "object"})
+    with pytest.raises(llamactx.SchemaError):
+        engine.submit_chat(ASK, tools=[{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}])
