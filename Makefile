@@ -49,7 +49,7 @@ wheel: $(VENV)/.deps ## a release wheel in dist/ (abi3: one wheel for CPython 3.
 test-wheel: wheel model ## install the wheel into a bare venv (no Rust needed) and run the tests from it
 	rm -rf $(WHEEL_VENV)
 	python3 -m venv $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/python -m pip install --quiet "$$(ls dist/llamactx-*.whl)[server]" pytest pytest-timeout hypothesis gguf openai httpx
+	$(WHEEL_VENV)/bin/python -m pip install --quiet "$$(ls dist/llamactx-*.whl)[server]" pytest pytest-timeout hypothesis gguf openai httpx "jsonschema[format-nongpl]"
 	cd / && $(CURDIR)/$(WHEEL_VENV)/bin/python -c "import llamactx, sys; assert '$(WHEEL_VENV)/lib' in llamactx.__file__, llamactx.__file__"
 	$(WHEEL_VENV)/bin/python -m pytest
 

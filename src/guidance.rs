@@ -174,6 +174,12 @@ impl RustSampler for Guidance {
         Ok(())
     }
 
+    fn prepare(&mut self) {
+        if self.mask.is_none() {
+            self.mask = self.mask().ok();
+        }
+    }
+
     fn copy(&self) -> Result<Box<dyn RustSampler>> {
         Ok(Box::new(Guidance {
             start: self.start.clone(),

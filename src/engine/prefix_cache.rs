@@ -63,14 +63,16 @@ impl PrefixCache {
         let (best_free, in_slot) = free
             .iter()
             .map(|&seq| (seq, kept(self.slot(seq))))
-            .max_by_key(|&(seq, kept)| (kept, std::cmp::Reverse(self.slot(seq).len())))?;
+            // Ties go to the lowest sequence id: running sequences then stay consecutive, which
+            // is what lets llama.cpp decode them in one micro-batch (see `Scheduler::by_sequence`).
+            .max_by_key(|&(seq, kept)| (kept, std::cmp::Reverse(self.slot(seq).len()), std::cmp::Reverse(seq)))?;
         let from_running = running
             .map(|(seq, held)| (seq, kept(held)))
             .max_by_key(|&(_, kept)| kept);
         match from_running {
             Some((source, reused)) if reused > in_slot && reused >= MIN_COPY => {
                 // The free slot whose own tokens are worth least to others.
-                let seq = free.iter().copied().min_by_key(|&seq| self.slot(seq).len())?;
+                let seq = free.iter().copied().min_by_key(|&seq| (self.slot(seq).len(), seq))?;
                 Some(Placement {
                     seq,
                     reused,
@@ -130,6 +132,21 @@ mod tests {
 
     fn tokens(ids: &[i32]) -> Vec<LlamaToken> {
         ids.iter().copied().map(LlamaToken::new).collect()
+    }
+
+    #[test]
+    fn ties_go_to_the_lowest_sequence_id_in_any_free_order() {
+        let mut cache = PrefixCache::new(true, 4);
+        for seq in 0..4 {
+            cache.keep(seq, tokens(&[1, 2, 3]));
+        }
+        let prompt = tokens(&[1, 2, 7]);
+        for free in [[3, 2, 1, 0], [0, 1, 2, 3], [2, 0, 3, 1]] {
+            let placed = cache.place(&free, std::iter::empty(), &prompt);
+            assert_eq!(placed.map(|placement| placement.seq), Some(0));
+        }
+        let empty = PrefixCache::new(false, 4);
+        assert_eq!(empty.place(&[3, 1, 2], std::iter::empty(), &prompt).map(|p| p.seq), Some(1));
     }
 
     #[test]

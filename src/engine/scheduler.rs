@@ -22,6 +22,7 @@ use super::EngineShared;
 use crate::batch::BatchState;
 use crate::context::OpenContext;
 use crate::errors::{Error, Result};
+use crate::sampler::custom::prepare_first_stages;
 use crate::sampler::{refuse_unfinished_end, select, try_accept, SendSampler};
 
 /// A submitted request, checked against the engine's limits.
@@ -349,7 +350,8 @@ impl Scheduler {
     fn generate(&mut self) {
         self.batch.clear();
         let mut rows: Vec<(usize, i32)> = Vec::new();
-        let added = self.running.iter().enumerate().try_for_each(|(index, running)| {
+        let added = self.by_sequence().into_iter().try_for_each(|index| {
+            let running = &self.running[index];
             if let (None, Some(token)) = (&running.end, running.next) {
                 rows.push((index, row_of(&self.batch)?));
                 self.batch
@@ -365,6 +367,7 @@ impl Scheduler {
             return;
         }
         self.tokens_generated += rows.len() as u64;
+        self.prepare_constraints(&rows);
         for (index, row) in rows {
             let running = &mut self.running[index];
             running.kv_tokens.extend(running.next.take());
@@ -414,7 +417,9 @@ impl Scheduler {
     fn read_chunks(&mut self, chunks: &[(usize, usize)]) -> Result<()> {
         self.batch.clear();
         let mut rows = Vec::new();
-        for &(index, chunk) in chunks {
+        let mut in_order = chunks.to_vec();
+        in_order.sort_by_key(|&(index, _)| self.running[index].seq);
+        for &(index, chunk) in &in_order {
             let running = &self.running[index];
             let prompt = &running.job.prompt;
             for pos in running.kv_len()..running.kv_len() + chunk {
@@ -432,6 +437,7 @@ impl Scheduler {
             let read = &running.job.prompt[running.kv_len()..running.kv_len() + chunk];
             running.kv_tokens.extend_from_slice(read);
         }
+        self.prepare_constraints(&rows);
         for (index, row) in rows {
             self.tokens_generated += 1;
             let running = &mut self.running[index];
@@ -440,6 +446,25 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+
+    /// Indices into `running`, by ascending sequence id: with a KV stream per sequence,
+    /// llama.cpp puts only consecutive, increasing sequence ids in one micro-batch, so any other
+    /// order splits a step's decode into several [llama.cpp internal].
+    fn by_sequence(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        order.sort_by_key(|&index| self.running[index].seq);
+        order
+    }
+
+    /// Computes the constraint masks of the requests about to sample (`(index in running,
+    /// row)`) in parallel, instead of one after another as each samples.
+    fn prepare_constraints(&mut self, rows: &[(usize, i32)]) {
+        let sampling: Vec<bool> = (0..self.running.len())
+            .map(|index| rows.iter().any(|&(sampled, _)| sampled == index))
+            .collect();
+        let chains = self.running.iter_mut().zip(sampling).filter(|(_, samples)| *samples);
+        prepare_first_stages(chains.map(|(running, _)| &mut running.sampler));
     }
 
     /// Fails the requests at `indices` with `err` (the first of them) and a pointer to it

@@ -12,6 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 use llama_cpp_sys_4::{llama_sampler, llama_sampler_i, llama_token, llama_token_data_array};
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
 
 use crate::errors::{Error, Result};
 
@@ -27,6 +28,42 @@ pub trait RustSampler {
     fn reset(&mut self) -> Result<()>;
     /// An independent copy of its current state.
     fn copy(&self) -> Result<Box<dyn RustSampler>>;
+    /// Does ahead of time, possibly on another thread, what its next `apply` needs; a failure
+    /// is left for `apply` to meet and record.
+    fn prepare(&mut self) {}
+}
+
+/// The first stage of a chain when it is a Rust sampler, as a pointer another thread may use.
+struct RustStage(*mut llama_sampler);
+
+// SAFETY: the stage is used by one thread at a time: `prepare_first_stages` hands each to one
+// worker and waits for all of them before its caller touches the chains again.
+unsafe impl Send for RustStage {}
+
+/// Lets the Rust first stages of `chains` (the constraints the engine puts first) prepare
+/// their next `apply` in parallel: llguidance's masks of a batch's sequences, computed at once.
+pub fn prepare_first_stages<'a>(chains: impl Iterator<Item = &'a mut LlamaSampler>) {
+    let stages: Vec<RustStage> = chains.filter_map(first_rust_stage).collect();
+    if stages.len() < 2 {
+        return; // `apply` computes a lone mask as soon
+    }
+    stages.into_par_iter().for_each(|stage| {
+        // SAFETY: `first_rust_stage` checked that the stage is ours and alive (its chain is
+        // borrowed mutably for this call), and no other thread has it.
+        let sampler = unsafe { rust(stage.0) };
+        let _ = catch_unwind(AssertUnwindSafe(|| sampler.prepare()));
+    });
+}
+
+fn first_rust_stage(chain: &mut LlamaSampler) -> Option<RustStage> {
+    if chain.name() != "chain" || chain.chain_n() < 1 {
+        return None;
+    }
+    // SAFETY: `chain` is a chain with a first stage, which it owns and keeps while borrowed.
+    let first = unsafe { chain.chain_get_ptr(0) };
+    // SAFETY: a chain's stages are live samplers; only ours have `INTERFACE` as their interface.
+    let ours = !first.is_null() && std::ptr::eq(unsafe { (*first).iface }, &raw const INTERFACE);
+    ours.then_some(RustStage(first))
 }
 
 thread_local! {
