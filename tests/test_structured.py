@@ -154,10 +154,12 @@ def test_generate_stream_chat_and_the_engine_agree_under_a_schema(
     prompt = model.apply_chat_template(ASK_PERSON, None, True)
     assert "".join(llamactx.stream(ctx, prompt, max_tokens=64, json_schema=PERSON)) == text
     assert llamactx.generate_batch(ctx, [prompt] * 3, max_tokens=64, json_schema=PERSON) == [text] * 3
-    with llamactx.Engine(model, n_ctx=1024, n_seq_max=2, prefix_cache=False) as engine:
-        completion = engine.submit_chat(ASK_PERSON, max_tokens=64, json_schema=PERSON).result()
-    assert completion.text == text
-    assert completion.finish_reason == "stop"
+    with llamactx.Engine(model, n_ctx=2048, n_seq_max=4, prefix_cache=False) as engine:
+        # Four at once: their masks are computed in parallel at every step.
+        requests = [engine.submit_chat(ASK_PERSON, max_tokens=64, json_schema=PERSON) for _ in range(4)]
+        completions = [request.result() for request in requests]
+    assert [completion.text for completion in completions] == [text] * 4
+    assert {completion.finish_reason for completion in completions} == {"stop"}
 
 
 def test_unconstrained_output_differs_so_the_constraint_is_what_shapes_it(ctx: llamactx.LlamaContext) -> None:
