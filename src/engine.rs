@@ -27,7 +27,7 @@ use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
 use crate::guidance;
 use crate::model::PyLlamaModel;
-use crate::sampler::SendSampler;
+use crate::sampler::{PyLlamaSampler, SendSampler};
 use crate::tokens::check_vocab;
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
@@ -210,7 +210,7 @@ impl PyEngineCore {
         stop: Vec<String>,
         sampling: Option<&Bound<'_, PySamplingParams>>,
         logprobs: usize,
-        constraint: Option<(String, String)>,
+        constraint: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRequestCore> {
         if logprobs > logprobs::MAX_TOP {
             return Err(Error::value(format!("logprobs must be in 0..={}, got {logprobs}", logprobs::MAX_TOP)).into());
@@ -223,7 +223,11 @@ impl PyEngineCore {
         let sampling = sampling.map_or_else(PySamplingParams::greedy, |sampling| sampling.get().clone());
         self.refuse(&tokens, &sampling)?;
         let grammar = match constraint {
-            Some((kind, text)) => {
+            Some(prepared) if prepared.is_instance_of::<PyLlamaSampler>() => {
+                Some(prepared.cast::<PyLlamaSampler>()?.get().copy_for(py, &self.model)?)
+            }
+            Some(spec) => {
+                let (kind, text): (String, String) = spec.extract()?;
                 let model = Arc::clone(&self.model);
                 Some(detached(py, move || {
                     Ok(SendSampler(if kind == "gbnf" {

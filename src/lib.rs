@@ -3,6 +3,7 @@
 mod arrays;
 mod backend;
 mod batch;
+mod chat_format;
 mod context;
 mod cpu_budget;
 mod engine;
@@ -44,5 +45,7 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyRequestCore>()?;
     m.add_class::<engine::waker::PyWaker>()?;
     m.add_class::<engine::steps::PySequenceSteps>()?;
+    m.add_class::<chat_format::PyChatTemplates>()?;
+    m.add_class::<chat_format::PyChatApplied>()?;
     Ok(())
 }

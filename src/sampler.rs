@@ -59,6 +59,16 @@ impl PyLlamaSampler {
         })
     }
 
+    /// A copy of this sampler's state for a request of the engine on `model` (refused for a
+    /// sampler of another model or one a refused token left unusable).
+    pub(crate) fn copy_for(&self, py: Python<'_>, model: &Arc<LlamaModel>) -> PyResult<SendSampler> {
+        self.check_model(model)?;
+        self.with_sampler(py, |sampler| {
+            self.check_usable()?;
+            Ok(SendSampler(sampler.clone_sampler()))
+        })
+    }
+
     /// A CPU-only sampler (or chain) that points into `model`'s vocabulary.
     pub(crate) fn for_model(sampler: LlamaSampler, model: Arc<LlamaModel>) -> Self {
         ModelSampler::new(sampler, model).into_sampler()

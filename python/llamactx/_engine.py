@@ -7,13 +7,24 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from llamactx._chat import Message
-from llamactx._llamactx import Completion, LlamaModel, SamplingParams, _EngineCore, _RequestCore, _Waker
+from llamactx._llamactx import (
+    ChatTemplateError,
+    Completion,
+    LlamaModel,
+    LlamaSampler,
+    SamplingParams,
+    _ChatTemplates,
+    _EngineCore,
+    _RequestCore,
+    _Waker,
+)
 from llamactx._structured import JsonSchema, constraint
-from llamactx._tools import Tool, ToolChoice, plan, reply_message
+from llamactx._tools import PreparedChat, Tool, ToolChoice, native_chat, plan, reply_message
 
 __all__ = ["Delta", "Engine", "Request"]
 
@@ -71,9 +82,9 @@ class Request:
     engine is raised by both. Ctrl-C while waiting raises ``KeyboardInterrupt`` and cancels the
     request; so does cancelling the asyncio task that awaits it."""
 
-    def __init__(self, core: _RequestCore, reply_schema: dict[str, Any] | None = None) -> None:
+    def __init__(self, core: _RequestCore) -> None:
         self._core = core
-        self._reply_schema = reply_schema
+        self._reply: Callable[[str], dict[str, Any]] = partial(reply_message, schema=None)
 
     def __iter__(self) -> Iterator[str]:
         for text, _ in self.deltas():
@@ -129,11 +140,11 @@ class Request:
         """OpenAI's assistant message for the result: ``content``, and for a chat submitted with
         ``tools``, the ``tool_calls`` it made (``content`` None then), each with a fresh ``id``
         and its ``arguments`` as JSON text."""
-        return reply_message(self.result(timeout).text, self._reply_schema)
+        return self._reply(self.result(timeout).text)
 
     async def amessage(self) -> dict[str, Any]:
         """``message()`` for ``await``."""
-        return reply_message((await self).text, self._reply_schema)
+        return self._reply((await self).text)
 
     def cancel(self) -> None:
         """Stops the request at the engine's next step; it ends with ``finish_reason ==
@@ -166,7 +177,13 @@ class Engine:
     """
 
     def __init__(
-        self, model: LlamaModel, *, max_waiting: int = 1024, prefix_cache: bool = True, **options: Any
+        self,
+        model: LlamaModel,
+        *,
+        max_waiting: int = 1024,
+        prefix_cache: bool = True,
+        chat_template: str | None = None,
+        **options: Any,
     ) -> None:
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
@@ -174,6 +191,8 @@ class Engine:
         options.setdefault("n_seq_max", 8)
         self.model = model
         self._core = _EngineCore(model, max_waiting, prefix_cache, **options)
+        self._chat_template = chat_template
+        self._templates: _ChatTemplates | None = None
         # Python joins non-daemon threads before it runs `atexit` handlers: a thread waiting
         # on a request would keep the interpreter from exiting. This hook runs before that.
         _close_at_exit(self._core)
@@ -187,13 +206,14 @@ class Engine:
         sampling: SamplingParams | None = None,
         logprobs: int = 0,
         json_schema: JsonSchema | None = None,
-        grammar: str | None = None,
+        grammar: str | LlamaSampler | None = None,
     ) -> Request:
         """Queues a request to generate up to ``max_tokens`` tokens after ``prompt`` (text, or
         token ids) and returns at once. Greedy when ``sampling`` is None; ``logprobs`` (0..20)
         asks for the log-probabilities of each generated token and of that many alternatives.
         ``json_schema`` (a dict, JSON text, or a pydantic model / dataclass / TypedDict class) or
-        ``grammar`` (GBNF, rule ``root``; llguidance's Lark when it starts with ``%llguidance``)
+        ``grammar`` (GBNF, rule ``root``; llguidance's Lark when it starts with ``%llguidance``;
+        or a ``LlamaSampler`` of this model, e.g. a lazy grammar, whose state is copied)
         constrains the output; it ends with "stop" only where the constraint is complete.
         ``ValueError`` for a prompt that cannot fit a sequence, ``SchemaError`` for a schema
         llguidance cannot compile, ``SamplerInitError`` for GBNF llama.cpp cannot parse,
@@ -227,18 +247,52 @@ class Engine:
         ``grammar``, a malformed tool or an unknown ``tool_choice``."""
         if tools and (json_schema is not None or grammar is not None):
             raise ValueError("tools constrain the reply themselves: give json_schema or grammar without tools")
-        planned = plan(messages, tools, tool_choice, parallel_tool_calls)
+        chat = self._prepare_chat(messages, tools, tool_choice, parallel_tool_calls)
+        stops = [stop] if isinstance(stop, str) else list(stop)
         request = self.submit(
-            self.chat_tokens(planned.messages),
+            chat.tokens,
             max_tokens=max_tokens,
-            stop=stop,
+            stop=[*stops, *chat.stops],
             sampling=sampling,
             logprobs=logprobs,
-            json_schema=json_schema if planned.schema is None else planned.schema,
-            grammar=grammar,
+            json_schema=json_schema if chat.json_schema is None else chat.json_schema,
+            grammar=grammar if chat.sampler is None else chat.sampler,
         )
-        request._reply_schema = planned.schema
+        request._reply = chat.reply
         return request
+
+    def _prepare_chat(
+        self,
+        messages: Sequence[Message | Mapping[str, Any]],
+        tools: Sequence[Tool] = (),
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+    ) -> PreparedChat:
+        """How ``submit_chat`` generates a reply: the prompt's tokens, the reply's constraint and
+        the parser back to OpenAI's message. A template that formats tool calls itself (or
+        ``chat_template``) renders the tools and constrains calls with its own grammar;
+        otherwise the tools and a JSON reply protocol go into the system turn."""
+        templates = self._chat_templates()
+        if templates is not None and (self._chat_template is not None or (tools and templates.supports_tool_calls)):
+            return native_chat(templates, messages, tools, tool_choice, parallel_tool_calls)
+        planned = plan(messages, tools, tool_choice, parallel_tool_calls)
+        return PreparedChat(
+            self._template_tokens(planned.messages),
+            planned.schema,
+            None,
+            [],
+            partial(reply_message, schema=planned.schema),
+        )
+
+    def _chat_templates(self) -> _ChatTemplates | None:
+        if self._templates is None:
+            try:
+                self._templates = _ChatTemplates(self.model, self._chat_template)
+            except ChatTemplateError:
+                if self._chat_template is not None:
+                    raise
+                return None
+        return self._templates
 
     def tokens(self, prompt: str | Sequence[int]) -> list[int]:
         """The token ids ``submit`` decodes for ``prompt`` (text gets the model's BOS token)."""
@@ -246,9 +300,12 @@ class Engine:
             return self.model.str_to_token(prompt, self.model.add_bos_token())
         return [int(token) for token in prompt]
 
-    def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
-        """The token ids ``submit_chat`` decodes: ``messages`` in the model's chat template,
-        ready for the assistant's reply."""
+    def chat_tokens(self, messages: Sequence[Message | Mapping[str, Any]]) -> list[int]:
+        """The token ids ``submit_chat`` decodes (without tools): ``messages`` in the model's
+        chat template (or ``chat_template``), ready for the assistant's reply."""
+        return self._prepare_chat(messages).tokens
+
+    def _template_tokens(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         prompt = self.model.apply_chat_template(messages, None, True)
         return self.model.str_to_token(prompt, False)
 

@@ -42,12 +42,15 @@ __all__ = [
     "SamplerInitError",
     "SamplingParams",
     "SaveSessionError",
+    "SchemaError",
     "ShimError",
     "StateError",
     "StringFromModelError",
     "StringToTokenError",
     "ThreadPool",
     "TokenToStringError",
+    "_ChatApplied",
+    "_ChatTemplates",
     "_EngineCore",
     "_RequestCore",
     "_SequenceSteps",
@@ -935,7 +938,7 @@ class _EngineCore:
         stop: Sequence[str],
         sampling: SamplingParams | None,
         logprobs: int,
-        constraint: tuple[str, str] | None,
+        constraint: tuple[str, str] | LlamaSampler | None,
     ) -> _RequestCore:
         """Queues a request for `tokens`. `ValueError` for a prompt that can never run,
         `EngineBusy` when `max_waiting` requests already wait.
@@ -964,4 +967,40 @@ class _SequenceSteps:
     def take(self, token: int, kv_len: int) -> tuple[str, str | None]:
         """`(text, finish_reason or None)` after sampling `token` in a sequence holding `kv_len`
         tokens; None means: decode `token` at `kv_len` and go on.
+        """
+
+@final
+class _ChatTemplates:
+    """A model's chat templates, parsed once (internal: used by `Engine.submit_chat` and the
+    server for models whose template formats tool calls itself).
+    """
+
+    def __new__(cls, model: LlamaModel, template: str | None = None) -> _ChatTemplates: ...
+    @property
+    def supports_tool_calls(self) -> bool:
+        """Whether the template renders tools and tool calls (llama.cpp's capability analysis)."""
+    def apply(self, messages: str, tools: str, tool_choice: str, parallel_tool_calls: bool) -> _ChatApplied:
+        """Renders `messages` (OpenAI's, as JSON) with `tools` (JSON) for the assistant's reply;
+        `tool_choice` is "auto", "required" or "none". `ValueError` for what the template
+        cannot render.
+        """
+
+@final
+class _ChatApplied:
+    """A rendered chat: its prompt tokens, the constraint of its reply, and the reply's parser."""
+
+    def tokens(self) -> list[int]:
+        """The prompt's tokens: special tokens parsed in what the template wrote, never in what
+        the messages hold (a user cannot forge a turn).
+        """
+    def sampler(self) -> LlamaSampler | None:
+        """The grammar sampler the reply needs (None: free text): lazy, waiting for its
+        triggers, or eager and past the generation prompt the template already wrote.
+        """
+    def additional_stops(self) -> list[str]:
+        """Extra stop strings the format needs."""
+    def parse(self, text: str) -> str:
+        """OpenAI's assistant message (JSON text: `content`, `tool_calls` without ids,
+        `reasoning_content`) for the generated `text`. `ValueError` when it does not follow
+        the format.
         """

@@ -85,16 +85,18 @@ def _is_typed_dict(cls: type) -> bool:
     return issubclass(cls, dict) and hasattr(cls, "__required_keys__")
 
 
-def constraint(json_schema: JsonSchema | None, grammar: str | None) -> tuple[str, str] | None:
+def constraint(
+    json_schema: JsonSchema | None, grammar: str | LlamaSampler | None
+) -> tuple[str, str] | LlamaSampler | None:
     """``(kind, text)`` of the one constraint given: "json_schema", "lark" (a grammar marked
-    ``%llguidance``) or "gbnf"; None for none."""
+    ``%llguidance``) or "gbnf"; a sampler given as the grammar itself; None for none."""
     if json_schema is not None and grammar is not None:
         raise ValueError("give json_schema or grammar, not both")
     if json_schema is not None:
         return "json_schema", schema_text(json_schema)
-    if grammar is not None:
+    if isinstance(grammar, str):
         return ("lark" if grammar.lstrip().startswith(LARK_MARKER) else "gbnf"), grammar
-    return None
+    return grammar
 
 
 def constrained(
@@ -105,8 +107,11 @@ def constrained(
     spec = constraint(json_schema, grammar)
     if spec is None:
         return sampler
-    kind, text = spec
-    stage = LlamaSampler.grammar(model, text) if kind == "gbnf" else LlamaSampler.llguidance(model, kind, text)
+    if isinstance(spec, LlamaSampler):
+        stage = spec
+    else:
+        kind, text = spec
+        stage = LlamaSampler.grammar(model, text) if kind == "gbnf" else LlamaSampler.llguidance(model, kind, text)
     return LlamaSampler.chain([stage, sampler if sampler is not None else LlamaSampler.greedy()])
 
 

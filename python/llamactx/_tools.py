@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
+from llamactx._llamactx import LlamaSampler, _ChatApplied, _ChatTemplates
 from llamactx._structured import closed
 
-__all__ = ["Tool", "ToolChoice", "ToolPlan", "plan", "reply_message"]
+__all__ = ["PreparedChat", "Tool", "ToolChoice", "ToolPlan", "native_chat", "plan", "reply_message"]
 
 #: OpenAI's tool: ``{"type": "function", "function": {"name", "description", "parameters"}}``.
 Tool = Mapping[str, Any]
@@ -31,6 +33,76 @@ _INSTRUCTIONS = {
     'to answer the user directly, reply with {"content": "your answer"}.',
     "required": 'Call a tool now: reply with {"tool_calls": [{"name": ..., "arguments": {...}}]}.',
 }
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """How a chat's reply is generated: the prompt's tokens, its constraint (the JSON reply
+    protocol's schema, or the template's own grammar sampler), extra stop strings, and the
+    parser from the generated text to OpenAI's assistant message."""
+
+    tokens: list[int]
+    json_schema: dict[str, Any] | None
+    sampler: LlamaSampler | None
+    stops: list[str]
+    reply: Callable[[str], dict[str, Any]]
+
+
+def native_chat(
+    templates: _ChatTemplates,
+    messages: Sequence[Mapping[str, Any] | tuple[str, str]],
+    tools: Sequence[Tool],
+    tool_choice: ToolChoice = "auto",
+    parallel_tool_calls: bool = True,
+) -> PreparedChat:
+    """A chat through the template's own tool-call format (llama.cpp's Jinja engine and its
+    format analysis): the template renders the tools, its grammar (lazy, waiting for the call's
+    opening) keeps calls well-formed, and its parser reads them back. A named function is the
+    only tool offered, with the choice "required"."""
+    functions = [_function(tool) for tool in tools]
+    mode, chosen = _choice(tool_choice, [function["name"] for function in functions])
+    offered = [
+        {"type": "function", "function": function}
+        for function in functions
+        if chosen is None or function["name"] == chosen
+    ]
+    openai_messages = [_openai_message(message) for message in messages]
+    applied = templates.apply(json.dumps(openai_messages), json.dumps(offered), mode, parallel_tool_calls)
+    stops = applied.additional_stops()
+    return PreparedChat(applied.tokens(), None, applied.sampler(), stops, partial(_parsed, applied))
+
+
+def _openai_message(message: Mapping[str, Any] | tuple[str, str]) -> dict[str, Any]:
+    if isinstance(message, tuple):
+        role, content = message
+        return {"role": role, "content": content}
+    if "content" not in message and not message.get("tool_calls"):
+        raise ValueError("chat message lacks 'content'")
+    out = dict(message)
+    if out.get("role") == "developer":
+        out["role"] = "system"
+    return out
+
+
+def _parsed(applied: _ChatApplied, text: str) -> dict[str, Any]:
+    try:
+        message = json.loads(applied.parse(text))
+    except ValueError:
+        return {"role": "assistant", "content": text}
+    calls = [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]},
+        }
+        for call in message.get("tool_calls") or ()
+    ]
+    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content") or (None if calls else "")}
+    if calls:
+        reply["tool_calls"] = calls
+    if message.get("reasoning_content"):
+        reply["reasoning_content"] = message["reasoning_content"]
+    return reply
 
 
 @dataclass(frozen=True)

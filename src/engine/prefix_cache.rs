@@ -146,7 +146,10 @@ mod tests {
             assert_eq!(placed.map(|placement| placement.seq), Some(0));
         }
         let empty = PrefixCache::new(false, 4);
-        assert_eq!(empty.place(&[3, 1, 2], std::iter::empty(), &prompt).map(|p| p.seq), Some(1));
+        assert_eq!(
+            empty.place(&[3, 1, 2], std::iter::empty(), &prompt).map(|p| p.seq),
+            Some(1)
+        );
     }
 
     #[test]

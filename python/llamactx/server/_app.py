@@ -37,11 +37,12 @@ from llamactx._llamactx import (
     EngineBusy,
     LlamaContext,
     LlamaCppError,
+    LlamaSampler,
     SamplerInitError,
     SamplingParams,
     SchemaError,
 )
-from llamactx._tools import ToolPlan, plan, reply_message
+from llamactx._tools import PreparedChat
 from llamactx.server._metrics import ServerMetrics
 from llamactx.server._openai import JSON, ApiError, chat_logprobs, completion_logprobs, total_usage
 from llamactx.server._schemas import PENALTY_WINDOW_MAX, ChatRequest, CompletionRequest, EmbeddingRequest, SamplingBody
@@ -154,9 +155,12 @@ class _Responses:
         logprobs: int,
         schema: dict[str, Any] | None,
         schema_param: str = "response_format",
+        sampler: LlamaSampler | None = None,
+        stops: Sequence[str] = (),
     ) -> list[_Job]:
         """Queues every choice (all or none: a refusal cancels those already queued), its output
-        constrained to ``schema`` (from the body's ``schema_param``) when given."""
+        constrained to ``schema`` (from the body's ``schema_param``) or ``sampler`` (a chat
+        template's tool-call grammar) when given."""
         limit = self.engine.n_ctx_seq
         for tokens in prompts:
             if len(tokens) >= limit:
@@ -167,6 +171,7 @@ class _Responses:
                     code="context_length_exceeded",
                 )
         stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+        stop = [*stop, *stops]
         jobs: list[_Job] = []
         try:
             for tokens in prompts:
@@ -178,7 +183,7 @@ class _Responses:
                         sampling=self.sampling(body, choice),
                         logprobs=logprobs,
                         json_schema=schema,
-                        grammar=body.grammar,
+                        grammar=body.grammar if sampler is None else sampler,
                     )
                     jobs.append(_Job(request, len(jobs), choice == 0))
         except BaseException as error:
@@ -261,20 +266,22 @@ class _Responses:
         body = await self.body(http, ChatRequest)
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        planned = _tool_plan(body)
-        if planned.schema is not None and (body.grammar is not None or _response_schema(body) is not None):
+        chat = self._prepared_chat(body)
+        with_tools = chat.json_schema is not None or chat.sampler is not None
+        if with_tools and (body.grammar is not None or _response_schema(body) is not None):
             raise ApiError(400, "tools constrain the reply themselves: drop grammar and response_format", param="tools")
-        schema = planned.schema or _response_schema(body)
-        tokens = self._tokens(partial(self.engine.chat_tokens, planned.messages), "messages")
+        schema = chat.json_schema or _response_schema(body)
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top = body.top_logprobs or 0
         jobs = self.submit(
-            [tokens],
+            [chat.tokens],
             body,
             max_tokens=UNLIMITED if limit is None else limit,
             logprobs=_engine_logprobs(body.logprobs, top),
             schema=schema,
-            schema_param="response_format" if planned.schema is None else "tools",
+            schema_param="tools" if with_tools else "response_format",
+            sampler=chat.sampler,
+            stops=chat.stops,
         )
         reply = _Reply("chatcmpl", "chat.completion", self.model_id, body.stream_options)
 
@@ -288,19 +295,19 @@ class _Responses:
                     "finish_reason": None,
                 }
                 if delta is not None:
-                    if planned.schema is not None:
-                        return None  # the reply protocol's JSON; the message comes whole at the end
+                    if with_tools:
+                        return None  # a call is only known whole: the message comes at the end
                     text, logprobs = delta
                     out["delta"] = {"content": text}
                     if logprobs_wanted:
                         out["logprobs"] = chat_logprobs(self.model, logprobs, top)
                 return out
-            message = {**reply_message(completion.text, planned.schema), "refusal": None}
+            message = {**chat.reply(completion.text), "refusal": None}
             finish = "tool_calls" if message.get("tool_calls") and completion.finish_reason == "stop" else None
             out = {"index": job.index, "logprobs": None, "finish_reason": finish or completion.finish_reason}
             if body.stream:
                 out["delta"] = {}
-                if planned.schema is not None:
+                if with_tools:
                     out["delta"] = _streamed(message)
             else:
                 out["message"] = message
@@ -309,6 +316,19 @@ class _Responses:
             return out
 
         return await self._respond(http, reply, jobs, body.stream, choice)
+
+    def _prepared_chat(self, body: ChatRequest) -> PreparedChat:
+        """The chat's prompt tokens, the reply's constraint when ``tools`` may be called, and its
+        parser (see ``Engine._prepare_chat``)."""
+        messages = [message.model_dump(exclude_none=True) for message in body.messages]
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
+        choice = body.tool_choice or "auto"
+        named = choice if isinstance(choice, str) else choice.model_dump()
+        try:
+            return self.engine._prepare_chat(messages, tools, named, body.parallel_tool_calls)
+        except (LlamaCppError, ValueError) as error:
+            param = "tool_choice" if "tool_choice" in str(error) else ("tools" if tools else "messages")
+            raise ApiError(400, f"the {param} cannot be used: {error}", param=param) from None
 
     def _tokens(self, tokenize: Callable[[], list[int]], param: str) -> list[int]:
         try:
@@ -564,18 +584,6 @@ def _invalid(error: ValidationError) -> ApiError:
     if problem["type"] == "missing":
         return ApiError(400, f"missing required parameter: {param}", param=param)
     return ApiError(400, f"invalid value for {param}: {problem['msg']}", param=param)
-
-
-def _tool_plan(body: ChatRequest) -> ToolPlan:
-    """The chat's turns and the reply's schema when ``tools`` may be called."""
-    messages = [message.model_dump(exclude_none=True) for message in body.messages]
-    tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
-    choice = body.tool_choice or "auto"
-    named = choice if isinstance(choice, str) else choice.model_dump()
-    try:
-        return plan(messages, tools, named, body.parallel_tool_calls)
-    except ValueError as error:
-        raise ApiError(400, str(error), param="tool_choice" if "tool_choice" in str(error) else "tools") from None
 
 
 def _streamed(message: JSON) -> JSON:

@@ -1,0 +1,153 @@
+//! A model's own tool-call format, through the crate's `chat` module (llama.cpp's Jinja
+//! templates and their format analysis): the prompt with the tools as the template shows them,
+//! the grammar (lazy, with its triggers) that keeps a call well-formed, and the parser that
+//! turns the output back into OpenAI's message.
+
+use std::sync::Arc;
+
+use llama_cpp_4::chat::{ChatApplyParams, ChatParams, ChatTemplates, ToolChoice};
+use llama_cpp_4::model::{AddBos, LlamaModel};
+use llama_cpp_4::sampling::LlamaSampler;
+use pyo3::prelude::*;
+
+use crate::errors::{Error, ExcClass, Result};
+use crate::gil::detached;
+use crate::lazy_grammar;
+use crate::model::PyLlamaModel;
+use crate::sampler::{try_accept, PyLlamaSampler};
+
+/// A model's chat templates, parsed once (internal: used by `Engine.submit_chat` and the
+/// server for models whose template formats tool calls itself).
+#[pyclass(frozen, module = "llamactx", name = "_ChatTemplates")]
+pub struct PyChatTemplates {
+    templates: ChatTemplates,
+    model: Arc<LlamaModel>,
+    /// Whether the template renders tools and tool calls (llama.cpp's capability analysis).
+    #[pyo3(get)]
+    supports_tool_calls: bool,
+}
+
+#[pymethods]
+impl PyChatTemplates {
+    /// The templates of `model`, or `template` (Jinja) instead. `ChatTemplateError` when there
+    /// is none or it does not parse.
+    #[new]
+    #[pyo3(signature = (model, template=None))]
+    fn new(py: Python<'_>, model: &Bound<'_, PyLlamaModel>, template: Option<String>) -> PyResult<Self> {
+        let model = model.get().tokenizer()?;
+        detached(py, move || {
+            let templates = ChatTemplates::from_model(&model, template.as_deref()).map_err(template_error)?;
+            let caps: serde_json::Value =
+                serde_json::from_str(&templates.caps_json().map_err(template_error)?).unwrap_or_default();
+            let supports_tool_calls = caps["supports_tool_calls"].as_bool().unwrap_or(false);
+            Ok(Self {
+                templates,
+                model,
+                supports_tool_calls,
+            })
+        })
+    }
+
+    /// Renders `messages` (OpenAI's, as JSON) with `tools` (JSON) for the assistant's reply;
+    /// `tool_choice` is "auto", "required" or "none". `ValueError` for what the template
+    /// cannot render.
+    fn apply(
+        &self,
+        py: Python<'_>,
+        messages: String,
+        tools: String,
+        tool_choice: String,
+        parallel_tool_calls: bool,
+    ) -> PyResult<PyChatApplied> {
+        detached(py, || {
+            let choice = ToolChoice::parse_oaicompat(&tool_choice).map_err(chat_value_error)?;
+            let request = ChatApplyParams::new(messages)
+                .with_tools(tools)
+                .with_tool_choice(choice)
+                .with_parallel_tool_calls(parallel_tool_calls);
+            let params = self.templates.apply(&request).map_err(chat_value_error)?;
+            Ok(PyChatApplied {
+                params,
+                model: Arc::clone(&self.model),
+            })
+        })
+    }
+}
+
+/// A rendered chat: its prompt tokens, the constraint of its reply, and the reply's parser.
+#[pyclass(frozen, module = "llamactx", name = "_ChatApplied")]
+pub struct PyChatApplied {
+    params: ChatParams,
+    model: Arc<LlamaModel>,
+}
+
+#[pymethods]
+impl PyChatApplied {
+    /// The prompt's tokens: special tokens parsed in what the template wrote, never in what
+    /// the messages hold (a user cannot forge a turn).
+    fn tokens(&self, py: Python<'_>) -> PyResult<Vec<i32>> {
+        detached(py, || {
+            let tokens = self.params.tokenize_prompt(&self.model, AddBos::Never)?;
+            Ok(tokens.into_iter().map(|token| token.0).collect())
+        })
+    }
+
+    /// The grammar sampler the reply needs (None: free text): lazy, waiting for its
+    /// triggers, or eager and past the generation prompt the template already wrote.
+    fn sampler(&self, py: Python<'_>) -> PyResult<Option<PyLlamaSampler>> {
+        detached(py, || {
+            if self.params.grammar.is_empty() {
+                return Ok(None);
+            }
+            let (patterns, tokens) = self.params.sampler_triggers();
+            let sampler = if self.params.grammar_lazy && !(patterns.is_empty() && tokens.is_empty()) {
+                let grammar = self.params.grammar.clone();
+                lazy_grammar::new(Arc::clone(&self.model), grammar, "root".to_owned(), &patterns, tokens)?
+            } else {
+                self.prefilled()?
+            };
+            Ok(Some(PyLlamaSampler::for_model(sampler, Arc::clone(&self.model))))
+        })
+    }
+
+    /// Extra stop strings the format needs.
+    fn additional_stops(&self) -> Vec<String> {
+        serde_json::from_str(&self.params.additional_stops_json).unwrap_or_default()
+    }
+
+    /// OpenAI's assistant message (JSON text: `content`, `tool_calls` without ids,
+    /// `reasoning_content`) for the generated `text`. `ValueError` when it does not follow
+    /// the format.
+    fn parse(&self, py: Python<'_>, text: String) -> PyResult<String> {
+        detached(py, || self.params.parse(&text, false).map_err(chat_value_error))
+    }
+}
+
+impl PyChatApplied {
+    /// llama.cpp's eager grammar, having accepted the generation prompt: its tool-call grammars
+    /// match `generation prompt + output`, as its parser reads them. The first token is
+    /// skipped when it only adds a leading space the prompt does not have, as llama.cpp does
+    /// [llama.cpp internal].
+    fn prefilled(&self) -> Result<LlamaSampler> {
+        let mut grammar = LlamaSampler::try_grammar(&self.model, &self.params.grammar, "root")?;
+        let prompt = self.params.generation_prompt();
+        let tokens = self.model.str_to_token(prompt, AddBos::Never)?;
+        let spaced = |token| {
+            PyLlamaModel::piece(&self.model, token, true)
+                .is_ok_and(|piece| piece.first().is_some_and(u8::is_ascii_whitespace))
+        };
+        let skip = usize::from(!prompt.starts_with(char::is_whitespace) && tokens.first().is_some_and(|t| spaced(t.0)));
+        for &token in &tokens[skip..] {
+            try_accept(&mut grammar, token)?;
+        }
+        Ok(grammar)
+    }
+}
+
+fn template_error(err: impl std::fmt::Display) -> Error {
+    Error::llama(ExcClass::ChatTemplateError, "Init", None, err.to_string())
+}
+
+fn chat_value_error(err: impl std::fmt::Display) -> Error {
+    Error::value(format!("the chat template cannot render this: {err}"))
+}
