@@ -69,6 +69,11 @@ RAISES = {
     # 9. Leaks
     "abort_callback_bound_to_the_context_owner": "none",
     # 10. Garbage in
+    "end_of_generation_before_a_schemas_value_is_complete": "ShimError",
+    "schema_with_bounds_past_64_bits": "SchemaError",
+    "deeply_nested_schema": "SchemaError",
+    "chat_template_that_raises": "ValueError",
+    "chat_template_that_does_not_parse": "ChatTemplateError",
     "nan_temperature": "ValueError",
     "nan_logit_bias": "ValueError",
     "infinite_rope_frequency": "ValueError",
@@ -93,6 +98,7 @@ def test_red_team_case_raises_instead_of_crashing(model_path: Path, case: str, e
         "tokenizing_with_a_model_without_a_tokenizer",
         "token_text_of_a_model_without_a_tokenizer",
         "grammar_on_a_model_without_a_tokenizer",
+        "llguidance_on_a_model_without_a_tokenizer",
     ],
 )
 def test_a_model_without_a_tokenizer_refuses_text(model_path: Path, tmp_path: Path, case: str) -> None:

@@ -10,6 +10,7 @@ an internal error, a crash) fails.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import tempfile
 from collections.abc import Callable
@@ -118,6 +119,135 @@ GRAMMARS = ['root ::= "a"', 'root ::= [a-z]+ "."', 'root ::= "yes" | "no"']
 PATTERN_PIECES = st.sampled_from(["(", ")", "[", "]", "a", "\\", "*", "+", "?", "|", "^", "$", ".", "{2}", "\\s"])
 patterns = st.lists(PATTERN_PIECES, max_size=24).map("".join)
 
+# JSON Schemas: small ones of every keyword llguidance reads, nested, plus hostile texts.
+SCHEMA_LEAVES = st.sampled_from(
+    [
+        {"type": "string", "maxLength": 5},
+        {"type": "string", "pattern": "^[a-c]{1,3}$"},
+        {"type": "string", "format": "date"},
+        {"type": "integer", "minimum": -3, "maximum": 2**40},
+        {"type": "number", "multipleOf": 0.5},
+        {"enum": ["a", 1, None]},
+        {"const": "x"},
+        {"type": ["null", "boolean"]},
+        {"$ref": "#/$defs/missing"},
+        {"$ref": "#"},
+        {"minimum": 5, "maximum": 3},
+        {"not": {}},
+        {"uniqueItems": True},
+        True,
+        False,
+        {},
+    ]
+)
+schemas = st.recursive(
+    SCHEMA_LEAVES,
+    lambda inner: st.one_of(
+        st.builds(lambda items, n: {"type": "array", "items": items, "maxItems": n}, inner, hostile_ints | small_ints),
+        st.builds(lambda items: {"prefixItems": items, "items": False}, st.lists(inner, max_size=3)),
+        st.builds(
+            lambda props: {
+                "type": "object",
+                "properties": props,
+                "required": list(props),
+                "additionalProperties": False,
+            },
+            st.dictionaries(st.text(max_size=4), inner, max_size=3),
+        ),
+        st.builds(lambda options: {"anyOf": options}, st.lists(inner, max_size=3)),
+        st.builds(lambda options: {"oneOf": options}, st.lists(inner, max_size=3)),
+        st.builds(lambda defs: {"$defs": {"node": defs}, "$ref": "#/$defs/node"}, inner),
+    ),
+    max_leaves=8,
+)
+constraint_texts = st.one_of(schemas.map(json.dumps), st.text(max_size=30), patterns, st.sampled_from(GRAMMARS))
+CONSTRAINT_KINDS = st.sampled_from(["json_schema", "lark", "regex", "gbnf", ""])
+# OpenAI tools, well- and ill-formed.
+tools = st.lists(
+    st.one_of(
+        st.builds(
+            lambda name, params: {"type": "function", "function": {"name": name, "parameters": params}},
+            st.sampled_from(["get_weather", "f", "", "get_weather"]),
+            schemas,
+        ),
+        st.builds(dict, st.dictionaries(st.sampled_from(["type", "function"]), st.text(max_size=4), max_size=2)),
+    ),
+    max_size=3,
+)
+tool_choices = st.one_of(
+    st.sampled_from(["auto", "none", "required", "sometimes"]),
+    st.builds(lambda name: {"type": "function", "function": {"name": name}}, st.sampled_from(["get_weather", "g"])),
+)
+chat_messages = st.lists(
+    st.one_of(
+        st.builds(
+            lambda role, content: {"role": role, "content": content},
+            st.sampled_from(["user", "tool", "x"]),
+            st.text(max_size=20),
+        ),
+        st.just(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "{"}}],
+            }
+        ),
+        st.just({"role": "user"}),
+    ),
+    max_size=4,
+)
+# Jinja templates: ChatML with tools, and pieces that break it.
+JINJA_PIECES = st.sampled_from(
+    [
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+        "{% if tools %}{{ tools | tojson }}{% endif %}",
+        "{% for c in messages[-1].tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}",
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        "{{ raise_exception('no') }}",
+        "{{ messages[99].content }}",
+        "{% for x in range(10**9) %}",
+        "{{",
+        "{% endfor %}",
+        "{{ bos_token }}",
+    ]
+)
+templates = st.lists(JINJA_PIECES, max_size=5).map("".join)
+
+
+def constrained_generation(kind: str, text: str, prompt: str, seq: int) -> None:
+    """A constraint of any kind and text, built, then sampled and fed hostile tokens."""
+    sampler = S.grammar(model, text) if kind == "gbnf" else S.llguidance(model, kind, text)
+    chained = S.chain([sampler, S.greedy()])
+    llamactx.generate(ctx, prompt or "x", max_tokens=4, sampler=chained, seq_id=seq % N_SEQ)
+    for token in (N_VOCAB - 1, 0, model.token_eos()):
+        with contextlib.suppress(*ALLOWED):
+            sampler.accept(token)
+    sampler.reset()
+
+
+def structured_request(schema: Any, tool_list: list[Any], choice: Any, messages: list[Any], max_tokens: int) -> None:
+    """A chat request through the engine with a JSON Schema or tools; long ones are cancelled."""
+    if tool_list:
+        request = engine.submit_chat(messages, max_tokens=max_tokens, tools=tool_list, tool_choice=choice)
+    else:
+        request = engine.submit_chat(messages, max_tokens=max_tokens, json_schema=schema)
+    if max_tokens > 8:
+        request.cancel()
+    request.message(timeout=120)
+
+
+def template_chat(template: str, messages: list[Any], tool_list: list[Any], choice: str, parallel: bool) -> None:
+    """A Jinja chat template of any text, applied with any messages and tools, then parsed."""
+    applied = llamactx._llamactx._ChatTemplates(model, template).apply(
+        json.dumps(messages), json.dumps(tool_list), choice, parallel
+    )
+    applied.tokens()
+    sampler = applied.sampler()
+    if sampler is not None:
+        sampler.accept(0)
+    applied.parse('<tool_call>\n{"name": "get_weather", "arguments": {')
+
+
 # One stage of a sampler chain, in any order (the chain may select nothing, or mask everything).
 # Partials, so that the printed calls say which stages a failing chain held.
 S = llamactx.LlamaSampler
@@ -144,6 +274,7 @@ stages = st.one_of(
         st.tuples(st.integers(-2, 60000), st.just(2.0)).map(lambda b: [b]),
     ),
     st.builds(partial, st.just(S.grammar), st.just(model), st.sampled_from(GRAMMARS)),
+    st.builds(partial, st.just(S.llguidance), st.just(model), CONSTRAINT_KINDS, constraint_texts),
     st.builds(
         partial,
         st.just(S.grammar_lazy_patterns),
@@ -337,6 +468,18 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
         ),
     ),
     "engine_stats": (lambda: engine.stats(), st.tuples()),
+    "constrained_generation": (
+        constrained_generation,
+        st.tuples(CONSTRAINT_KINDS, constraint_texts, st.text(max_size=10), small_ints),
+    ),
+    "structured_request": (
+        structured_request,
+        st.tuples(st.one_of(schemas, st.text(max_size=10)), tools, tool_choices, chat_messages, ints),
+    ),
+    "template_chat": (
+        template_chat,
+        st.tuples(templates, chat_messages, tools, st.sampled_from(["auto", "none", "required", "x"]), st.booleans()),
+    ),
     "engine_tokens": (lambda prompt: engine.tokens(prompt), st.tuples(st.one_of(token_lists, st.text(max_size=20)))),
     "engine_chat_tokens": (
         lambda messages: engine.chat_tokens(messages),

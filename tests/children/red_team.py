@@ -219,6 +219,11 @@ def grammar_on_a_model_without_a_tokenizer(model: llamactx.LlamaModel) -> None:
 
 
 @case
+def llguidance_on_a_model_without_a_tokenizer(model: llamactx.LlamaModel) -> None:
+    LlamaSampler.llguidance(vocabulary_from_stdin(), "json_schema", '{"type": "integer"}')
+
+
+@case
 def tokenizing_without_a_byte_token_to_fall_back_on(model: llamactx.LlamaModel) -> None:
     vocabulary_from_stdin().str_to_token("ABC", False)
 
@@ -582,6 +587,34 @@ def infinite_rope_frequency(model: llamactx.LlamaModel) -> None:
 @case
 def more_threads_than_cpus(model: llamactx.LlamaModel) -> None:
     model.new_context(n_ctx=256, n_threads=len(os.sched_getaffinity(0)) + 1)
+
+
+# Structured output and chat templates.
+@case
+def end_of_generation_before_a_schemas_value_is_complete(model: llamactx.LlamaModel) -> None:
+    LlamaSampler.llguidance(model, "json_schema", '{"type": "integer"}').accept(model.token_eos())
+
+
+@case
+def schema_with_bounds_past_64_bits(model: llamactx.LlamaModel) -> None:
+    schema = '{"type": "array", "items": {"type": "integer", "maximum": 1e400}, "minItems": 18446744073709551616}'
+    llamactx.generate(model.new_context(n_ctx=256), "x", max_tokens=4, json_schema=schema)
+
+
+@case
+def deeply_nested_schema(model: llamactx.LlamaModel) -> None:
+    LlamaSampler.llguidance(model, "json_schema", '{"items": ' * 5000 + "{}" + "}" * 5000)
+
+
+@case
+def chat_template_that_raises(model: llamactx.LlamaModel) -> None:
+    templates = llamactx._llamactx._ChatTemplates(model, "{{ raise_exception('refused') }}")
+    templates.apply('[{"role": "user", "content": "hi"}]', "[]", "auto", False)
+
+
+@case
+def chat_template_that_does_not_parse(model: llamactx.LlamaModel) -> None:
+    llamactx._llamactx._ChatTemplates(model, "{% for %}")
 
 
 if __name__ == "__main__":
