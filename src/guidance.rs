@@ -40,15 +40,16 @@ pub fn schema_error(kind: &'static str, message: impl Into<String>) -> Error {
 /// `KINDS`). `SchemaError` when llguidance cannot compile it or it admits no output.
 pub fn new(model: &Arc<LlamaModel>, kind: &str, data: &str) -> Result<LlamaSampler> {
     let grammar = grammar(kind, data)?;
-    let factory = vocabulary::factory(model)?;
-    let parser = factory
+    let vocabulary = vocabulary::indexed(model)?;
+    let parser = vocabulary
+        .factory
         .create_parser(grammar)
         .map_err(|err| schema_error("Unsupported", format!("llguidance cannot compile this {kind}: {err}")))?;
     let matcher = Matcher::new(Ok(parser));
     let mut guidance = Guidance {
         start: matcher.clone(),
         matcher,
-        ends: vocabulary::end_tokens(model)?,
+        ends: Arc::clone(&vocabulary.ends),
         mask: None,
     };
     let first = guidance.mask().map_err(|err| schema_error("Unsupported", err))?;
@@ -102,7 +103,7 @@ struct Guidance {
     matcher: Matcher,
     /// llguidance's end of sequence first, then the model's other end-of-generation tokens,
     /// which stand for it.
-    ends: Vec<TokenId>,
+    ends: Arc<[TokenId]>,
     /// The mask for the tokens accepted so far, once computed.
     mask: Option<SimpleVob>,
 }
@@ -184,7 +185,7 @@ impl RustSampler for Guidance {
         Ok(Box::new(Guidance {
             start: self.start.clone(),
             matcher: self.matcher.clone(),
-            ends: self.ends.clone(),
+            ends: Arc::clone(&self.ends),
             mask: self.mask.clone(),
         }))
     }

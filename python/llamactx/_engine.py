@@ -272,8 +272,9 @@ class Engine:
         the parser back to OpenAI's message. A template that formats tool calls itself (or
         ``chat_template``) renders the tools and constrains calls with its own grammar;
         otherwise the tools and a JSON reply protocol go into the system turn."""
-        templates = self._chat_templates()
-        if templates is not None and (self._chat_template is not None or (tools and templates.supports_tool_calls)):
+        # The templates are parsed only for a chat that may need them.
+        templates = self._chat_templates() if tools or self._chat_template is not None else None
+        if templates is not None and (self._chat_template is not None or templates.supports_tool_calls):
             return native_chat(templates, messages, tools, tool_choice, parallel_tool_calls)
         planned = plan(messages, tools, tool_choice, parallel_tool_calls)
         return PreparedChat(

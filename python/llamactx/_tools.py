@@ -90,11 +90,7 @@ def _parsed(applied: _ChatApplied, text: str) -> dict[str, Any]:
     except ValueError:
         return {"role": "assistant", "content": text}
     calls = [
-        {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]},
-        }
+        _openai_call(call["function"]["name"], call["function"]["arguments"])
         for call in message.get("tool_calls") or ()
     ]
     reply: dict[str, Any] = {"role": "assistant", "content": message.get("content") or (None if calls else "")}
@@ -159,15 +155,17 @@ def reply_message(text: str, schema: Mapping[str, Any] | None) -> dict[str, Any]
             return {"role": "assistant", "content": text}
     if "tool_calls" not in reply:
         return {"role": "assistant", "content": reply["content"]}
-    calls = [
-        {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])},
-        }
-        for call in reply["tool_calls"]
-    ]
+    calls = [_openai_call(call["name"], json.dumps(call["arguments"])) for call in reply["tool_calls"]]
     return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
+def _openai_call(name: str, arguments: str) -> dict[str, Any]:
+    """OpenAI's tool call, with a fresh id (no format carries one)."""
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 def _completed_calls(text: str) -> list[Any]:
@@ -235,8 +233,9 @@ def _history(messages: Sequence[Mapping[str, Any] | tuple[str, str]]) -> list[tu
             for call in message.get("tool_calls") or ():
                 names[str(call.get("id"))] = call["function"]["name"]
             if message.get("role") == "tool":
-                name = names.get(str(message.get("tool_call_id")), "")
-                history.append(("user", f"The tool {name} returned: {_rendered(message)[1]}".replace("  ", " ")))
+                name = names.get(str(message.get("tool_call_id")))
+                tool = f"The tool {name}" if name else "The tool"
+                history.append(("user", f"{tool} returned: {_rendered(message)[1]}"))
                 continue
         history.append(_rendered(message))
     return history

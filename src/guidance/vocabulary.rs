@@ -12,26 +12,38 @@ use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use crate::errors::{Error, Result};
 use crate::model::PyLlamaModel;
 
-/// The parser factories built so far, by model. A `Weak` keeps its model's allocation (not the
-/// model), so a live model's address never matches a dead model's entry.
-static FACTORIES: Mutex<Vec<(Weak<LlamaModel>, Arc<ParserFactory>)>> = Mutex::new(Vec::new());
-
-/// The factory that compiles constraints against `model`'s vocabulary; the first call for a
-/// model builds it (a pass over every token).
-pub fn factory(model: &Arc<LlamaModel>) -> Result<Arc<ParserFactory>> {
-    let mut factories = FACTORIES.lock().map_err(|_| Error::Poisoned("llguidance factories"))?;
-    factories.retain(|(owner, _)| owner.strong_count() > 0);
-    if let Some((_, factory)) = factories.iter().find(|(owner, _)| owner.as_ptr() == Arc::as_ptr(model)) {
-        return Ok(Arc::clone(factory));
-    }
-    let factory = Arc::new(build(model)?);
-    factories.push((Arc::downgrade(model), Arc::clone(&factory)));
-    Ok(factory)
+/// A model's vocabulary, indexed for llguidance.
+pub struct Indexed {
+    /// Compiles constraints against the vocabulary.
+    pub factory: ParserFactory,
+    /// The token ids llguidance's end of sequence stands for: the model's EOT (else EOS)
+    /// first, then every other end-of-generation token.
+    pub ends: Arc<[TokenId]>,
 }
 
-/// The token ids llguidance's end-of-sequence stands for: the model's EOT (else EOS) first,
-/// then every other end-of-generation token. `ValueError` for a model with neither.
-pub fn end_tokens(model: &LlamaModel) -> Result<Vec<TokenId>> {
+/// The vocabularies indexed so far, by model. A `Weak` keeps its model's allocation (not the
+/// model), so a live model's address never matches a dead model's entry.
+static INDEXED: Mutex<Vec<(Weak<LlamaModel>, Arc<Indexed>)>> = Mutex::new(Vec::new());
+
+/// `model`'s vocabulary for llguidance; the first call for a model builds it (a pass over
+/// every token).
+pub fn indexed(model: &Arc<LlamaModel>) -> Result<Arc<Indexed>> {
+    let mut indexed = INDEXED.lock().map_err(|_| Error::Poisoned("llguidance vocabularies"))?;
+    indexed.retain(|(owner, _)| owner.strong_count() > 0);
+    if let Some((_, found)) = indexed.iter().find(|(owner, _)| owner.as_ptr() == Arc::as_ptr(model)) {
+        return Ok(Arc::clone(found));
+    }
+    let ends: Arc<[TokenId]> = end_tokens(model)?.into();
+    let built = Arc::new(Indexed {
+        factory: build(model, ends[0])?,
+        ends,
+    });
+    indexed.push((Arc::downgrade(model), Arc::clone(&built)));
+    Ok(built)
+}
+
+/// `Indexed::ends` of `model`; `ValueError` for a model with neither EOT nor EOS.
+fn end_tokens(model: &LlamaModel) -> Result<Vec<TokenId>> {
     let eot = model.token_eot();
     let first = if eot.0 >= 0 { eot } else { model.token_eos() };
     let first = TokenId::try_from(first.0).map_err(|_| {
@@ -44,17 +56,16 @@ pub fn end_tokens(model: &LlamaModel) -> Result<Vec<TokenId>> {
     Ok(std::iter::once(first).chain(others).collect())
 }
 
-fn build(model: &Arc<LlamaModel>) -> Result<ParserFactory> {
-    let ends = end_tokens(model)?;
+fn build(model: &Arc<LlamaModel>, end: TokenId) -> Result<ParserFactory> {
     let words = (0..model.n_vocab())
         .map(|id| token_bytes(model, id))
         .collect::<Result<Vec<_>>>()?;
     let vocab_size = u32::try_from(words.len()).map_err(|_| Error::value("the vocabulary is too large"))?;
-    let info = TokRxInfo::new(vocab_size, ends[0]);
+    let info = TokRxInfo::new(vocab_size, end);
     // toktrie asserts on what it cannot index (e.g. more than 2^24 trie nodes): a refusal here.
     let trie = catch_unwind(AssertUnwindSafe(|| TokTrie::from(&info, &words)))
         .map_err(|_| Error::value("llguidance cannot index this model's vocabulary"))?;
-    let vocabulary: TokEnv = Arc::new(Vocabulary { trie });
+    let vocabulary: TokEnv = Arc::new(TokenBytes { trie });
     let mut factory = ParserFactory::new_simple(&vocabulary)
         .map_err(|err| Error::value(format!("llguidance cannot index this model's vocabulary: {err}")))?;
     factory.quiet();
@@ -76,11 +87,11 @@ fn token_bytes(model: &LlamaModel, id: i32) -> Result<Vec<u8>> {
     Ok([&[TokTrie::SPECIAL_TOKEN_MARKER][..], &special].concat())
 }
 
-struct Vocabulary {
+struct TokenBytes {
     trie: TokTrie,
 }
 
-impl TokenizerEnv for Vocabulary {
+impl TokenizerEnv for TokenBytes {
     fn tok_trie(&self) -> &TokTrie {
         &self.trie
     }

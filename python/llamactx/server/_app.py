@@ -268,9 +268,10 @@ class _Responses:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         chat = self._prepared_chat(body)
         with_tools = chat.json_schema is not None or chat.sampler is not None
-        if with_tools and (body.grammar is not None or _response_schema(body) is not None):
+        requested = _response_schema(body)
+        if with_tools and (body.grammar is not None or requested is not None):
             raise ApiError(400, "tools constrain the reply themselves: drop grammar and response_format", param="tools")
-        schema = chat.json_schema or _response_schema(body)
+        schema = chat.json_schema or requested
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top = body.top_logprobs or 0
         jobs = self.submit(
