@@ -29,11 +29,12 @@ test: build model ## set up, then run the Rust unit tests, the Python tests and 
 fuzz: build model ## the property-based API fuzzer with 20,000 examples (2,000 run in `make test`)
 	LLAMACTX_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/test_fuzz.py --timeout=7200
 
-bench: build model bench-peers ## llamactx vs llama.cpp's tools (built from the same source), llama-cpp-python and llama.cpp's server; JSON+PNG in bench-results/
+bench: build model bench-peers ## llamactx vs llama.cpp's tools (built from the same source), llama-cpp-python and llama.cpp's server, and over RPC vs local; JSON+PNG in bench-results/
 	$(PY) -m pip install --quiet matplotlib
 	$(PY) benches/compare.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/server.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/structured.py --peer-python $(PEERS_VENV)/bin/python
+	$(PY) benches/rpc.py
 
 bench-peers: ## the peers of make bench in their own venv: llama-cpp-python 0.3.36 with its server (builds for ~7 minutes, once) and xllamacpp (llama.cpp's server, prebuilt)
 	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)

@@ -34,6 +34,7 @@ use crate::gil::detached;
 use crate::lora::AdapterLease;
 use crate::model::PyLlamaModel;
 use crate::owned_lock::OwnedMutex;
+use crate::rpc::{self, ModelLinks};
 use crate::threadpool::PoolLease;
 use abort::AbortFlags;
 pub use params::ContextOptions;
@@ -85,6 +86,8 @@ pub struct OpenContext {
     /// False for models without a KV cache (BERT-style): llama.cpp's memory calls would
     /// dereference null.
     has_memory: bool,
+    /// The RPC servers of its model, whose failure makes every later call an `RpcError`.
+    rpc: Option<Arc<ModelLinks>>,
 }
 
 // SAFETY: `LlamaContext` and `LlamaSampler` are `!Send` only because they hold raw pointers
@@ -107,6 +110,7 @@ impl OpenContext {
 
     /// Creates a context of `model` with `options` (checked here), ready to compute.
     pub fn open(native_model: Arc<LlamaModel>, options: &ContextOptions) -> Result<Self> {
+        let rpc = rpc::links_of(&native_model);
         let has_encoder = native_model.has_encoder();
         let encoder_decoder = has_encoder && native_model.has_decoder();
         options.check_for_model(native_model.n_ctx_train(), encoder_decoder)?;
@@ -154,7 +158,9 @@ impl OpenContext {
                 .as_deref()
                 .is_some_and(|name| name.eq_ignore_ascii_case("bf16")),
             has_memory,
+            rpc,
         };
+        native.check_rpc()?;
         if options.embeddings == Some(true) {
             native.enable_embeddings(true)?;
         }
@@ -179,6 +185,12 @@ impl OpenContext {
             self.with_mut(|context| context.detach_threadpool());
             self.pools.clear();
         }
+    }
+
+    /// `RpcError` once a server of the model has failed: its part of the model and of this
+    /// context's cache is gone, and what ggml-rpc computed since is void.
+    pub fn check_rpc(&self) -> Result<()> {
+        self.rpc.as_ref().map_or(Ok(()), |links| links.check())
     }
 
     pub fn with<T>(&self, read: impl for<'a> FnOnce(&LlamaContext<'a>) -> T) -> T {
@@ -219,7 +231,10 @@ impl PyLlamaContext {
         detached(py, || {
             let mut guard = self.native.lock()?;
             let native = guard.as_mut().ok_or_else(|| Error::closed("LlamaContext"))?;
-            work(native)
+            native.check_rpc()?;
+            let done = work(native);
+            native.check_rpc()?;
+            done
         })
     }
 

@@ -17,7 +17,8 @@ use llama_cpp_4::{
     NewLlamaChatMessageError, StringFromModelError, StringToTokenError, TokenToStringError,
 };
 use pyo3::exceptions::{
-    PyException, PyFileNotFoundError, PyIndexError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError,
+    PyConnectionError, PyException, PyFileNotFoundError, PyIndexError, PyOverflowError, PyRuntimeError, PyTypeError,
+    PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -104,6 +105,10 @@ exception_classes! {
          that failed while generating; nothing unconstrained is generated.";
     StateError(LlamaCppError):
         "A state function returned failure (`false` or `0`) without an error enum.";
+    RpcError(LlamaCppError, PyConnectionError):
+        "An RPC server could not be reached, speaks another protocol version, or failed while \
+         the model used it; the message names its host:port. A model whose server failed \
+         refuses further work: load it again.";
     EngineBusy(LlamaCppError):
         "The engine's queue of waiting requests is full (`max_waiting`): retry later.";
 }
@@ -355,6 +360,17 @@ map_error!(LlamaModelLoadError => LlamaModelLoadError {
     LlamaModelLoadError::NullError(_) => ("NullError", None),
     LlamaModelLoadError::NullResult => ("NullResult", None),
     LlamaModelLoadError::PathToStrError(_) => ("PathToStrError", None),
+});
+
+map_error!(llama_cpp_4::rpc::RpcError => RpcError {
+    llama_cpp_4::rpc::RpcError::InitializationFailed { .. } => ("InitializationFailed", None),
+    llama_cpp_4::rpc::RpcError::InvalidEndpoint { .. } => ("InvalidEndpoint", None),
+    llama_cpp_4::rpc::RpcError::ConnectionFailed { .. } => ("ConnectionFailed", None),
+    llama_cpp_4::rpc::RpcError::ServerError { .. } => ("ServerError", None),
+    llama_cpp_4::rpc::RpcError::MemoryQueryFailed => ("MemoryQueryFailed", None),
+    llama_cpp_4::rpc::RpcError::StringConversion(_) => ("StringConversion", None),
+    llama_cpp_4::rpc::RpcError::Utf8Error(_) => ("Utf8Error", None),
+    llama_cpp_4::rpc::RpcError::NotAvailable => ("NotAvailable", None),
 });
 
 map_error!(LlamaContextLoadError => LlamaContextLoadError {

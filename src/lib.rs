@@ -18,6 +18,7 @@ mod model;
 mod owned_lock;
 mod paths;
 mod perf;
+mod rpc;
 mod sampler;
 mod shared_pool;
 mod threadpool;
@@ -47,5 +48,6 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::steps::PySequenceSteps>()?;
     m.add_class::<chat_format::PyChatTemplates>()?;
     m.add_class::<chat_format::PyChatApplied>()?;
+    m.add_function(wrap_pyfunction!(rpc::server::serve_rpc, m)?)?;
     Ok(())
 }

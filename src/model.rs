@@ -17,6 +17,7 @@ use crate::gil::detached;
 use crate::lora::PyLlamaLoraAdapter;
 use crate::metadata;
 use crate::paths::existing_file;
+use crate::rpc::{self, ModelLinks};
 use crate::tokens::{check_vocab, extract_token_ids, to_ids, to_llama_tokens};
 
 /// A model loaded from a GGUF file. Shared by every context made from it, and kept alive by
@@ -29,6 +30,8 @@ pub struct PyLlamaModel {
     vocab_only: bool,
     /// What its vocabulary lacks for turning text into tokens and back.
     gap: Option<VocabularyGap>,
+    /// The RPC servers holding its layers, if it was loaded with some.
+    rpc: Option<Arc<ModelLinks>>,
 }
 
 /// What llama.cpp's vocabulary code aborts or throws across FFI on.
@@ -160,24 +163,35 @@ fn special(render: bool) -> Special {
 impl PyLlamaModel {
     /// Loads a GGUF model. Releases the GIL while loading.
     ///
-    /// `n_gpu_layers` layers are offloaded to a GPU when llama.cpp was built with one.
-    /// `vocab_only` loads only the tokenizer. `use_mmap`/`use_mlock` choose how the weights
-    /// are read. llama-cpp-4 0.11 cannot pass a progress callback to llama.cpp, so there is
-    /// none. Raises `FileNotFoundError` for a missing file, `ValueError` for a path that is not
-    /// UTF-8 or holds a NUL byte, and `LlamaModelLoadError` when llama.cpp refuses the file.
+    /// `n_gpu_layers` layers are offloaded to a GPU when llama.cpp was built with one, or to the
+    /// `rpc_servers` (`"host:port"` of `llamactx rpc-server`s, filled in order); by default none
+    /// locally and every layer with RPC servers. `rpc_timeout` (seconds) bounds every connection
+    /// to them and every answer awaited from them. `vocab_only` loads only the tokenizer.
+    /// `use_mmap`/`use_mlock` choose how the weights are read. llama-cpp-4 0.11 cannot pass a
+    /// progress callback to llama.cpp, so there is none. Raises `FileNotFoundError` for a
+    /// missing file, `ValueError` for a path that is not UTF-8 or holds a NUL byte,
+    /// `RpcError` for an RPC server that is unreachable, busy, of another protocol version or
+    /// failing while the weights go to it, and `LlamaModelLoadError` when llama.cpp refuses
+    /// the file.
     #[classmethod]
-    #[pyo3(signature = (path, *, n_gpu_layers=0, main_gpu=None, vocab_only=false, use_mmap=true, use_mlock=false))]
+    #[pyo3(signature = (
+        path, *, n_gpu_layers=None, main_gpu=None, vocab_only=false, use_mmap=true, use_mlock=false,
+        rpc_servers=None, rpc_timeout=60.0
+    ))]
     fn load_from_file(
         _cls: &Bound<'_, PyType>,
         py: Python<'_>,
         path: &Bound<'_, PyAny>,
-        n_gpu_layers: u32,
+        n_gpu_layers: Option<u32>,
         main_gpu: Option<i32>,
         vocab_only: bool,
         use_mmap: bool,
         use_mlock: bool,
+        rpc_servers: Option<Vec<String>>,
+        rpc_timeout: f64,
     ) -> PyResult<Self> {
         let path = existing_file(path)?;
+        let timeout = rpc::timeout(rpc_timeout)?;
         py.detach(|| metadata::check_model_file(&path))?;
         let load_mode = match (use_mmap, use_mlock) {
             (true, false) => LlamaLoadMode::Mmap,
@@ -185,26 +199,57 @@ impl PyLlamaModel {
             (false, false) => LlamaLoadMode::None,
             (false, true) => LlamaLoadMode::Mlock,
         };
-        let (model, gap) = detached(py, || {
+        let (model, gap, rpc) = detached(py, || {
+            let links = rpc_servers
+                .map(|endpoints| ModelLinks::connect(&endpoints, timeout).map(Arc::new))
+                .transpose()?;
+            let all_layers = if links.is_some() { u32::MAX } else { 0 };
             // Built here: the params hold raw pointers, so they cannot cross threads.
             let mut params = LlamaModelParams::default()
-                .with_n_gpu_layers(n_gpu_layers)
+                .with_n_gpu_layers(n_gpu_layers.unwrap_or(all_layers))
                 .with_vocab_only(vocab_only)
                 .with_load_mode(load_mode);
             if let Some(main_gpu) = main_gpu {
                 params = params.with_main_gpu(main_gpu);
             }
             let backend = backend()?;
-            let model = explained(|| LlamaModel::load_from_file(backend, &path, &params))?;
+            let model = Arc::new(match &links {
+                Some(links) => links.load(&path, &params)?,
+                None => explained(|| LlamaModel::load_from_file(backend, &path, &params))?,
+            });
+            if let Some(links) = &links {
+                rpc::attach(&model, Arc::clone(links));
+            }
             let gap = VocabularyGap::find(&model);
-            Ok((model, gap))
+            Ok((model, gap, links))
         })?;
         Ok(Self {
             gap,
-            model: RwLock::new(Some(Arc::new(model))),
+            model: RwLock::new(Some(model)),
             path,
             vocab_only,
+            rpc,
         })
+    }
+
+    /// Where the model's weights went: a dict per part, `{"name", "kind", "endpoint",
+    /// "weight_bytes"}`. `kind` is "rpc" for an RPC server (`endpoint` is its host:port, `name`
+    /// its devices, `weight_bytes` what the loader allocated there), then "cpu" for this machine
+    /// (`weight_bytes` is None for a model split across servers: llama.cpp does not report it).
+    /// A model without RPC servers has one part, the CPU, with all its weights.
+    fn devices<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let model_size = self.native()?.model_size();
+        rpc::placements(self.rpc.as_deref(), model_size)
+            .into_iter()
+            .map(|part| {
+                let dict = PyDict::new(py);
+                dict.set_item("name", part.name)?;
+                dict.set_item("kind", part.kind)?;
+                dict.set_item("endpoint", part.endpoint)?;
+                dict.set_item("weight_bytes", part.weight_bytes)?;
+                Ok(dict)
+            })
+            .collect()
     }
 
     /// Creates a context (KV cache, compute buffers) on this model. Releases the GIL.

@@ -26,8 +26,19 @@ PR_SET_PDEATHSIG = 1
 STARTUP_SECONDS = 60
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """A ``preexec_fn``: the child gets SIGTERM when the process that started it dies."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def stop(child: subprocess.Popen[str], how: signal.Signals, seconds: float) -> None:
+    """Sends ``how`` and waits ``seconds`` for the child to end, then kills it."""
+    child.send_signal(how)
+    try:
+        child.wait(seconds)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 @dataclass
@@ -72,7 +83,7 @@ def running_server(model_path: Path, *options: str) -> Iterator[Server]:
     """``llamactx serve --model model_path --port 0 *options`` until the block ends."""
     command = [sys.executable, "-m", "llamactx", "serve", "--model", str(model_path), "--port", "0", *options]
     child = subprocess.Popen(
-        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=_die_with_parent
+        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=die_with_parent
     )
     assert child.stderr is not None
     log: list[str] = []
@@ -95,12 +106,7 @@ def running_server(model_path: Path, *options: str) -> Iterator[Server]:
             raise AssertionError(f"the server did not start: {''.join(log)}")
         yield Server(url[0], child.pid, log)
     finally:
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        stop(child, signal.SIGTERM, 30)
         reader.join(5)
         child.stderr.close()
     assert child.returncode == 0, f"the server exited with {child.returncode}: {''.join(log)}"

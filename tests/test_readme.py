@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from rpc_serving import rpc_servers
 from serving import running_server
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -15,6 +16,8 @@ EXAMPLES = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTAL
 # The server example's address, and the command the README starts that server with.
 SERVER_URL = "http://127.0.0.1:8000"
 SERVE_COMMAND = "llamactx serve --port 8000"
+# The RPC example's servers, started as the README says, on free ports.
+RPC_ENDPOINTS = ("127.0.0.1:50052", "127.0.0.1:50053")
 
 
 @pytest.mark.parametrize("code", EXAMPLES)
@@ -23,6 +26,11 @@ def test_readme_example_runs(code: str, capsys: pytest.CaptureFixture[str], mode
         # The README's command, on a free port instead of 8000.
         with running_server(model_path) as server:
             exec(compile(code.replace(SERVER_URL, server.url), str(README), "exec"), {})
+    elif RPC_ENDPOINTS[0] in code:
+        with rpc_servers(len(RPC_ENDPOINTS)) as servers:
+            for endpoint, server in zip(RPC_ENDPOINTS, servers, strict=True):
+                code = code.replace(endpoint, server.endpoint)
+            exec(compile(code, str(README), "exec"), {})
     else:
         exec(compile(code, str(README), "exec"), {})
     assert "Paris" in capsys.readouterr().out

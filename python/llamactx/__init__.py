@@ -39,6 +39,7 @@ from llamactx._llamactx import (
     LoadSessionError,
     NewLlamaChatMessageError,
     PerfContextData,
+    RpcError,
     SamplerInitError,
     SamplingParams,
     SaveSessionError,
@@ -50,6 +51,7 @@ from llamactx._llamactx import (
     ThreadPool,
     TokenToStringError,
     __version__,
+    serve_rpc,
 )
 from llamactx._logging import set_verbose
 from llamactx._models import default_model_path
@@ -93,6 +95,7 @@ __all__ = [
     "NewLlamaChatMessageError",
     "PerfContextData",
     "Request",
+    "RpcError",
     "SamplerInitError",
     "SamplingParams",
     "SaveSessionError",
@@ -112,6 +115,7 @@ __all__ = [
     "generate_batch",
     "generate_json",
     "prefill",
+    "serve_rpc",
     "set_verbose",
     "stream",
 ]

@@ -39,6 +39,7 @@ __all__ = [
     "LoadSessionError",
     "NewLlamaChatMessageError",
     "PerfContextData",
+    "RpcError",
     "SamplerInitError",
     "SamplingParams",
     "SaveSessionError",
@@ -56,6 +57,7 @@ __all__ = [
     "_SequenceSteps",
     "_Waker",
     "__version__",
+    "serve_rpc",
 ]
 
 _Tokens = Sequence[int] | npt.NDArray[np.integer]
@@ -142,6 +144,11 @@ class SchemaError(LlamaCppError, ValueError):
 class StateError(LlamaCppError):
     """A state function returned failure (`false` or `0`) without an error enum."""
 
+class RpcError(LlamaCppError, ConnectionError):
+    """An RPC server could not be reached, speaks another protocol version, or failed while the model used it;
+    the message names its host:port. A model whose server failed refuses further work: load it again.
+    """
+
 class EngineBusy(LlamaCppError):
     """The engine's queue of waiting requests is full (`max_waiting`): retry later."""
 
@@ -156,19 +163,33 @@ class LlamaModel:
         cls,
         path: _Path,
         *,
-        n_gpu_layers: int = 0,
+        n_gpu_layers: int | None = None,
         main_gpu: int | None = None,
         vocab_only: bool = False,
         use_mmap: bool = True,
         use_mlock: bool = False,
+        rpc_servers: Sequence[str] | None = None,
+        rpc_timeout: float = 60.0,
     ) -> LlamaModel:
         """Loads a GGUF model. Releases the GIL while loading.
 
-        `n_gpu_layers` layers are offloaded to a GPU when llama.cpp was built with one.
-        `vocab_only` loads only the tokenizer. `use_mmap`/`use_mlock` choose how the weights
-        are read. llama-cpp-4 0.11 cannot pass a progress callback to llama.cpp, so there is
-        none. Raises `FileNotFoundError` for a missing file, `ValueError` for a path that is not
-        UTF-8 or holds a NUL byte, and `LlamaModelLoadError` when llama.cpp refuses the file.
+        `n_gpu_layers` layers are offloaded to a GPU when llama.cpp was built with one, or to the
+        `rpc_servers` (`"host:port"` of `llamactx rpc-server`s, filled in order); by default none
+        locally and every layer with RPC servers. `rpc_timeout` (seconds) bounds every connection
+        to them and every answer awaited from them. `vocab_only` loads only the tokenizer.
+        `use_mmap`/`use_mlock` choose how the weights are read. llama-cpp-4 0.11 cannot pass a
+        progress callback to llama.cpp, so there is none. Raises `FileNotFoundError` for a
+        missing file, `ValueError` for a path that is not UTF-8 or holds a NUL byte,
+        `RpcError` for an RPC server that is unreachable, busy, of another protocol version or
+        failing while the weights go to it, and `LlamaModelLoadError` when llama.cpp refuses
+        the file.
+        """
+    def devices(self) -> list[dict[str, Any]]:
+        """Where the model's weights went: a dict per part, `{"name", "kind", "endpoint",
+        "weight_bytes"}`. `kind` is "rpc" for an RPC server (`endpoint` is its host:port, `name`
+        its devices, `weight_bytes` what the loader allocated there), then "cpu" for this machine
+        (`weight_bytes` is None for a model split across servers: llama.cpp does not report it).
+        A model without RPC servers has one part, the CPU, with all its weights.
         """
     def new_context(
         self,
@@ -968,6 +989,23 @@ class _SequenceSteps:
         """`(text, finish_reason or None)` after sampling `token` in a sequence holding `kv_len`
         tokens; None means: decode `token` at `kv_len` and go on.
         """
+
+def serve_rpc(
+    host: str = "127.0.0.1",
+    port: int = 50052,
+    *,
+    threads: int | None = None,
+    cache_dir: _Path | None = None,
+    on_ready: Callable[[], object] | None = None,
+) -> None:
+    """Runs llama.cpp's RPC server for this machine's devices on `host:port` and blocks until
+    Ctrl-C (`KeyboardInterrupt`), which ends the call; the server itself stops with the
+    process. `threads` (default: every CPU this process may use) compute for its clients;
+    `cache_dir` keeps tensors clients upload, so that a model's weights cross the network once.
+    `on_ready` is called once the server accepts connections. The protocol has no
+    authentication: listen only on loopback or a trusted network. `RpcError` when the address
+    cannot be listened on.
+    """
 
 @final
 class _ChatTemplates:

@@ -1,5 +1,6 @@
 """The ``llamactx`` command line: ``generate`` (stream text), ``chat`` (answer one message, or
-converse), ``embed``, ``serve`` (an OpenAI-compatible server), ``bench`` and ``info``.
+converse), ``embed``, ``serve`` (an OpenAI-compatible server), ``rpc-server`` (lend this
+machine's devices to another's model), ``bench`` and ``info``.
 ``generate`` and ``chat`` sample as llama.cpp does by default, with a fixed seed."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from llamactx._embedding import embed
 from llamactx._enums import LlamaPoolingType
 from llamactx._generation import stream
 from llamactx._limits import INT32_MAX, RANDOM_SEED
-from llamactx._llamactx import LlamaContext, LlamaModel, LlamaSampler
+from llamactx._llamactx import LlamaContext, LlamaCppError, LlamaModel, LlamaSampler, serve_rpc
 from llamactx._models import default_model_path
 from llamactx.bench import speeds
 
@@ -69,6 +70,22 @@ def _model_path(arguments: argparse.Namespace) -> Path:
     return chosen or default_model_path()
 
 
+def _endpoints(text: str) -> list[str]:
+    """An argparse type: comma-separated ``host:port`` endpoints of RPC servers."""
+    endpoints = [endpoint.strip() for endpoint in text.split(",") if endpoint.strip()]
+    for endpoint in endpoints:
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"{endpoint} is not host:port")
+    return endpoints
+
+
+def _load_model(arguments: argparse.Namespace) -> LlamaModel:
+    """The chosen model, with its layers on the ``--rpc`` servers when there are some."""
+    rpc_servers: list[str] | None = arguments.rpc
+    return LlamaModel.load_from_file(_model_path(arguments), rpc_servers=rpc_servers or None)
+
+
 def _sampler(arguments: argparse.Namespace) -> LlamaSampler:
     """llama.cpp's default sampler chain with the command line's values; greedy on request."""
     if arguments.greedy or arguments.temp == 0:
@@ -86,7 +103,7 @@ def _sampler(arguments: argparse.Namespace) -> LlamaSampler:
 
 def _context(arguments: argparse.Namespace) -> LlamaContext:
     """A context on the chosen model for ``generate`` and ``chat``."""
-    model = LlamaModel.load_from_file(_model_path(arguments))
+    model = _load_model(arguments)
     threads = arguments.threads
     return model.new_context(
         n_ctx=arguments.n_ctx, n_threads=threads, n_threads_batch=threads, no_perf=not arguments.stats
@@ -180,14 +197,14 @@ def _serve(arguments: argparse.Namespace) -> int:
     except ImportError as missing:
         print(f"llamactx serve needs the server extra ({missing}): pip install 'llamactx[server]'", file=sys.stderr)
         return 2
-    model = LlamaModel.load_from_file(_model_path(arguments))
+    model = _load_model(arguments)
     embeddings = _embedding_context(model, 8, 512, arguments.threads) if arguments.embeddings else None
     return serve(model, arguments, embeddings)
 
 
 def _embed(arguments: argparse.Namespace) -> int:
     texts = arguments.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    model = LlamaModel.load_from_file(_model_path(arguments))
+    model = _load_model(arguments)
     ctx = _embedding_context(model, max(1, min(len(texts), 64)), arguments.n_ubatch, arguments.threads)
     vectors = embed(ctx, texts, normalize=not arguments.raw)
     if arguments.output and arguments.output.endswith(".npy"):
@@ -204,7 +221,7 @@ def _embed(arguments: argparse.Namespace) -> int:
 
 
 def _bench(arguments: argparse.Namespace) -> int:
-    model = LlamaModel.load_from_file(_model_path(arguments))
+    model = _load_model(arguments)
     threads = arguments.threads or 2
     ctx = model.new_context(
         n_ctx=arguments.pp + arguments.tg,
@@ -220,12 +237,31 @@ def _bench(arguments: argparse.Namespace) -> int:
 
 
 def _info(arguments: argparse.Namespace) -> int:
-    model = LlamaModel.load_from_file(_model_path(arguments), vocab_only=False)
+    model = _load_model(arguments)
     print(f"path: {model.path}")
     print(f"description: {model.desc()}")
     print(f"parameters: {model.n_params()}  vocabulary: {model.n_vocab()}  embedding: {model.n_embd()}")
     for key, value in sorted(model.metadata().items()):
         print(f"{key}: {value if len(value) < 200 else value[:200] + '...'}")
+    return 0
+
+
+def _rpc_server(arguments: argparse.Namespace) -> int:
+    host: str = arguments.host
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"llamactx rpc-server: listening on {host}: the RPC protocol has no authentication, anyone who reaches "
+            "this port can run computations and read what clients send; use it on a trusted network only",
+            file=sys.stderr,
+        )
+
+    def ready() -> None:
+        print(f"llamactx rpc-server: listening on {host}:{arguments.port} (Ctrl-C stops it)", flush=True)
+
+    try:
+        serve_rpc(host, arguments.port, threads=arguments.threads, cache_dir=arguments.cache, on_ready=ready)
+    except KeyboardInterrupt:
+        print("llamactx rpc-server: stopped", file=sys.stderr)
     return 0
 
 
@@ -236,6 +272,12 @@ def _add_model_option(command: argparse.ArgumentParser) -> None:
         type=_model_file,
         metavar="PATH",
         help="GGUF file (default: SmolLM2-135M-Instruct, fetched once)",
+    )
+    command.add_argument(
+        "--rpc",
+        type=_endpoints,
+        metavar="HOST:PORT,...",
+        help="put the layers on these `llamactx rpc-server`s (trusted networks only)",
     )
 
 
@@ -362,6 +404,20 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-id", help="the model name clients use (default: the file name without .gguf)")
     serve.set_defaults(run=_serve)
 
+    rpc_server = commands.add_parser(
+        "rpc-server",
+        help="serve this machine's devices to other machines' models (llama.cpp's RPC server; no authentication)",
+    )
+    rpc_server.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)"
+    )
+    rpc_server.add_argument("--port", type=_in_range(int, 1, 65535), default=50052, help="(default: %(default)s)")
+    _add_threads_option(rpc_server)
+    rpc_server.add_argument(
+        "--cache", type=Path, metavar="DIR", help="keep uploaded tensors here, so that weights cross the network once"
+    )
+    rpc_server.set_defaults(run=_rpc_server)
+
     info = commands.add_parser("info", help="print a model's metadata")
     _add_model_option(info)
     info.set_defaults(run=_info)
@@ -376,6 +432,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(arguments.run(arguments))
     except KeyboardInterrupt:
         return 130
+    except LlamaCppError as error:
+        print(f"llamactx: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): silence the flush at exit too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

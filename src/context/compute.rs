@@ -79,6 +79,7 @@ impl OpenContext {
     where
         Error: From<E>,
     {
+        self.check_rpc()?;
         let (limit, limit_name) = self.batch_limit(encoding);
         state.check_for(self.n_vocab, self.n_seq_max, limit, limit_name)?;
         let checkpoint = self.checkpoint(state, !encoding)?;
@@ -95,6 +96,7 @@ impl OpenContext {
         drop(shared);
         drop(cpus);
         drop(watch);
+        let outcome = outcome.and_then(|()| self.check_rpc());
         match outcome {
             Ok(()) => {
                 self.output_rows.clone_from(&state.output_rows);
