@@ -2,9 +2,11 @@
 prompt (pp) and generation (tg) tokens/s of the default model local, on one `llamactx
 rpc-server` and split across two, as ratios to local. On one machine the servers compete with
 the client for the same cores, and every layer's activations cross a socket: this measures
-the protocol's and the relay's cost, not the gain of more machines.
+the protocol's and the relay's cost, not the gain of more machines. Every configuration
+computes with the same threads (default 1, so that a server and the client's spinning RPC
+dispatcher fit this machine's 2 cores).
 
-    python benches/rpc.py [--threads 2] [--pp 256] [--tg 64] [--repetitions 3] [--out bench-results]
+    python benches/rpc.py [--threads 1] [--pp 256] [--tg 64] [--repetitions 3] [--out bench-results]
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def measure(model: llamactx.LlamaModel, threads: int, pp: int, tg: int, repetiti
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--pp", type=int, default=256)
     parser.add_argument("--tg", type=int, default=64)
     parser.add_argument("--repetitions", type=int, default=3)

@@ -194,6 +194,15 @@ def test_the_cli_generates_over_rpc_as_it_does_locally(model_path: Path, two_ser
     assert generate("--rpc", ",".join(two_servers)) == generate()
 
 
+def test_the_cli_info_shows_where_the_weights_went(model_path: Path, two_servers: list[str]) -> None:
+    command = [sys.executable, "-m", "llamactx", "info", "-m", str(model_path), "--rpc", ",".join(two_servers)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
+    devices = [line for line in done.stdout.splitlines() if line.startswith("device: ")]
+    assert len(devices) == 3
+    assert all(f"(rpc) at {endpoint}: " in line for line, endpoint in zip(devices, two_servers, strict=False))
+    assert devices[2] == "device: CPU (cpu)"
+
+
 def test_rpc_server_refuses_a_port_in_use() -> None:
     with rpc_server() as running:
         port = running.endpoint.rsplit(":", 1)[1]

@@ -241,6 +241,10 @@ def _info(arguments: argparse.Namespace) -> int:
     print(f"path: {model.path}")
     print(f"description: {model.desc()}")
     print(f"parameters: {model.n_params()}  vocabulary: {model.n_vocab()}  embedding: {model.n_embd()}")
+    for part in model.devices():
+        where = f" at {part['endpoint']}" if part["endpoint"] else ""
+        size = "" if part["weight_bytes"] is None else f": {part['weight_bytes'] / 2**20:.1f} MiB of weights"
+        print(f"device: {part['name']} ({part['kind']}){where}{size}")
     for key, value in sorted(model.metadata().items()):
         print(f"{key}: {value if len(value) < 200 else value[:200] + '...'}")
     return 0
