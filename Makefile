@@ -29,12 +29,13 @@ test: build model ## set up, then run the Rust unit tests, the Python tests and 
 fuzz: build model ## the property-based API fuzzer with 20,000 examples (2,000 run in `make test`)
 	LLAMACTX_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/test_fuzz.py --timeout=7200
 
-bench: build model bench-peers ## llamactx vs llama.cpp's tools (built from the same source), llama-cpp-python and llama.cpp's server, and over RPC vs local; JSON+PNG in bench-results/
+bench: build model bench-peers ## llamactx vs llama.cpp's tools (built from the same source), llama-cpp-python and llama.cpp's server, over RPC and through Ray Data vs local; JSON+PNG in bench-results/
 	$(PY) -m pip install --quiet matplotlib
 	$(PY) benches/compare.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/server.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/structured.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/rpc.py
+	$(PY) benches/ray_data.py
 
 bench-peers: ## the peers of make bench in their own venv: llama-cpp-python 0.3.36 with its server (builds for ~7 minutes, once) and xllamacpp (llama.cpp's server, prebuilt)
 	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
@@ -50,7 +51,7 @@ wheel: $(VENV)/.deps ## a release wheel in dist/ (abi3: one wheel for CPython 3.
 test-wheel: wheel model ## install the wheel into a bare venv (no Rust needed) and run the tests from it
 	rm -rf $(WHEEL_VENV)
 	python3 -m venv $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/python -m pip install --quiet "$$(ls dist/llamactx-*.whl)[server]" pytest pytest-timeout hypothesis gguf openai httpx "jsonschema[format-nongpl]"
+	$(WHEEL_VENV)/bin/python -m pip install --quiet "$$(ls dist/llamactx-*.whl)[server,ray]" pytest pytest-timeout hypothesis gguf openai httpx "jsonschema[format-nongpl]"
 	cd / && $(CURDIR)/$(WHEEL_VENV)/bin/python -c "import llamactx, sys; assert '$(WHEEL_VENV)/lib' in llamactx.__file__, llamactx.__file__"
 	$(WHEEL_VENV)/bin/python -m pytest
 
@@ -64,8 +65,8 @@ lint: build ## rustfmt, clippy, ruff and mypy --strict
 	rm -rf .readme-examples && $(PY) scripts/readme_examples.py .readme-examples
 	$(PY) -m mypy --strict .readme-examples
 
-build: $(VENV)/.deps ## compile the extension into the virtual environment, with the server extra
-	$(TOOLCHAIN) maturin develop --release --quiet --extras server
+build: $(VENV)/.deps ## compile the extension into the virtual environment, with the server and ray extras
+	$(TOOLCHAIN) maturin develop --release --quiet --extras server,ray
 
 model: build ## fetch the default model into the cache (once)
 	$(PY) -c "import llamactx; print(llamactx.default_model_path())"

@@ -14,13 +14,14 @@ import pytest
 import llamactx
 import llamactx.bench
 import llamactx.cli
+import llamactx.ray
 import llamactx.server
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = (ROOT / "docs" / "api.md").read_text()
 STUBS = ast.parse((ROOT / "python" / "llamactx" / "_llamactx.pyi").read_text())
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-PUBLIC_SUBMODULES = [llamactx.bench, llamactx.cli, llamactx.server]
+PUBLIC_SUBMODULES = [llamactx.bench, llamactx.cli, llamactx.ray, llamactx.server]
 
 
 def stub_names() -> set[str]:

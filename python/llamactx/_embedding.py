@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from llamactx._enums import LlamaPoolingType
-from llamactx._llamactx import LlamaBatch, LlamaContext
+from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["embed"]
+__all__ = ["embed", "embedding_context"]
 
 
 def _pack(lengths: list[int], max_tokens: int, max_sequences: int) -> list[list[int]]:
@@ -70,3 +70,19 @@ def embed(ctx: LlamaContext, texts: Sequence[str], *, normalize: bool = True) ->
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         out /= np.where(norms == 0, 1, norms)
     return out
+
+
+def embedding_context(model: LlamaModel, n_seq: int, n_ubatch: int, threads: int | None) -> LlamaContext:
+    """A context for ``embed`` (the command line's and Ray's): ``n_seq`` texts of up to
+    ``n_ubatch`` tokens per decode, pooled by their mean."""
+    n_ubatch_used = n_ubatch - n_ubatch % n_seq or n_seq
+    return model.new_context(
+        n_ctx=max(n_ubatch, 256) * n_seq,
+        n_batch=n_ubatch_used,
+        n_ubatch=n_ubatch_used,
+        n_seq_max=n_seq,
+        embeddings=True,
+        pooling_type=LlamaPoolingType.MEAN,
+        n_threads=threads,
+        n_threads_batch=threads,
+    )

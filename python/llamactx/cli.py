@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from llamactx._chat import ChatSession
-from llamactx._embedding import embed
-from llamactx._enums import LlamaPoolingType
+from llamactx._embedding import embed, embedding_context
 from llamactx._generation import stream
 from llamactx._limits import INT32_MAX, RANDOM_SEED
 from llamactx._llamactx import LlamaContext, LlamaCppError, LlamaModel, LlamaSampler, serve_rpc
@@ -175,22 +174,6 @@ def _read_line() -> str:
         return ""
 
 
-def _embedding_context(model: LlamaModel, n_seq: int, n_ubatch: int, threads: int | None) -> LlamaContext:
-    """A context for ``embed``: ``n_seq`` texts of up to ``n_ubatch`` tokens per decode, pooled
-    by their mean."""
-    n_ubatch_used = n_ubatch - n_ubatch % n_seq or n_seq
-    return model.new_context(
-        n_ctx=max(n_ubatch, 256) * n_seq,
-        n_batch=n_ubatch_used,
-        n_ubatch=n_ubatch_used,
-        n_seq_max=n_seq,
-        embeddings=True,
-        pooling_type=LlamaPoolingType.MEAN,
-        n_threads=threads,
-        n_threads_batch=threads,
-    )
-
-
 def _serve(arguments: argparse.Namespace) -> int:
     try:
         from llamactx.server._serve import serve
@@ -198,14 +181,14 @@ def _serve(arguments: argparse.Namespace) -> int:
         print(f"llamactx serve needs the server extra ({missing}): pip install 'llamactx[server]'", file=sys.stderr)
         return 2
     model = _load_model(arguments)
-    embeddings = _embedding_context(model, 8, 512, arguments.threads) if arguments.embeddings else None
+    embeddings = embedding_context(model, 8, 512, arguments.threads) if arguments.embeddings else None
     return serve(model, arguments, embeddings)
 
 
 def _embed(arguments: argparse.Namespace) -> int:
     texts = arguments.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     model = _load_model(arguments)
-    ctx = _embedding_context(model, max(1, min(len(texts), 64)), arguments.n_ubatch, arguments.threads)
+    ctx = embedding_context(model, max(1, min(len(texts), 64)), arguments.n_ubatch, arguments.threads)
     vectors = embed(ctx, texts, normalize=not arguments.raw)
     if arguments.output and arguments.output.endswith(".npy"):
         import numpy as np
