@@ -35,7 +35,7 @@ bench: build model bench-peers ## llamactx vs llama.cpp's tools (built from the 
 	$(PY) benches/server.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/structured.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/rpc.py
-	$(PY) benches/ray_data.py
+	$(PY) tests/loopback_only.py benches/ray_data.py  # Ray listens on every interface: loopback only here
 
 bench-peers: ## the peers of make bench in their own venv: llama-cpp-python 0.3.36 with its server (builds for ~7 minutes, once) and xllamacpp (llama.cpp's server, prebuilt)
 	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
