@@ -91,6 +91,23 @@ def test_a_ray_data_job_on_two_actors_equals_local_generate(
             assert row["prompt_tokens"] == len(model.str_to_token(prompt, model.add_bos_token()))
 
 
+def test_rows_set_their_own_length_and_sampling(cluster: None, model: llamactx.LlamaModel, model_path: Path) -> None:
+    prompt = "The capital of France is"
+    rows = [{"prompt": prompt, "max_tokens": limit, "temperature": 0.0, "seed": limit} for limit in (3, 6)]
+    job = ray.data.from_items(rows).map_batches(
+        llamactx.ray.Predictor,
+        fn_constructor_kwargs={"model_path": str(model_path), "max_tokens": 50, "sampling": llamactx.SamplingParams()},
+        concurrency=1,
+        num_cpus=1,
+    )
+    done = sorted(job.take_all(), key=lambda row: row["max_tokens"])
+    assert [row["completion_tokens"] for row in done] == [3, 6]
+    with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ) as ctx:
+        assert [row["generated_text"] for row in done] == [
+            llamactx.generate(ctx, prompt, max_tokens=limit) for limit in (3, 6)
+        ]
+
+
 def test_chat_and_embedding_rows(cluster: None, model: llamactx.LlamaModel, model_path: Path) -> None:
     question = [{"role": "user", "content": "What is the capital of France?"}]
     chat = ray.data.from_items([{"messages": question}, {"messages": [{"role": "user"}]}]).map_batches(

@@ -148,10 +148,12 @@ class Predictor:
         return self.engine.submit(value, max_tokens=max_tokens, stop=self.stop, sampling=sampling)
 
     def _max_tokens(self, batch: Batch, row: int) -> int:
-        return int(batch["max_tokens"][row]) if "max_tokens" in batch else self.max_tokens
+        value = _python(batch["max_tokens"][row]) if "max_tokens" in batch else None
+        return self.max_tokens if value is None else int(value)
 
     def _sampling(self, batch: Batch, row: int) -> SamplingParams | None:
-        chosen = {name: batch[name][row].item() for name in SAMPLING_COLUMNS if name in batch}
+        values = {name: _python(batch[name][row]) for name in SAMPLING_COLUMNS if name in batch}
+        chosen = {name: value for name, value in values.items() if value is not None}
         return SamplingParams(**chosen) if chosen else self.sampling
 
     def _embed(self, texts: npt.NDArray[Any]) -> Batch:
@@ -172,6 +174,12 @@ class Predictor:
         engine: Engine | None = getattr(self, "engine", None)
         if engine is not None:
             engine.close()
+
+
+def _python(value: Any) -> Any:
+    """A numpy scalar as the Python value it holds (object columns hold Python values already;
+    a missing value is None)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _message(error: BaseException) -> str:
