@@ -25,7 +25,7 @@ from starlette.routing import Mount
 from tool_examples import ASK_WEATHER, TIME, WEATHER
 
 import llamactx
-from llamactx.cli import _embedding_context
+from llamactx._embedding import embedding_context
 from llamactx.server import create_app
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -257,7 +257,7 @@ def test_logit_bias_and_grammar_steer_the_reply(server: Server, engine: llamactx
 def test_embeddings_float_and_base64_equal_embed(keyed_server: Server, model: llamactx.LlamaModel) -> None:
     api = client(keyed_server, api_key=API_KEY)
     texts = ["The cat sat on the mat.", "Paris is the capital of France."]
-    expected = llamactx.embed(_embedding_context(model, 8, 512, None), texts)
+    expected = llamactx.embed(embedding_context(model, 8, 512, None), texts)
     as_floats = api.embeddings.create(model=MODEL_ID, input=texts, encoding_format="float")
     np.testing.assert_allclose([item.embedding for item in as_floats.data], expected, rtol=1e-5, atol=1e-6)
     raw = httpx.post(
