@@ -4,6 +4,7 @@ prompts that cannot fit, close, Ctrl-C and exit with requests in flight."""
 from __future__ import annotations
 
 import asyncio
+import pickle
 import resource
 import threading
 import time
@@ -240,6 +241,13 @@ def test_requests_that_cannot_run_are_refused_at_submit(engine: llamactx.Engine,
     with pytest.raises(ValueError, match="logit_bias"):
         engine.submit("Hi", sampling=llamactx.SamplingParams(logit_bias={model.n_vocab(): 1.0}))
     assert engine.stats()["waiting"] == 0
+
+
+def test_sampling_params_pickle() -> None:
+    params = llamactx.SamplingParams(temperature=0.5, top_k=7, logit_bias={3: -1.5}, seed=42)
+    copied = pickle.loads(pickle.dumps(params))
+    assert repr(copied) == repr(params)
+    assert repr(pickle.loads(pickle.dumps(llamactx.SamplingParams()))) == repr(llamactx.SamplingParams())
 
 
 @pytest.mark.parametrize(

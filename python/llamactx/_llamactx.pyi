@@ -834,6 +834,8 @@ class SamplingParams:
         logit_bias: Mapping[int, float] | None = None,
         seed: int | None = None,
     ) -> SamplingParams: ...
+    def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, Any]]:
+        """"""
     def sampler(self, model: LlamaModel) -> LlamaSampler:
         """These parameters as a `LlamaSampler` chain for `model`, for `generate` and friends (each
         call builds a fresh chain: samplers keep state). `ValueError` for a logit bias on a token

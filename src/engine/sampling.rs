@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::{Error, Result};
 use crate::model::PyLlamaModel;
@@ -183,6 +184,23 @@ impl PySamplingParams {
         let n_vocab = model.n_vocab();
         self.check_vocabulary(n_vocab)?;
         Ok(PyLlamaSampler::for_model(self.build(n_vocab), model))
+    }
+
+    /// Pickling (Ray ships parameters to its workers this way): the keywords that rebuild it.
+    fn __getnewargs_ex__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyTuple>, Bound<'py, PyDict>)> {
+        let keywords = PyDict::new(py);
+        keywords.set_item("temperature", self.temperature)?;
+        keywords.set_item("top_k", self.top_k)?;
+        keywords.set_item("top_p", self.top_p)?;
+        keywords.set_item("min_p", self.min_p)?;
+        keywords.set_item("typical_p", self.typical_p)?;
+        keywords.set_item("repeat_penalty", self.repeat_penalty)?;
+        keywords.set_item("frequency_penalty", self.frequency_penalty)?;
+        keywords.set_item("presence_penalty", self.presence_penalty)?;
+        keywords.set_item("penalty_last_n", self.penalty_last_n)?;
+        keywords.set_item("logit_bias", self.logit_bias.clone())?;
+        keywords.set_item("seed", self.seed)?;
+        Ok((PyTuple::empty(py), keywords))
     }
 
     fn __repr__(&self) -> String {
