@@ -96,7 +96,12 @@ def test_rows_set_their_own_length_and_sampling(cluster: None, model: llamactx.L
     rows = [{"prompt": prompt, "max_tokens": limit, "temperature": 0.0, "seed": limit} for limit in (3, 6)]
     job = ray.data.from_items(rows).map_batches(
         llamactx.ray.Predictor,
-        fn_constructor_kwargs={"model_path": str(model_path), "max_tokens": 50, "sampling": llamactx.SamplingParams()},
+        fn_constructor_kwargs={
+            "model_path": str(model_path),
+            "max_tokens": 50,
+            "sampling": llamactx.SamplingParams(),
+            "context_options": {"n_batch": 256},
+        },
         concurrency=1,
         num_cpus=1,
     )

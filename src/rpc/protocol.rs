@@ -14,7 +14,7 @@ pub const VERSION: (u8, u8, u8) = (8, 0, 1);
 
 pub const HELLO: u8 = 14;
 const DEVICE_COUNT: u8 = 15;
-const ALLOC_BUFFER: u8 = 0;
+pub const ALLOC_BUFFER: u8 = 0;
 const GET_ALIGNMENT: u8 = 1;
 const GET_MAX_SIZE: u8 = 2;
 const BUFFER_GET_BASE: u8 = 3;

@@ -5,7 +5,7 @@
 //! relay, which passes every message on to the server and, the moment the server fails, records
 //! why and answers the client's remaining requests itself with stand-in answers of the right
 //! size. llama.cpp finishes the decode it was in; llamactx then raises the recorded failure and
-//! refuses further work on the model (see `Link::check`).
+//! refuses further work on the model (see `ModelLinks::check`).
 
 use std::io::{self, BufReader, BufWriter};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -116,9 +116,8 @@ fn serve_on_a_thread(client: TcpStream, state: Arc<LinkState>) {
 /// Relays one client connection until the client closes it.
 fn serve(client: TcpStream, state: &LinkState) {
     let _ = client.set_nodelay(true);
-    let Ok(client_writer) = client.try_clone() else { return };
-    let mut from_client = BufReader::new(client);
-    let mut to_client = BufWriter::new(client_writer);
+    let mut from_client = BufReader::new(&client);
+    let mut to_client = BufWriter::new(&client);
     let mut server = if state.failure().is_none() {
         connect(&state.endpoint, state.timeout)
             .map_err(|err| state.fail(err))
@@ -183,7 +182,7 @@ impl Upstream {
                 }
             }
             // rpc_msg_alloc_buffer_rsp: remote_ptr, remote_size.
-            0 => {
+            protocol::ALLOC_BUFFER => {
                 let size = answer
                     .get(8..16)
                     .and_then(|b| b.try_into().ok())

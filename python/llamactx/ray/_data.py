@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,7 +52,8 @@ class Predictor:
     ``task`` "generate" reads ``prompt_column`` (text), "chat" reads ``messages_column``
     (``{"role", "content"}`` lists), both through an ``Engine`` of ``n_seq_max`` parallel
     sequences and ``n_ctx`` cells (``prefix_cache`` as the engine's: without it each row's
-    output equals ``generate`` on a context of the same options); each row may set ``max_tokens`` and sampling
+    output equals ``generate`` on a context of the same options; ``context_options``, further
+    ``new_context`` keywords such as ``flash_attn_type``); each row may set ``max_tokens`` and sampling
     (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``) in columns of those names,
     else ``sampling`` applies (greedy when None). They add ``generated_text``,
     ``prompt_tokens``, ``completion_tokens``, ``finish_reason`` and ``error``. "embed" reads
@@ -74,6 +75,7 @@ class Predictor:
         n_ctx: int = 4096,
         prefix_cache: bool = True,
         threads: int | None = None,
+        context_options: Mapping[str, Any] | None = None,
         rpc_servers: Sequence[str] | None = None,
         prompt_column: str = "prompt",
         messages_column: str = "messages",
@@ -99,6 +101,7 @@ class Predictor:
                 n_seq_max=n_seq_max,
                 n_threads=used,
                 n_threads_batch=used,
+                **(context_options or {}),
             )
 
     def __call__(self, batch: Batch) -> Batch:

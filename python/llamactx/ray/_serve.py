@@ -57,6 +57,7 @@ def app(
     max_waiting: int = 1024,
     prefix_cache: bool = True,
     threads: int | None = None,
+    context_options: Mapping[str, Any] | None = None,
     num_cpus: float = 1,
     rpc_servers: Sequence[str] | None = None,
     model_id: str | None = None,
@@ -75,7 +76,8 @@ def app(
     others. ``autoscaling_config`` (Serve's; it replaces ``num_replicas``) targets
     ``n_seq_max`` ongoing requests per replica unless it says otherwise. Serve's health check
     fails for a replica whose engine stopped, which Serve then replaces. Each replica reserves
-    ``num_cpus`` CPUs and computes with that many threads unless ``threads`` says otherwise.
+    ``num_cpus`` CPUs and computes with that many threads unless ``threads`` says otherwise;
+    ``context_options`` are further ``new_context`` keywords for the engine's context.
     """
     engine_options = {
         "n_ctx": n_ctx,
@@ -83,6 +85,7 @@ def app(
         "max_waiting": max_waiting,
         "prefix_cache": prefix_cache,
         "threads": threads,
+        **(context_options or {}),
         "rpc_servers": list(rpc_servers) if rpc_servers else None,
     }
     app_options = {"model_id": model_id or Path(model_path).name.removesuffix(".gguf"), "api_key": api_key}
