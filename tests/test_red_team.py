@@ -78,6 +78,9 @@ RAISES = {
     "nan_logit_bias": "ValueError",
     "infinite_rope_frequency": "ValueError",
     "more_threads_than_cpus": "ValueError",
+    "rpc_server_that_closes_after_the_handshake": "RpcError",
+    "rpc_server_that_answers_with_the_wrong_sizes": "RpcError",
+    "rpc_server_that_answers_the_handshake_with_garbage": "RpcError",
 }
 
 

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import llamactx
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests/, for the GGUF writers
+import fake_rpc
 import synthetic
 
 # RuntimeError: a callback that calls back into the context it runs in.
@@ -350,6 +351,14 @@ def reentrant_decode(b: int) -> None:
         ctx.set_abort_callback(None)
 
 
+def rpc_load(endpoint: str | None, answers: list[bytes], hello: bytes | None) -> None:
+    """A model loaded on an RPC server: an endpoint of any text, or a hostile server that greets
+    as llama.cpp's (or with any bytes) and then answers with any bytes."""
+    if endpoint is None:
+        endpoint = fake_rpc.start(answers, hello=fake_rpc.HELLO if hello is None else hello)
+    llamactx.LlamaModel.load_from_file(model.path, rpc_servers=[endpoint], rpc_timeout=0.2).close()
+
+
 def shift_bf16(delta: int) -> None:
     batch = llamactx.LlamaBatch(4)
     batch.add_sequence([1, 2, 3], 0, False)
@@ -456,6 +465,17 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
         st.tuples(st.integers(0, 2**20), st.integers(0, 255)),
     ),
     "shift_bf16": (shift_bf16, st.tuples(ints)),
+    "rpc_load": (
+        rpc_load,
+        st.tuples(
+            # Text without a colon is refused before any connection; these ports reach no service.
+            st.none()
+            | st.text(st.characters(blacklist_characters=":"), max_size=12)
+            | st.sampled_from(["127.0.0.1:0", "127.0.0.1:1", "127.0.0.1:65536", "127.0.0.1:-1", ":1", "[::1]:1"]),
+            st.lists(st.binary(max_size=40), max_size=4),
+            st.none() | st.binary(max_size=40),
+        ),
+    ),
     "engine_request": (
         engine_request,
         st.tuples(

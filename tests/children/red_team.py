@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import crafted_states
+import fake_rpc
 import harness
 
 import llamactx
@@ -615,6 +616,24 @@ def chat_template_that_raises(model: llamactx.LlamaModel) -> None:
 @case
 def chat_template_that_does_not_parse(model: llamactx.LlamaModel) -> None:
     llamactx._llamactx._ChatTemplates(model, "{% for %}")
+
+
+@case
+def rpc_server_that_closes_after_the_handshake(model: llamactx.LlamaModel) -> None:
+    endpoint = fake_rpc.start([])
+    llamactx.LlamaModel.load_from_file(model.path, rpc_servers=[endpoint], rpc_timeout=2)
+
+
+@case
+def rpc_server_that_answers_with_the_wrong_sizes(model: llamactx.LlamaModel) -> None:
+    endpoint = fake_rpc.start([(2**40).to_bytes(8, "little"), bytes(3), bytes(100)])
+    llamactx.LlamaModel.load_from_file(model.path, rpc_servers=[endpoint], rpc_timeout=2)
+
+
+@case
+def rpc_server_that_answers_the_handshake_with_garbage(model: llamactx.LlamaModel) -> None:
+    endpoint = fake_rpc.start([], hello=(5).to_bytes(8, "little") + b"hello")
+    llamactx.LlamaModel.load_from_file(model.path, rpc_servers=[endpoint], rpc_timeout=2)
 
 
 if __name__ == "__main__":
