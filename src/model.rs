@@ -30,8 +30,6 @@ pub struct PyLlamaModel {
     vocab_only: bool,
     /// What its vocabulary lacks for turning text into tokens and back.
     gap: Option<VocabularyGap>,
-    /// The RPC servers holding its layers, if it was loaded with some.
-    rpc: Option<Arc<ModelLinks>>,
 }
 
 /// What llama.cpp's vocabulary code aborts or throws across FFI on.
@@ -199,7 +197,7 @@ impl PyLlamaModel {
             (false, false) => LlamaLoadMode::None,
             (false, true) => LlamaLoadMode::Mlock,
         };
-        let (model, gap, rpc) = detached(py, || {
+        let (model, gap) = detached(py, || {
             let links = rpc_servers
                 .map(|endpoints| ModelLinks::connect(&endpoints, timeout).map(Arc::new))
                 .transpose()?;
@@ -217,18 +215,17 @@ impl PyLlamaModel {
                 Some(links) => links.load(&path, &params)?,
                 None => explained(|| LlamaModel::load_from_file(backend, &path, &params))?,
             });
-            if let Some(links) = &links {
-                rpc::attach(&model, Arc::clone(links));
+            if let Some(links) = links {
+                rpc::attach(&model, links);
             }
             let gap = VocabularyGap::find(&model);
-            Ok((model, gap, links))
+            Ok((model, gap))
         })?;
         Ok(Self {
             gap,
             model: RwLock::new(Some(model)),
             path,
             vocab_only,
-            rpc,
         })
     }
 
@@ -238,8 +235,8 @@ impl PyLlamaModel {
     /// (`weight_bytes` is None for a model split across servers: llama.cpp does not report it).
     /// A model without RPC servers has one part, the CPU, with all its weights.
     fn devices<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        let model_size = self.native()?.model_size();
-        rpc::placements(self.rpc.as_deref(), model_size)
+        let model = self.native()?;
+        rpc::placements(rpc::links_of(&model).as_deref(), model.model_size())
             .into_iter()
             .map(|part| {
                 let dict = PyDict::new(py);
