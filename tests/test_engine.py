@@ -405,3 +405,33 @@ def test_models_the_engine_cannot_run_are_refused(tiny_bert_path: Path) -> None:
     bert = llamactx.LlamaModel.load_from_file(tiny_bert_path)
     with pytest.raises(ValueError, match="no KV cache"):
         llamactx.Engine(bert, n_ctx=256, n_seq_max=2)
+
+
+def test_a_request_arriving_while_a_prompt_is_read_is_read_before_the_next_step(
+    model: llamactx.LlamaModel,
+) -> None:
+    """A short request that arrives while a long prompt is read is read right after it, so its
+    first token comes before the running request's next token (not a whole step later)."""
+    long_prompt = (model.str_to_token(SYSTEM * 40, True))[:1000]
+    with llamactx.Engine(model, n_ctx=3 * 1536, n_seq_max=3, n_batch=2048) as engine:
+        running = engine.submit("Count: one, two, three,", max_tokens=2000)
+        running_pieces: list[float] = []
+
+        def read_running() -> None:
+            for _ in running:
+                running_pieces.append(time.monotonic())
+
+        reader = threading.Thread(target=read_running)
+        reader.start()
+        wait_for(lambda: len(running_pieces) > 2)
+        long = engine.submit(long_prompt, max_tokens=1)
+        time.sleep(0.05)  # its prompt is being read (seconds on a CPU)
+        short_submitted = time.monotonic()
+        short = engine.submit("Count: one, two,", max_tokens=1)
+        next(iter(short))
+        short_first_token = time.monotonic()
+        running.cancel()
+        reader.join()
+        assert long.result(timeout=60).finish_reason == short.result(timeout=60).finish_reason == "length"
+    running_next = min(piece for piece in running_pieces if piece > short_submitted)
+    assert short_first_token < running_next

@@ -1,5 +1,6 @@
 //! The engine's thread. Each step decodes chunks of prompts in one batch (oldest request first,
-//! up to `n_batch` tokens), then the next token of every generating sequence in another: a long
+//! up to `n_batch` tokens; requests that arrived meanwhile fill what room is left, in a second
+//! batch), then the next token of every generating sequence in another: a long
 //! prompt is read over several steps while the other sequences keep generating, and a request
 //! whose prompt was read generates in the same step. Requests take
 //! a free sequence slot when the KV cells they may need (prompt plus `max_tokens`, at most a
@@ -18,7 +19,7 @@ use super::prefix_cache::{Placement, PrefixCache};
 use super::request::{PyCompletion, RequestShared, TokenLogprobs};
 use super::sampling::PySamplingParams;
 use super::steps::{token_bytes, Finish, Steps};
-use super::EngineShared;
+use super::{EngineShared, Inbox};
 use crate::batch::BatchState;
 use crate::context::OpenContext;
 use crate::errors::{Error, Result};
@@ -203,11 +204,6 @@ impl Scheduler {
     fn next_jobs(&mut self) -> Option<Vec<Job>> {
         let mut cancelled = Vec::new();
         let mut admitted = Vec::new();
-        let mut reserved: usize = self
-            .running
-            .iter()
-            .map(|running| running.job.cells(self.n_ctx_seq))
-            .sum();
         let mut inbox = self.shared.inbox();
         loop {
             if inbox.closed {
@@ -215,19 +211,7 @@ impl Scheduler {
                 finish_unstarted(cancelled);
                 return None;
             }
-            let (gone, kept): (VecDeque<Job>, VecDeque<Job>) =
-                inbox.waiting.drain(..).partition(|job| job.request.cancelled());
-            inbox.waiting = kept;
-            cancelled.extend(gone);
-            while admitted.len() < self.free_seqs.len() {
-                let Some(job) = inbox.waiting.front() else { break };
-                let cells = job.cells(self.n_ctx_seq);
-                if reserved + cells > self.n_ctx {
-                    break;
-                }
-                reserved += cells;
-                admitted.extend(inbox.waiting.pop_front());
-            }
+            self.take_jobs(&mut inbox, &mut admitted, &mut cancelled);
             if !admitted.is_empty() || !self.running.is_empty() || !cancelled.is_empty() {
                 break;
             }
@@ -240,6 +224,39 @@ impl Scheduler {
         drop(inbox);
         finish_unstarted(cancelled);
         Some(admitted)
+    }
+
+    /// The requests that arrived while prompts were read and fit now, without waiting.
+    fn arrived_jobs(&self) -> Vec<Job> {
+        let mut cancelled = Vec::new();
+        let mut admitted = Vec::new();
+        let mut inbox = self.shared.inbox();
+        if !inbox.closed {
+            self.take_jobs(&mut inbox, &mut admitted, &mut cancelled);
+        }
+        drop(inbox);
+        finish_unstarted(cancelled);
+        admitted
+    }
+
+    /// Moves the cancelled waiting requests to `cancelled`, then those at the front that fit
+    /// (a free slot, and the KV cells they may need) to `admitted`: first come first served.
+    fn take_jobs(&self, inbox: &mut Inbox, admitted: &mut Vec<Job>, cancelled: &mut Vec<Job>) {
+        let (gone, kept): (VecDeque<Job>, VecDeque<Job>) =
+            inbox.waiting.drain(..).partition(|job| job.request.cancelled());
+        inbox.waiting = kept;
+        cancelled.extend(gone);
+        let cells = |job: &Job| job.cells(self.n_ctx_seq);
+        let mut reserved: usize = self.running.iter().map(|running| cells(&running.job)).sum::<usize>()
+            + admitted.iter().map(cells).sum::<usize>();
+        while admitted.len() < self.free_seqs.len() {
+            let Some(job) = inbox.waiting.front() else { break };
+            if reserved + cells(job) > self.n_ctx {
+                break;
+            }
+            reserved += cells(job);
+            admitted.extend(inbox.waiting.pop_front());
+        }
     }
 
     fn admit(&mut self, mut job: Job) {
@@ -334,14 +351,25 @@ impl Scheduler {
 
     /// One decode of chunks of prompts being read (sampling where a prompt was read to its
     /// end), then one of the next token of every generating sequence. Prompts go first: a new
-    /// request's first token does not wait for a decode of the others' tokens.
+    /// request's first token does not wait for a decode of the others' tokens, nor does that
+    /// of a request that arrived while the prompts were read, if the step's `n_batch` prompt
+    /// tokens leave room for its prompt (read in a second decode of prompts).
     fn step(&mut self) {
         for running in &mut self.running {
             if running.end.is_none() && running.job.request.cancelled() {
                 running.end = Some(End::Cancelled);
             }
         }
-        self.read_prompts();
+        let room = self.read_prompts(0, self.n_batch);
+        let arrived_from = self.running.len();
+        if room > 0 {
+            for job in self.arrived_jobs() {
+                self.admit(job);
+            }
+        }
+        if self.running.len() > arrived_from {
+            self.read_prompts(arrived_from, room);
+        }
         self.generate();
     }
 
@@ -377,30 +405,29 @@ impl Scheduler {
         }
     }
 
-    /// Reads chunks of the prompts being read, oldest request first: each the next `n_batch`
-    /// tokens of its prompt (as `prefill` reads them), up to `n_batch` tokens in all (at least
-    /// one chunk), in one decode of prompts only.
+    /// Reads chunks of the prompts being read by `running[from..]`, oldest request first: each
+    /// the next `n_batch` tokens of its prompt (as `prefill` reads them), while they fit in
+    /// `room` tokens, in one decode of prompts only. Returns the room left.
     ///
     /// Prompt chunks never share a decode with generating sequences' tokens: llama.cpp splits
     /// such a batch into micro-batches that mix one prompt token with the others, and the
     /// slightly different numbers changed a near-tie greedy token.
-    fn read_prompts(&mut self) {
-        let mut room = self.n_batch;
+    fn read_prompts(&mut self, from: usize, mut room: usize) -> usize {
         let mut chunks: Vec<(usize, usize)> = Vec::new();
-        for (index, running) in self.running.iter().enumerate() {
+        for (index, running) in self.running.iter().enumerate().skip(from) {
             let left = running.job.prompt.len().saturating_sub(running.kv_len());
             if running.end.is_some() || left == 0 {
                 continue;
             }
             let chunk = left.min(self.n_batch);
-            if chunk > room && !chunks.is_empty() {
+            if chunk > room {
                 break;
             }
-            room = room.saturating_sub(chunk);
+            room -= chunk;
             chunks.push((index, chunk));
         }
         if chunks.is_empty() {
-            return;
+            return room;
         }
         if self.read_chunks(&chunks).is_err() {
             // Which prompt failed the decode (which changed nothing)? Each alone says.
@@ -410,6 +437,7 @@ impl Scheduler {
                 }
             }
         }
+        room
     }
 
     /// Decodes the given `(index in running, tokens)` prompt chunks in one batch, then samples
