@@ -8,10 +8,12 @@ official ``openai`` client, in one run on one machine:
 3. llama-cpp-python's server (one request at a time by design) at 8 streams.
 
 Every server gets the same model, threads, slots and greedy requests on /v1/completions (raw
-prompts: both sides read the same tokens). Each scenario runs ``--rounds`` times, alternating
-which server goes first; a ratio is the median of the rounds' ratios.
+prompts: both sides read the same tokens). For a scenario both servers start once and are warmed
+up, then it runs ``--rounds`` times: each round drives one server, then the other (which goes
+first alternates), with prompts new to both (the round is in them). So the two loads of a round
+run seconds apart and the machine's drift cancels; a ratio is the median of the rounds' ratios.
 
-    python benches/server.py --peer-python .venv-peers/bin/python [--threads 2] [--rounds 3]
+    python benches/server.py --peer-python .venv-peers/bin/python [--threads 2] [--rounds 5]
                              [--out bench-results] [--quick]
 
 Writes server.json and server.png into --out. Without llama-cpp-python in the peer venv its
@@ -29,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -58,9 +60,9 @@ class Scenario:
     max_tokens: int
     shared_prefix: bool = False
 
-    def prompt(self, stream: int, request: int) -> str:
+    def prompt(self, round_number: int, stream: int, request: int) -> str:
         topic = TOPICS[(stream + request) % len(TOPICS)]
-        story = f"Story {stream}.{request}. Once upon a time, near {topic}, there lived"
+        story = f"Story {round_number}.{stream}.{request}. Once upon a time, near {topic}, there lived"
         if self.shared_prefix:
             return f"{SYSTEM_PROMPT}\n\n{story}"
         return story
@@ -78,6 +80,7 @@ FULL = [
 ]
 QUICK = [Scenario("1 stream", 1, 1, 4), Scenario("2 streams, shared system prompt", 2, 1, 4, shared_prefix=True)]
 PEER_SCENARIO_STREAMS = 8  # llama-cpp-python's server is measured at 8 streams
+WARM_UP_ROUND = -1  # its prompts are none of the rounds'
 
 
 @dataclass
@@ -152,7 +155,7 @@ def end_of_generation_bans(model: str) -> dict[str, int]:
     return {str(token): -100 for token in range(vocabulary.n_vocab()) if vocabulary.is_eog_token(token)}
 
 
-async def drive(url: str, scenario: Scenario, bans: dict[str, int]) -> Load:
+async def drive(url: str, scenario: Scenario, bans: dict[str, int], round_number: int) -> Load:
     """``scenario.streams`` clients, each sending its requests one after another."""
     # A connection per request: llama-server's HTTP library closes kept-alive connections after a
     # few requests, and a client that reuses one as it closes fails the request.
@@ -167,7 +170,7 @@ async def drive(url: str, scenario: Scenario, bans: dict[str, int]) -> Load:
             sent = time.perf_counter()
             chunks = await api.completions.create(
                 model=model,
-                prompt=scenario.prompt(stream, request),
+                prompt=scenario.prompt(round_number, stream, request),
                 max_tokens=scenario.max_tokens,
                 temperature=0,
                 stream=True,
@@ -202,8 +205,10 @@ class Setup:
     logs: Path
     bans: dict[str, int]
 
-    def measure(self, server: str, scenario: Scenario) -> Load:
-        """A fresh ``server`` with one slot per stream, warmed up, then ``scenario``."""
+    @contextmanager
+    def serving(self, server: str, scenario: Scenario) -> Iterator[str]:
+        """A fresh ``server`` with one slot per stream, warmed up (first decodes, caches,
+        pools); its URL."""
         port = free_port()
         slots = scenario.streams
         command = server_command(
@@ -211,11 +216,15 @@ class Setup:
         )
         log = self.logs / f"{server} {scenario.name}.log"
         with started(command, f"http://127.0.0.1:{port}", log) as url:
-            try:
-                asyncio.run(drive(url, replace_count(scenario, 1, 1), self.bans))  # first decodes, caches, pools
-                return asyncio.run(drive(url, scenario, self.bans))
-            except openai.APIError as error:
-                raise SystemExit(f"{server} failed in {scenario.name!r} ({error}); its log: {log}") from error
+            self.load(server, url, replace_count(scenario, 1, 1), WARM_UP_ROUND)
+            yield url
+
+    def load(self, server: str, url: str, scenario: Scenario, round_number: int) -> Load:
+        try:
+            return asyncio.run(drive(url, scenario, self.bans, round_number))
+        except openai.APIError as error:
+            log = self.logs / f"{server} {scenario.name}.log"
+            raise SystemExit(f"{server} failed in {scenario.name!r} ({error}); its log: {log}") from error
 
 
 def replace_count(scenario: Scenario, streams: int, requests: int) -> Scenario:
@@ -238,10 +247,12 @@ def run(model: str, peer: Path, threads: int, scenarios: list[Scenario], rounds:
     out.mkdir(parents=True, exist_ok=True)
     for scenario, peer_server, scenario_rounds in comparisons:
         rows: dict[str, list[Load]] = {"llamactx": [], peer_server: []}
-        for round_number in range(scenario_rounds):
-            order = list(rows) if round_number % 2 == 0 else list(reversed(rows))
-            for server in order:
-                rows[server].append(setup.measure(server, scenario))
+        with ExitStack() as servers:
+            urls = {server: servers.enter_context(setup.serving(server, scenario)) for server in rows}
+            for round_number in range(scenario_rounds):
+                order = list(rows) if round_number % 2 == 0 else list(reversed(rows))
+                for server in order:
+                    rows[server].append(setup.load(server, urls[server], scenario, round_number))
         results["scenarios"][scenario.name] = summary(scenario, rows)
         print(json.dumps({scenario.name: results["scenarios"][scenario.name]["ratios"]}), flush=True)
         (out / "server.json").write_text(json.dumps(results, indent=2))  # a failure later keeps these
@@ -292,7 +303,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer-python", type=Path, required=True, help="the venv of `make bench-peers`")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--quick", action="store_true")
     arguments = parser.parse_args()
