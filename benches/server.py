@@ -4,14 +4,16 @@ official ``openai`` client, in one run on one machine:
 
 1. aggregate completion tokens/s and p50 time to first token at 1, 8 and 32 concurrent
    streams (each server with as many slots as streams and 512 cells per slot);
-2. the same at 8 streams whose prompts share a long system prompt;
+2. the same at 8 streams whose prompts share a long system prompt, new in each round and served
+   once (untimed, as to an application's first user) before the round's load;
 3. llama-cpp-python's server (one request at a time by design) at 8 streams.
 
 Every server gets the same model, threads, slots and greedy requests on /v1/completions (raw
-prompts: both sides read the same tokens). For a scenario both servers start once and are warmed
-up, then it runs ``--rounds`` times: each round drives one server, then the other (which goes
-first alternates), with prompts new to both (the round is in them). So the two loads of a round
-run seconds apart and the machine's drift cancels; a ratio is the median of the rounds' ratios.
+prompts: both sides read the same tokens). For a scenario both servers start once, then it runs
+``--rounds`` times: each round serves one untimed warm-up request, then drives the scenario's load
+on one server, then the same on the other (which goes first alternates), with prompts new to both
+(the round is in them). So the two loads of a round run seconds apart and the machine's drift
+cancels; a ratio is the median of the rounds' ratios.
 
     python benches/server.py --peer-python .venv-peers/bin/python [--threads 2] [--rounds 5]
                              [--out bench-results] [--quick]
@@ -59,12 +61,13 @@ class Scenario:
     requests_per_stream: int
     max_tokens: int
     shared_prefix: bool = False
+    first_stream: int = 0  # streams are numbered from it
 
     def prompt(self, round_number: int, stream: int, request: int) -> str:
         topic = TOPICS[(stream + request) % len(TOPICS)]
         story = f"Story {round_number}.{stream}.{request}. Once upon a time, near {topic}, there lived"
-        if self.shared_prefix:
-            return f"{SYSTEM_PROMPT}\n\n{story}"
+        if self.shared_prefix:  # a system prompt no slot holds yet
+            return f"Round {round_number}. {SYSTEM_PROMPT}\n\n{story}"
         return story
 
     @property
@@ -80,7 +83,7 @@ FULL = [
 ]
 QUICK = [Scenario("1 stream", 1, 1, 4), Scenario("2 streams, shared system prompt", 2, 1, 4, shared_prefix=True)]
 PEER_SCENARIO_STREAMS = 8  # llama-cpp-python's server is measured at 8 streams
-WARM_UP_ROUND = -1  # its prompts are none of the rounds'
+WARM_UP_STREAM = -1  # the warm-up request's prompt is none of the round's
 
 
 @dataclass
@@ -190,7 +193,8 @@ async def drive(url: str, scenario: Scenario, bans: dict[str, int], round_number
             return sum([await one(stream, request) for request in range(scenario.requests_per_stream)])
 
         began = time.perf_counter()
-        tokens = sum(await asyncio.gather(*(client(stream) for stream in range(scenario.streams))))
+        streams = range(scenario.first_stream, scenario.first_stream + scenario.streams)
+        tokens = sum(await asyncio.gather(*(client(stream) for stream in streams)))
         return Load(tokens, time.perf_counter() - began, first_tokens)
 
 
@@ -207,8 +211,7 @@ class Setup:
 
     @contextmanager
     def serving(self, server: str, scenario: Scenario) -> Iterator[str]:
-        """A fresh ``server`` with one slot per stream, warmed up (first decodes, caches,
-        pools); its URL."""
+        """A fresh ``server`` with one slot per stream; its URL."""
         port = free_port()
         slots = scenario.streams
         command = server_command(
@@ -216,11 +219,13 @@ class Setup:
         )
         log = self.logs / f"{server} {scenario.name}.log"
         with started(command, f"http://127.0.0.1:{port}", log) as url:
-            self.load(server, url, replace_count(scenario, 1, 1), WARM_UP_ROUND)
             yield url
 
     def load(self, server: str, url: str, scenario: Scenario, round_number: int) -> Load:
+        """One warm-up request (first decodes, caches, pools; the round's system prompt), then
+        the round's load."""
         try:
+            asyncio.run(drive(url, warm_up(scenario), self.bans, round_number))
             return asyncio.run(drive(url, scenario, self.bans, round_number))
         except openai.APIError as error:
             log = self.logs / f"{server} {scenario.name}.log"
@@ -229,6 +234,14 @@ class Setup:
 
 def replace_count(scenario: Scenario, streams: int, requests: int) -> Scenario:
     return Scenario(scenario.name, streams, requests, min(scenario.max_tokens, 8), scenario.shared_prefix)
+
+
+def warm_up(scenario: Scenario) -> Scenario:
+    """One short request whose prompt is the round's (its system prompt too), but for a
+    stream that none of the round's requests is from."""
+    return Scenario(
+        scenario.name, 1, 1, min(scenario.max_tokens, 8), scenario.shared_prefix, first_stream=WARM_UP_STREAM
+    )
 
 
 def peer_has(peer: Path, module: str) -> bool:
