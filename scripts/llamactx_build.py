@@ -54,20 +54,22 @@ def toolchain_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def forget_stale_cmake_caches(environ: Mapping[str, str]) -> None:
-    """Removes the CMake caches of llama.cpp builds configured without today's C flags.
+    """Removes the CMake caches of llama.cpp builds that cannot be reused: configured without
+    today's C flags, or by a cmake that is gone.
 
     llama-cpp-sys-4 keeps one CMake build directory per feature set in the target directory
     and never configures it again, so a build made before the flags changed (e.g. with the AMX
-    kernels) would go on being linked. Without its CMakeCache.txt, CMake configures afresh.
+    kernels) would go on being linked. A build directory also runs the cmake that configured it,
+    by its path: one from the venv of a deleted checkout that shared the target directory fails
+    every later build ("Error 127"). Without its CMakeCache.txt, CMake configures afresh.
     """
     flags = environ.get("CFLAGS", "")
-    if not flags:
-        return
     target = Path(environ.get("CARGO_TARGET_DIR") or "target")
     for cache in target.glob("llama-cmake-cache/*/build/CMakeCache.txt"):
         lines = cache.read_text(errors="replace").splitlines()
         configured = next((line for line in lines if line.startswith("CMAKE_C_FLAGS:")), "")
-        if flags not in configured:
+        command = next((line for line in lines if line.startswith("CMAKE_COMMAND:")), "").partition("=")[2]
+        if flags not in configured or (command and not Path(command).is_file()):
             cache.unlink()
 
 
