@@ -725,3 +725,25 @@ def test_a_closed_engine_is_503_and_unhealthy(model: llamactx.LlamaModel) -> Non
     assert reply.status_code == 503
     assert reply.headers["Retry-After"] == "1"
     assert reply.json()["error"]["message"] == "the server is shutting down"
+
+
+def test_flash_attention_off_serves_what_an_engine_without_it_computes(
+    model_path: Path, model: llamactx.LlamaModel
+) -> None:
+    prompt = "The capital of France is"
+    options = ("--no-prefix-cache", "--parallel", "1", "--ctx", "1024", "--flash-attn", "off")
+    with running_server(model_path, *options) as without_flash_attention:
+        reply = client(without_flash_attention).completions.create(
+            model=MODEL_ID, prompt=prompt, max_tokens=8, temperature=0, logprobs=1
+        )
+    assert reply.choices[0].logprobs is not None
+    served = reply.choices[0].logprobs.token_logprobs
+    assert served is not None
+    engines: dict[int, list[float]] = {}
+    for flash_attn_type in (0, -1):
+        with llamactx.Engine(model, n_ctx=1024, n_seq_max=1, prefix_cache=False, flash_attn_type=flash_attn_type) as e:
+            completion = e.submit(prompt, max_tokens=8, logprobs=1).result(60)
+        engines[flash_attn_type] = [entry[0][1] for entry in completion.logprobs]
+    assert served == pytest.approx(engines[0], abs=1e-5)
+    # Flash attention's numbers differ (by up to 0.1 here), so the option took effect.
+    assert max(abs(a - b) for a, b in zip(served, engines[-1], strict=True)) > 1e-3

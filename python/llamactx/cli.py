@@ -174,6 +174,16 @@ def _read_line() -> str:
         return ""
 
 
+#: ``serve --flash-attn``'s words, as llama.cpp's ``flash_attn_type``.
+_FLASH_ATTN_TYPES = {"auto": -1, "on": 1, "off": 0}
+
+
+def _flash_attn_type(word: str) -> int:
+    if word not in _FLASH_ATTN_TYPES:
+        raise argparse.ArgumentTypeError(f"{word!r} is not one of auto, on, off")
+    return _FLASH_ATTN_TYPES[word]
+
+
 def _serve(arguments: argparse.Namespace) -> int:
     try:
         from llamactx.server._serve import serve
@@ -389,6 +399,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-waiting", type=NON_NEGATIVE, default=1024, metavar="N", help="queue length before 503")
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of earlier prompts")
     serve.add_argument("--model-id", help="the model name clients use (default: the file name without .gguf)")
+    serve.add_argument(
+        "--flash-attn",
+        type=_flash_attn_type,
+        default="auto",
+        metavar="{auto,on,off}",
+        help="flash attention, as llama-server's -fa (default: %(default)s, llama.cpp's choice: on for a CPU, "
+        "where off can generate faster at long contexts)",
+    )
     serve.set_defaults(run=_serve)
 
     rpc_server = commands.add_parser(

@@ -47,6 +47,7 @@ def serve(model: LlamaModel, arguments: argparse.Namespace, embeddings: LlamaCon
         print(f"llamactx serve: cannot listen on {arguments.host}:{arguments.port}: {error}", file=sys.stderr)
         return 1
     options = {"n_threads": arguments.threads, "n_threads_batch": arguments.threads} if arguments.threads else {}
+    options["flash_attn_type"] = arguments.flash_attn
     with (
         sock,
         Engine(
