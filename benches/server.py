@@ -217,8 +217,7 @@ class Setup:
         command = server_command(
             server, self.model, port, self.threads, slots, slots * scenario.cells_per_slot, self.peer
         )
-        log = self.logs / f"{server} {scenario.name}.log"
-        with started(command, f"http://127.0.0.1:{port}", log) as url:
+        with started(command, f"http://127.0.0.1:{port}", self.log(server, scenario)) as url:
             yield url
 
     def load(self, server: str, url: str, scenario: Scenario, round_number: int) -> Load:
@@ -228,8 +227,12 @@ class Setup:
             asyncio.run(drive(url, warm_up(scenario), self.bans, round_number))
             return asyncio.run(drive(url, scenario, self.bans, round_number))
         except openai.APIError as error:
-            log = self.logs / f"{server} {scenario.name}.log"
+            log = self.log(server, scenario)
             raise SystemExit(f"{server} failed in {scenario.name!r} ({error}); its log: {log}") from error
+
+    def log(self, server: str, scenario: Scenario) -> Path:
+        """Where ``server``'s stderr goes while it serves ``scenario``."""
+        return self.logs / f"{server} {scenario.name}.log"
 
 
 def replace_count(scenario: Scenario, streams: int, requests: int) -> Scenario:
