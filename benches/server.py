@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -236,15 +236,13 @@ class Setup:
 
 
 def replace_count(scenario: Scenario, streams: int, requests: int) -> Scenario:
-    return Scenario(scenario.name, streams, requests, min(scenario.max_tokens, 8), scenario.shared_prefix)
+    return replace(scenario, streams=streams, requests_per_stream=requests, max_tokens=min(scenario.max_tokens, 8))
 
 
 def warm_up(scenario: Scenario) -> Scenario:
     """One short request whose prompt is the round's (its system prompt too), but for a
     stream that none of the round's requests is from."""
-    return Scenario(
-        scenario.name, 1, 1, min(scenario.max_tokens, 8), scenario.shared_prefix, first_stream=WARM_UP_STREAM
-    )
+    return replace(replace_count(scenario, 1, 1), first_stream=WARM_UP_STREAM)
 
 
 def peer_has(peer: Path, module: str) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 
+HELLO_COMMAND = 14  # ggml-rpc's RPC_CMD_HELLO
 # An 8-byte size, then rpc_msg_hello_rsp: protocol 8.0.1 and no transport capabilities.
 HELLO = (28).to_bytes(8, "little") + bytes([8, 0, 1, 0]) + bytes(24)
 LARGEST_REQUEST = 1 << 26
@@ -31,7 +32,7 @@ def start(answers: list[bytes], *, hello: bytes = HELLO) -> str:
                         size = int.from_bytes(header[1:], "little")
                         if size > LARGEST_REQUEST or _read(connection, size) is None:
                             break
-                        answer = hello if header[0] == 14 else (pending.pop(0) if pending else None)
+                        answer = hello if header[0] == HELLO_COMMAND else (pending.pop(0) if pending else None)
                         if answer is None:
                             break
                         connection.sendall(answer)
