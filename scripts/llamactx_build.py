@@ -129,10 +129,8 @@ def _with_toolchain(hook: Any) -> Any:
     return run
 
 
-def _backend_hooks() -> dict[str, Any]:
-    import maturin
-
-    names = [
+_MATURIN_HOOKS = frozenset(
+    {
         "build_wheel",
         "build_sdist",
         "build_editable",
@@ -141,8 +139,18 @@ def _backend_hooks() -> dict[str, Any]:
         "get_requires_for_build_editable",
         "prepare_metadata_for_build_wheel",
         "prepare_metadata_for_build_editable",
-    ]
-    return {name: _with_toolchain(getattr(maturin, name)) for name in names if hasattr(maturin, name)}
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    # Resolved on first use, so that importing this module (a test does) needs no maturin.
+    if name in _MATURIN_HOOKS:
+        import maturin
+
+        if hasattr(maturin, name):
+            return _with_toolchain(getattr(maturin, name))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":
@@ -151,5 +159,3 @@ if __name__ == "__main__":
     environment = {**os.environ, **toolchain_env(os.environ)}
     forget_stale_cmake_caches(environment)
     os.execvpe(sys.argv[1], sys.argv[1:], environment)
-else:
-    globals().update(_backend_hooks())
