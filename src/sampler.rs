@@ -166,15 +166,20 @@ pub fn select(native: &OpenContext, sampler: &mut LlamaSampler, row: i32) -> Res
             )
         })?;
     if chosen.logit() == f32::NEG_INFINITY {
-        return Err(Error::llama(
-            ExcClass::ShimError,
-            "Failed",
-            None,
-            "no candidate is left that the sampler allows (a grammar after top_k/top_p/min_p may \
-             have ruled out every token they kept: put the grammar first)",
-        ));
+        return Err(no_token_left());
     }
     Ok(chosen)
+}
+
+/// The error of a sampler that ruled out every token.
+pub fn no_token_left() -> Error {
+    Error::llama(
+        ExcClass::ShimError,
+        "Failed",
+        None,
+        "no candidate is left that the sampler allows (a grammar after top_k/top_p/min_p may \
+         have ruled out every token they kept: put the grammar first)",
+    )
 }
 
 /// Whether `sampler` would rule `token` out now, tried on a copy (samplers have state).

@@ -176,6 +176,27 @@ def test_seeded_sampling_does_not_depend_on_what_else_runs(engine: llamactx.Engi
         request.result()
 
 
+def test_greedy_requests_with_logit_bias_pick_what_llama_cpp_s_chain_picks(
+    engine: llamactx.Engine, model: llamactx.LlamaModel
+) -> None:
+    # The engine picks greedy tokens from the logits itself, without llama.cpp's sampler chain.
+    plain = engine.submit(prompt(1), max_tokens=12).result()
+    bias = {plain.tokens[0]: float("-inf"), plain.tokens[3]: 2.5}
+    sampling = llamactx.SamplingParams(temperature=0, logit_bias=bias)
+    biased = engine.submit(prompt(1), max_tokens=12, sampling=sampling).result()
+    with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ, n_batch=N_BATCH) as ctx:
+        expected = llamactx.generate(ctx, prompt(1), max_tokens=12, sampler=sampling.sampler(model))
+        ban_all = llamactx.SamplingParams(temperature=0, logit_bias=dict.fromkeys(range(model.n_vocab()), -np.inf))
+        with pytest.raises(llamactx.ShimError, match="no candidate is left") as by_chain:
+            llamactx.generate(ctx, prompt(1), max_tokens=4, sampler=ban_all.sampler(model))
+    assert biased.text == expected
+    assert plain.tokens[0] not in biased.tokens
+    assert biased.text != plain.text
+    with pytest.raises(llamactx.ShimError) as by_engine:
+        engine.submit(prompt(1), max_tokens=4, sampling=ban_all).result()
+    assert str(by_engine.value) == str(by_chain.value)
+
+
 def test_stop_strings_and_limits(engine: llamactx.Engine, model: llamactx.LlamaModel) -> None:
     with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ, n_batch=N_BATCH) as ctx:
         expected = llamactx.generate(ctx, "One, two, three,", max_tokens=20, stop=[" five"])

@@ -17,14 +17,14 @@ use llama_cpp_4::token::LlamaToken;
 use super::logprobs::top_logprobs;
 use super::prefix_cache::{Placement, PrefixCache};
 use super::request::{PyCompletion, RequestShared, TokenLogprobs};
-use super::sampling::PySamplingParams;
+use super::sampling::{GreedyPick, PySamplingParams};
 use super::steps::{token_bytes, Finish, Steps};
 use super::{EngineShared, Inbox};
 use crate::batch::BatchState;
 use crate::context::OpenContext;
 use crate::errors::{Error, Result};
 use crate::sampler::custom::prepare_first_stages;
-use crate::sampler::{refuse_unfinished_end, select, try_accept, SendSampler};
+use crate::sampler::{no_token_left, refuse_unfinished_end, select, try_accept, SendSampler};
 
 /// A submitted request, checked against the engine's limits.
 pub struct Job {
@@ -69,6 +69,8 @@ struct Running {
     job: Job,
     seq: i32,
     sampler: LlamaSampler,
+    /// Picks in place of `sampler` when that is plain greedy (with `logit_bias`).
+    greedy: Option<GreedyPick>,
     steps: Steps,
     /// The tokens of this sequence in the KV cache (the prompt is read while they are fewer),
     /// for the prefix cache.
@@ -280,12 +282,13 @@ impl Scheduler {
         self.cache.taken(placement.seq, reused);
         let n_vocab = self.native.model().n_vocab();
         let sampling = job.sampling.build(n_vocab);
-        let sampler = match job.grammar.take() {
-            Some(grammar) => LlamaSampler::chain([grammar.0, sampling], true),
-            None => sampling,
+        let (sampler, greedy) = match job.grammar.take() {
+            Some(grammar) => (LlamaSampler::chain([grammar.0, sampling], true), None),
+            None => (sampling, job.sampling.greedy_pick()),
         };
         self.running.push(Running {
             sampler,
+            greedy,
             steps: Steps::new(job.stop.clone(), job.max_tokens, self.n_ctx_seq),
             seq: placement.seq,
             kv_tokens: job.prompt[..reused].to_vec(),
@@ -510,8 +513,12 @@ impl Scheduler {
     }
 
     fn sample(native: &OpenContext, running: &mut Running, row: i32) -> Result<()> {
-        let row = native.full_logits_row(row)?;
-        let chosen = select(native, &mut running.sampler, row)?.id();
+        let chosen = match &running.greedy {
+            Some(greedy) => native
+                .read_row(row, |context, row| greedy.pick(context.get_logits_ith(row)))?
+                .ok_or_else(no_token_left)?,
+            None => select(native, &mut running.sampler, native.full_logits_row(row)?)?.id(),
+        };
         let model = native.model();
         let end_of_generation = model.is_eog_token(chosen);
         // A grammar masks what it cannot take, so these only refuse what llama.cpp would abort on.
