@@ -119,6 +119,13 @@ def test_a_bad_option_value_is_a_usage_error(bad: list[str]) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_serve_refuses_an_unknown_flash_attention_word() -> None:
+    result = run_cli("serve", "--flash-attn", "maybe")
+    assert result.returncode == 2
+    assert "'maybe' is not one of auto, on, off" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_embed_command_writes_json_and_npy(model_path: Path, tmp_path: Path) -> None:
     import json
 
