@@ -10,7 +10,8 @@ QUESTION ?= What is the capital of France?
 WHEEL_VENV ?= .venv-wheel
 PEERS_VENV ?= .venv-peers
 # Every build runs with the native toolchain (libclang, cmake) from the venv's PyPI wheels.
-NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+# The instruction sets scripts/llamactx_build.py compiles out of llama.cpp on x86-64, for the peers too.
+X86_FLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 $(if $(filter 1,$(LLAMACTX_AVX512)),,-mno-avx512f)
 TOOLCHAIN := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/llamactx_build.py
 
 .PHONY: help demo test lint fuzz bench bench-peers wheel test-wheel build model clean
@@ -39,9 +40,9 @@ bench: build model bench-peers ## llamactx vs llama.cpp's tools (built from the 
 
 bench-peers: ## the peers of make bench in their own venv: llama-cpp-python 0.3.36 with its server (builds for ~7 minutes, once) and xllamacpp (llama.cpp's server, prebuilt)
 	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
-	# AMX kernels compiled out, as scripts/llamactx_build.py does for llamactx (SIGILL otherwise on
-	# VMs whose CPUs report AMX); its server predates sse-starlette 2.2 and fastapi 0.116.
-	CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)" $(PEERS_VENV)/bin/python -m pip install --quiet --no-cache-dir \
+	# AMX and AVX-512 compiled out, as scripts/llamactx_build.py does for llamactx (SIGILL otherwise
+	# on VMs whose CPUs report AMX); its server predates sse-starlette 2.2 and fastapi 0.116.
+	CFLAGS="$(X86_FLAGS)" CXXFLAGS="$(X86_FLAGS)" $(PEERS_VENV)/bin/python -m pip install --quiet --no-cache-dir \
 		numpy openai jsonschema xllamacpp "llama-cpp-python[server]==0.3.36" "sse-starlette<2.2" "fastapi<0.116"
 
 wheel: $(VENV)/.deps ## a release wheel in dist/ (abi3: one wheel for CPython 3.10 and later)

@@ -12,10 +12,16 @@ needs no root and no system packages. This module points the build at them:
 Settings already made by the user (``LIBCLANG_PATH``, ``CMAKE``) win; without the wheels the
 system's libclang and cmake are used, as bindgen and cmake-rs find them.
 
-On x86-64 it also compiles llama.cpp's AMX kernels out (``-mno-amx-*`` in CFLAGS/CXXFLAGS): the
-pinned llama.cpp runs AMX tile instructions on threads that Linux has not granted AMX to, which
-kills the process with SIGILL on the first decode wherever ``-march=native`` finds AMX (seen on
-a Sapphire Rapids VM; upstream llama.cpp pull request 26954 is the fix).
+On x86-64 it also compiles two instruction sets out of llama.cpp (in CFLAGS/CXXFLAGS):
+
+- AMX (``-mno-amx-*``): the pinned llama.cpp runs AMX tile instructions on threads that Linux has
+  not granted AMX to, which kills the process with SIGILL on the first decode wherever
+  ``-march=native`` finds AMX (seen on a Sapphire Rapids VM; upstream llama.cpp pull request
+  26954 is the fix);
+- AVX-512 (``-mno-avx512f``, which takes its extensions with it), leaving AVX2: with
+  AVX512-FP16, ggml's f16 vector loops step over 128 values, so flash attention over heads of 64
+  runs scalar code (one-token decodes about 30% slower); without it AVX-512 measured no faster
+  than AVX2 (README, "Build choices"). ``LLAMACTX_AVX512=1`` keeps AVX-512.
 """
 
 from __future__ import annotations
@@ -47,10 +53,16 @@ def toolchain_env(environ: Mapping[str, str]) -> dict[str, str]:
         cmake = _wheel_cmake()
         if cmake is not None:
             added["CMAKE"] = str(cmake)
-    if platform.machine().lower() in ("x86_64", "amd64") and _compiler_accepts(environ, NO_AMX):
+    flags = x86_flags(environ)
+    if platform.machine().lower() in ("x86_64", "amd64") and _compiler_accepts(environ, flags):
         for variable in ("CFLAGS", "CXXFLAGS"):
-            added[variable] = f"{environ.get(variable, '')} {NO_AMX}".strip()
+            added[variable] = f"{environ.get(variable, '')} {flags}".strip()
     return added
+
+
+def x86_flags(environ: Mapping[str, str]) -> str:
+    """The instruction sets compiled out on x86-64 (see the module's docstring)."""
+    return NO_AMX if environ.get("LLAMACTX_AVX512") == "1" else f"{NO_AMX} {NO_AVX512}"
 
 
 def forget_stale_cmake_caches(environ: Mapping[str, str]) -> None:
@@ -69,11 +81,21 @@ def forget_stale_cmake_caches(environ: Mapping[str, str]) -> None:
         lines = cache.read_text(errors="replace").splitlines()
         configured = next((line for line in lines if line.startswith("CMAKE_C_FLAGS:")), "")
         command = next((line for line in lines if line.startswith("CMAKE_COMMAND:")), "").partition("=")[2]
-        if flags not in configured or (command and not Path(command).is_file()):
+        if not _configured_with(configured, flags) or (command and not Path(command).is_file()):
             cache.unlink()
 
 
+def _configured_with(configured: str, flags: str) -> bool:
+    """Whether a cache's C flags hold ``flags``, and none of the flags this script adds that
+    ``flags`` lacks (a build with AVX-512 is stale once it is compiled out, and the reverse)."""
+    options = set(configured.partition("=")[2].split())
+    wanted = set(flags.split())
+    return wanted <= options and not (_ADDED_FLAGS - wanted) & options
+
+
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+NO_AVX512 = "-mno-avx512f"
+_ADDED_FLAGS = frozenset(f"{NO_AMX} {NO_AVX512}".split())
 
 
 def _wheel_libclang_dir() -> Path | None:

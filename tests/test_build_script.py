@@ -10,7 +10,7 @@ from types import ModuleType
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "llamactx_build.py"
-FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -mno-avx512f"
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +43,21 @@ def test_without_c_flags_only_a_vanished_cmake_counts(build_script: ModuleType, 
     vanished = cmake_cache(tmp_path, "b", "-O2", str(tmp_path / "gone" / "cmake"))
     build_script.forget_stale_cmake_caches({"CARGO_TARGET_DIR": str(tmp_path)})
     assert [kept.exists(), vanished.exists()] == [True, False]
+
+
+def test_avx512_is_compiled_out_unless_asked_for(build_script: ModuleType) -> None:
+    assert build_script.x86_flags({}).split() == FLAGS.split()
+    assert "-mno-avx512f" not in build_script.x86_flags({"LLAMACTX_AVX512": "1"}).split()
+
+
+@pytest.mark.parametrize("keep_avx512", [False, True])
+def test_a_cache_of_the_other_avx512_choice_is_removed(
+    build_script: ModuleType, tmp_path: Path, keep_avx512: bool
+) -> None:
+    environ = {"CARGO_TARGET_DIR": str(tmp_path), "LLAMACTX_AVX512": "1" if keep_avx512 else "0"}
+    environ["CFLAGS"] = build_script.x86_flags(environ)
+    other = {**environ, "LLAMACTX_AVX512": "0" if keep_avx512 else "1"}
+    current = cmake_cache(tmp_path, "a", f"-O2 {environ['CFLAGS']} -fPIC", sys.executable)
+    stale = cmake_cache(tmp_path, "b", f"-O2 {build_script.x86_flags(other)} -fPIC", sys.executable)
+    build_script.forget_stale_cmake_caches(environ)
+    assert [current.exists(), stale.exists()] == [True, False]
