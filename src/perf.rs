@@ -25,7 +25,7 @@ pub struct PyPerfContextData {
     /// Single tokens evaluated.
     #[pyo3(get)]
     n_eval: i32,
-    /// Tokens reused from the cache.
+    /// Decodes that reused the previous compute graph instead of building one.
     #[pyo3(get)]
     n_reused: i32,
 }

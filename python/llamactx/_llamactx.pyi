@@ -808,7 +808,7 @@ class PerfContextData:
         """Single tokens evaluated."""
     @property
     def n_reused(self) -> int:
-        """Tokens reused from the cache."""
+        """Decodes that reused the previous compute graph instead of building one."""
 
 @final
 class SamplingParams:
