@@ -176,6 +176,7 @@ async def drive(url: str, scenario: Scenario, bans: dict[str, int], round_number
                 prompt=scenario.prompt(round_number, stream, request),
                 max_tokens=scenario.max_tokens,
                 temperature=0,
+                logit_bias=bans,
                 stream=True,
                 stream_options={"include_usage": True},
             )
