@@ -16,7 +16,7 @@ flags_id=$(printf '%s' "${CFLAGS:-}" | cksum | cut -d' ' -f1)
 build_dir="${LLAMACTX_BENCH_BUILD:-$HOME/.cache/llamactx/llama-bench}/$version-$flags_id"
 if [ ! -x "$build_dir/bin/llama-bench" ] || [ ! -x "$build_dir/bin/llama-batched-bench" ]; then
     # Switched off: HTTPS downloads (no network here) and the targets whose sources the crate
-    # package leaves out (tests, examples, server, app). Compile flags stay llama.cpp's defaults.
+    # package leaves out (tests, examples, server, app). CMake options stay llama.cpp's defaults.
     "$cmake" -S "$source_dir" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DLLAMA_OPENSSL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF >&2
     "$cmake" --build "$build_dir" --target llama-bench llama-batched-bench -j "$(nproc)" >&2

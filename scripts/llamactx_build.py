@@ -20,7 +20,7 @@ On x86-64 it also compiles two instruction sets out of llama.cpp (in CFLAGS/CXXF
   26954 is the fix);
 - AVX-512 (``-mno-avx512f``, which takes its extensions with it), leaving AVX2: with
   AVX512-FP16, ggml's f16 vector loops step over 128 values, so flash attention over heads of 64
-  runs scalar code (one-token decodes about 30% slower); without it AVX-512 measured no faster
+  runs scalar code (one-token decodes about 25% slower); without it AVX-512 measured no faster
   than AVX2 (README, "Build choices"). ``LLAMACTX_AVX512=1`` keeps AVX-512.
 """
 
