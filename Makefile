@@ -11,7 +11,7 @@ WHEEL_VENV ?= .venv-wheel
 PEERS_VENV ?= .venv-peers
 # Every build runs with the native toolchain (libclang, cmake) from the venv's PyPI wheels.
 # The instruction sets scripts/llamactx_build.py compiles out of llama.cpp on x86-64, for the peers too.
-X86_FLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 $(if $(filter 1,$(LLAMACTX_AVX512)),,-mno-avx512f)
+X86_FLAGS = $(shell python3 -c 'import os, sys; sys.path.insert(0, "scripts"); import llamactx_build; print(llamactx_build.x86_flags(os.environ))')
 TOOLCHAIN := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/llamactx_build.py
 
 .PHONY: help demo test lint fuzz bench bench-peers wheel test-wheel build model clean
