@@ -41,6 +41,38 @@ pub fn schema_error(kind: &'static str, message: impl Into<String>) -> Error {
 pub fn new(model: &Arc<LlamaModel>, kind: &str, data: &str) -> Result<LlamaSampler> {
     let grammar = grammar(kind, data)?;
     let vocabulary = vocabulary::indexed(model)?;
+    let guidance = on_compile_stack(|| compile(&vocabulary, grammar, kind))?;
+    Ok(into_sampler(Box::new(guidance)))
+}
+
+/// The stack a constraint compiles on. llguidance's compilers recurse once per `$ref` followed
+/// and per chained Lark rule (measured: under 5 KiB a Lark rule, under 8 KiB a `$ref`; nesting
+/// within a rule or a JSON value is bounded by llguidance and serde_json), and
+/// `MAX_CONSTRAINT_LINKS` bounds how many of those a constraint holds: at most 160 MiB of this
+/// stack, which is reserved and touched only as deep as the recursion goes.
+const COMPILE_STACK_BYTES: usize = 512 << 20;
+
+/// The most `$ref`s, and for Lark lines (each rule starts one), in a constraint.
+const MAX_CONSTRAINT_LINKS: usize = 20_000;
+
+/// The longest constraint text compiled (a server's whole body is 4 MiB by default).
+const MAX_CONSTRAINT_BYTES: usize = 4 << 20;
+
+/// Runs `compile` on a thread of its own with `COMPILE_STACK_BYTES` of stack, whatever the
+/// caller's thread (Python's main thread, an event loop's, the engine's).
+fn on_compile_stack<T: Send>(compile: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("llamactx-constraint".to_owned())
+            .stack_size(COMPILE_STACK_BYTES)
+            .spawn_scoped(scope, compile)
+            .map_err(|err| Error::Runtime(format!("could not start a thread to compile the constraint: {err}")))?
+            .join()
+            .map_err(|_| schema_error("Failed", "llguidance panicked while compiling the constraint"))?
+    })
+}
+
+fn compile(vocabulary: &vocabulary::Indexed, grammar: TopLevelGrammar, kind: &str) -> Result<Guidance> {
     let parser = vocabulary
         .factory
         .create_parser(grammar)
@@ -52,15 +84,42 @@ pub fn new(model: &Arc<LlamaModel>, kind: &str, data: &str) -> Result<LlamaSampl
         ends: Arc::clone(&vocabulary.ends),
         mask: None,
     };
-    let first = guidance.mask().map_err(|err| schema_error("Unsupported", err))?;
+    let first = guidance.mask().map_err(|err| {
+        schema_error(
+            "Unsatisfiable",
+            format!(
+                "llguidance finds no way to start this {kind} ({err}); references that only lead back to \
+                 themselves, such as {{\"$ref\": \"#\"}}, admit no value"
+            ),
+        )
+    })?;
     if first.is_zero() {
         return Err(schema_error("Unsatisfiable", format!("this {kind} admits no output")));
     }
     guidance.mask = Some(first);
-    Ok(into_sampler(Box::new(guidance)))
+    Ok(guidance)
 }
 
 fn grammar(kind: &str, data: &str) -> Result<TopLevelGrammar> {
+    if data.len() > MAX_CONSTRAINT_BYTES {
+        return Err(schema_error(
+            "TooLarge",
+            format!(
+                "the {kind} has {} bytes; at most {MAX_CONSTRAINT_BYTES} are compiled",
+                data.len()
+            ),
+        ));
+    }
+    let links = data.matches("$ref").count() + if kind == "lark" { data.lines().count() } else { 0 };
+    if links > MAX_CONSTRAINT_LINKS {
+        return Err(schema_error(
+            "TooLarge",
+            format!(
+                "the {kind} has {links} references and rules; at most {MAX_CONSTRAINT_LINKS} are compiled (each \
+                 can be a level of llguidance's recursion)"
+            ),
+        ));
+    }
     match kind {
         "json_schema" => {
             let schema: Value = serde_json::from_str(data)

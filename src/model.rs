@@ -6,13 +6,13 @@ use std::sync::{Arc, RwLock};
 use llama_cpp_4::model::params::{LlamaLoadMode, LlamaModelParams};
 use llama_cpp_4::model::{AddBos, LlamaChatMessage, LlamaModel, Special};
 use llama_cpp_4::token::LlamaToken;
-use llama_cpp_4::TokenToStringError;
+use llama_cpp_4::{ApplyChatTemplateError, TokenToStringError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyType};
 
 use crate::backend::{backend, explained};
 use crate::context::{ContextOptions, PyLlamaContext};
-use crate::errors::{Error, Result};
+use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
 use crate::lora::PyLlamaLoraAdapter;
 use crate::metadata;
@@ -147,6 +147,16 @@ impl PyLlamaModel {
             other => Ok(other?),
         }
     }
+}
+
+/// The start of a template, for an error message.
+fn abbreviated(template: &str) -> String {
+    const SHOWN: usize = 60;
+    let mut shown: String = template.chars().take(SHOWN).collect();
+    if template.chars().nth(SHOWN).is_some() {
+        shown.push('…');
+    }
+    shown
 }
 
 fn special(render: bool) -> Special {
@@ -453,7 +463,22 @@ impl PyLlamaModel {
                 Some(template) => template,
                 None => metadata::chat_template(model)?,
             };
-            Ok(model.apply_chat_template(Some(&template), &chat, add_ass)?)
+            model
+                .apply_chat_template(Some(&template), &chat, add_ass)
+                .map_err(|err| match err {
+                    // llama.cpp's "unsupported template" (-1), which the crate words as a size.
+                    ApplyChatTemplateError::BuffSizeError => Error::llama(
+                        ExcClass::ApplyChatTemplateError,
+                        "UnknownTemplate",
+                        None,
+                        format!(
+                            "llama.cpp has no built-in chat format for the template {:?}: name one of its formats \
+                             (e.g. \"chatml\") or give a template it recognises",
+                            abbreviated(&template)
+                        ),
+                    ),
+                    other => other.into(),
+                })
         })
     }
 

@@ -240,6 +240,18 @@ pub(crate) fn finite(name: &str, value: f32) -> Result<f32> {
     }
 }
 
+/// Temperatures below this pick as temperature 0 does (only the most likely token). It already
+/// gives that token nearly all the probability, and far smaller ones divide the logits past
+/// `f32::MAX`: infinities, then NaN probabilities, and llama.cpp picks an arbitrary token.
+pub(crate) const MIN_TEMPERATURE: f32 = 1e-6;
+
+/// A finite temperature `t`, 0 when it is below `MIN_TEMPERATURE` (negative ones are
+/// llama.cpp's "keep the most likely token" already, for the samplers that take them).
+pub(crate) fn temperature(name: &str, t: f32) -> Result<f32> {
+    let t = finite(name, t)?;
+    Ok(if (0.0..MIN_TEMPERATURE).contains(&t) { 0.0 } else { t })
+}
+
 /// The longest token window a sampler may keep: llama.cpp allocates it up front (and again
 /// on every copy), so a typo must not ask for gigabytes.
 const MAX_WINDOW: i32 = 1 << 20;
@@ -309,10 +321,11 @@ impl PyLlamaSampler {
         Self::new(LlamaSampler::dist(seed), Stage::Dist)
     }
 
-    /// Divides the logits by temperature `t` (`t <= 0` keeps only the most likely token).
+    /// Divides the logits by temperature `t` (`t` below 1e-6 keeps only the most likely token).
     #[staticmethod]
     fn temp(t: f32) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::temp(finite("t", t)?), Stage::temperature(t)))
+        let t = temperature("t", t)?;
+        Ok(Self::new(LlamaSampler::temp(t), Stage::temperature(t)))
     }
 
     /// Keeps the `k` most likely tokens (`k <= 0` keeps all).
@@ -341,11 +354,13 @@ impl PyLlamaSampler {
         ))
     }
 
-    /// Temperature with dynamic range: `t` adjusted by entropy within `delta`, `exponent`.
+    /// Temperature with dynamic range: `t` adjusted by entropy within `delta`, `exponent` (`t`
+    /// below 1e-6 keeps only the most likely token).
     #[staticmethod]
     fn temp_ext(t: f32, delta: f32, exponent: f32) -> PyResult<Self> {
+        let t = temperature("t", t)?;
         Ok(Self::new(
-            LlamaSampler::temp_ext(finite("t", t)?, finite("delta", delta)?, finite("exponent", exponent)?),
+            LlamaSampler::temp_ext(t, finite("delta", delta)?, finite("exponent", exponent)?),
             Stage::temperature(t),
         ))
     }

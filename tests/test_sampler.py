@@ -117,3 +117,22 @@ def test_chain_keeps_copies(paris_ctx: llamactx.LlamaContext) -> None:
     assert chain.name() == "chain"
     assert chain.sample(paris_ctx) == greedy.sample(paris_ctx)
     assert "chain" in repr(chain)
+
+
+@pytest.mark.parametrize("tiny", [1e-40, 1e-45, 5e-7])
+def test_a_tiny_temperature_picks_as_greedy_does(
+    model: llamactx.LlamaModel, paris_ctx: llamactx.LlamaContext, paris: int, tiny: float
+) -> None:
+    # Dividing the logits by 1e-40 overflowed them to infinity: NaN probabilities, and llama.cpp
+    # picked the last candidate instead of " Paris".
+    for seed in range(4):
+        for temperature in (llamactx.LlamaSampler.temp(tiny), llamactx.LlamaSampler.temp_ext(tiny, 0.0, 1.0)):
+            assert (
+                llamactx.LlamaSampler.chain([temperature, llamactx.LlamaSampler.dist(seed)]).sample(paris_ctx) == paris
+            )
+    with model.new_context(n_ctx=256) as ctx:
+        greedy = llamactx.generate(ctx, "The capital of France is", max_tokens=12)
+        sampling = llamactx.SamplingParams(temperature=tiny, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+        assert (
+            llamactx.generate(ctx, "The capital of France is", max_tokens=12, sampler=sampling.sampler(model)) == greedy
+        )

@@ -118,8 +118,8 @@ def test_every_stub_definition_carries_the_native_docstring() -> None:
 
 def test_the_guard_ledger_names_real_cases() -> None:
     ledger = (ROOT / "docs" / "guards.md").read_text()
-    programs = {"red_team": "red_team.py", "hostile": "hostile_inputs.py"}
-    named = re.findall(r"`(red_team|hostile)::(\w+)`", ledger)
+    programs = {"red_team": "red_team.py", "second_red_team": "second_red_team.py", "hostile": "hostile_inputs.py"}
+    named = re.findall(r"`(second_red_team|red_team|hostile)::(\w+)`", ledger)
     assert len(named) > 20
     missing = [
         f"{program}::{name}"

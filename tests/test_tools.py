@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tool_examples import ASK_WEATHER, TIME, WEATHER
+from tool_examples import ASK_SHIPMENT, ASK_WEATHER, SHIP, TIME, WEATHER, Shipment
 
 import llamactx
 from llamactx._tools import MAX_CALLS, plan, reply_message
@@ -66,6 +66,52 @@ def test_the_plan_puts_the_tools_in_the_system_turn_and_results_in_user_turns() 
 def test_malformed_tools_and_choices_are_refused(tools: Any, choice: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         plan(ASK, tools, choice)
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda engine: engine.submit_chat(["hi"]), TypeError),
+        (lambda engine: engine.submit_chat([["user", "hi"]]), TypeError),
+        (lambda engine: engine.submit_chat("hi"), TypeError),
+        (lambda engine: engine.submit_chat([{"content": "hi"}]), ValueError),
+        (lambda engine: engine.submit_chat(ASK, tools=[WEATHER], tool_choice=3), TypeError),
+        (lambda engine: engine.submit_chat(ASK, tools="get_weather"), TypeError),
+        (lambda engine: engine.submit_chat(ASK, tools=["get_weather"]), TypeError),
+        (
+            lambda engine: engine.submit_chat(
+                [*ASK, {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}], tools=[WEATHER]
+            ),
+            ValueError,
+        ),
+    ],
+    ids=[
+        "str_message",
+        "list_message",
+        "str_messages",
+        "no_role",
+        "int_tool_choice",
+        "str_tools",
+        "str_tool",
+        "call_without_function",
+    ],
+)
+def test_malformed_chat_arguments_are_typed_errors(
+    engine: llamactx.Engine, call: Callable[[llamactx.Engine], Any], error: type[Exception]
+) -> None:
+    with pytest.raises(error, match=r"messages|tool"):
+        call(engine)
+
+
+def test_tool_parameters_with_defs_resolve_where_the_plan_puts_them(engine: llamactx.Engine) -> None:
+    planned = plan(ASK, [SHIP, WEATHER], "required")
+    assert planned.schema is not None
+    shipped = planned.schema["$defs"]["parameters_0"]
+    assert shipped["properties"]["to"] == {"$ref": "#/$defs/parameters_0/$defs/Address"}
+    reply = engine.submit_chat(ASK_SHIPMENT, tools=[SHIP], tool_choice="required", max_tokens=96).message(60)
+    assert reply["tool_calls"]
+    for call in reply["tool_calls"]:
+        Shipment.model_validate_json(call["function"]["arguments"])
 
 
 def test_reply_messages_are_openais() -> None:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mappin
 from functools import partial
 from typing import Any
 
-from llamactx._chat import Message
+from llamactx._chat import Message, template_tokens
 from llamactx._llamactx import (
     ChatTemplateError,
     Completion,
@@ -35,33 +35,32 @@ Delta = tuple[str, list[list[tuple[int, float]]]]
 
 class _LoopWaker:
     """Wakes one asyncio loop when a request it awaits has news: the engine writes to a pipe
-    (without the GIL) that the loop reads."""
+    (without the GIL) that the loop reads. It holds no reference to its loop, and forgets each
+    wait when it ends: a closed loop is then freed, its entry in ``_wakers`` goes, and the pipe
+    closes with this object."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
         self._native = _Waker()
-        self._waiting: list[tuple[_RequestCore, bool, asyncio.Future[None]]] = []
+        self._waiting: dict[asyncio.Future[None], tuple[_RequestCore, bool]] = {}
         loop.add_reader(self._native.fileno(), self._wake)
 
     def watch(self, core: _RequestCore, *, pieces: bool) -> None:
         core.watch(self._native, pieces)
 
-    def wait(self, core: _RequestCore, end_only: bool) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = self._loop.create_future()
-        self._waiting.append((core, end_only, future))
-        return future
+    async def wait(self, core: _RequestCore, end_only: bool) -> None:
+        """Returns once ``core`` has news (the end only, with ``end_only``)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[future] = (core, end_only)
+        try:
+            await future
+        finally:
+            del self._waiting[future]
 
     def _wake(self) -> None:
         self._native.drain()
-        still: list[tuple[_RequestCore, bool, asyncio.Future[None]]] = []
-        for core, end_only, future in self._waiting:
-            if future.done():
-                continue
-            if core.ready(end_only):
+        for future, (core, end_only) in self._waiting.items():
+            if not future.done() and core.ready(end_only):
                 future.set_result(None)
-            else:
-                still.append((core, end_only, future))
-        self._waiting = still
 
 
 _wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker] = weakref.WeakKeyDictionary()
@@ -278,7 +277,7 @@ class Engine:
             return native_chat(templates, messages, tools, tool_choice, parallel_tool_calls)
         planned = plan(messages, tools, tool_choice, parallel_tool_calls)
         return PreparedChat(
-            self._template_tokens(planned.messages),
+            template_tokens(self.model, planned.messages),
             planned.schema,
             None,
             [],
@@ -305,10 +304,6 @@ class Engine:
         """The token ids ``submit_chat`` decodes (without tools): ``messages`` in the model's
         chat template (or ``chat_template``), ready for the assistant's reply."""
         return self._prepare_chat(messages).tokens
-
-    def _template_tokens(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        prompt = self.model.apply_chat_template(messages, None, True)
-        return self.model.str_to_token(prompt, False)
 
     @property
     def n_ctx_seq(self) -> int:

@@ -591,7 +591,7 @@ class LlamaSampler:
         """Picks a token at random by its probability, from a generator seeded with `seed`."""
     @staticmethod
     def temp(t: float) -> LlamaSampler:
-        """Divides the logits by temperature `t` (`t <= 0` keeps only the most likely token)."""
+        """Divides the logits by temperature `t` (`t` below 1e-6 keeps only the most likely token)."""
     @staticmethod
     def top_k(k: int) -> LlamaSampler:
         """Keeps the `k` most likely tokens (`k <= 0` keeps all)."""
@@ -603,7 +603,9 @@ class LlamaSampler:
         """Keeps tokens at least `p` times as likely as the most likely one (at least `min_keep`)."""
     @staticmethod
     def temp_ext(t: float, delta: float, exponent: float) -> LlamaSampler:
-        """Temperature with dynamic range: `t` adjusted by entropy within `delta`, `exponent`."""
+        """Temperature with dynamic range: `t` adjusted by entropy within `delta`, `exponent` (`t`
+        below 1e-6 keeps only the most likely token).
+        """
     @staticmethod
     def typical(p: float, min_keep: int = 1) -> LlamaSampler:
         """Locally typical sampling with mass `p` (at least `min_keep` tokens)."""
@@ -947,7 +949,9 @@ class _RequestCore:
     def done(self) -> bool:
         """Whether the request is over."""
     def watch(self, waker: _Waker, pieces: bool) -> None:
-        """Wakes `waker`'s loop at the end, and on every piece from now on if `pieces`."""
+        """Wakes `waker`'s loop at the end, and on every piece from now on if `pieces`; every
+        loop that watches is woken.
+        """
 
 @final
 class _EngineCore:

@@ -99,19 +99,26 @@ def constraint(
     return grammar
 
 
+def constraint_stage(
+    model: LlamaModel, json_schema: JsonSchema | None, grammar: str | LlamaSampler | None
+) -> LlamaSampler | None:
+    """The sampler stage that masks what the constraint cannot take (compiled once here, then
+    copied by each user); None without a constraint."""
+    spec = constraint(json_schema, grammar)
+    if spec is None or isinstance(spec, LlamaSampler):
+        return spec
+    kind, text = spec
+    return LlamaSampler.grammar(model, text) if kind == "gbnf" else LlamaSampler.llguidance(model, kind, text)
+
+
 def constrained(
     model: LlamaModel, sampler: LlamaSampler | None, json_schema: JsonSchema | None, grammar: str | None
 ) -> LlamaSampler | None:
     """``sampler`` (greedy when None) behind the constraint, which masks the candidates first;
     ``sampler`` itself when there is no constraint."""
-    spec = constraint(json_schema, grammar)
-    if spec is None:
+    stage = constraint_stage(model, json_schema, grammar)
+    if stage is None:
         return sampler
-    if isinstance(spec, LlamaSampler):
-        stage = spec
-    else:
-        kind, text = spec
-        stage = LlamaSampler.grammar(model, text) if kind == "gbnf" else LlamaSampler.llguidance(model, kind, text)
     return LlamaSampler.chain([stage, sampler if sampler is not None else LlamaSampler.greedy()])
 
 
@@ -167,13 +174,15 @@ def generate_json(
 def _generate_on_context(
     ctx: LlamaContext, prompt: str | Sequence[Message], schema: str, max_tokens: int, sampling: SamplingParams | None
 ) -> tuple[str, bool]:
+    from llamactx._chat import template_tokens
     from llamactx._generation import stream
+    from llamactx._tools import turns
 
     model = ctx.model
-    text = prompt if isinstance(prompt, str) else model.apply_chat_template(prompt, None, True)
+    tokens = prompt if isinstance(prompt, str) else template_tokens(model, turns(prompt), add_bos=model.add_bos_token())
     sampler = None if sampling is None else sampling.sampler(model)
     pieces: list[str] = []
-    generation = stream(ctx, text, max_tokens=max_tokens, sampler=sampler, json_schema=schema)
+    generation = stream(ctx, tokens, max_tokens=max_tokens, sampler=sampler, json_schema=schema)
     while True:
         try:
             pieces.append(next(generation))

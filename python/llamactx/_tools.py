@@ -16,7 +16,17 @@ from typing import Any, Literal
 from llamactx._llamactx import LlamaSampler, _ChatApplied, _ChatTemplates
 from llamactx._structured import closed
 
-__all__ = ["PreparedChat", "Tool", "ToolChoice", "ToolPlan", "native_chat", "plan", "reply_message"]
+__all__ = [
+    "PreparedChat",
+    "Tool",
+    "ToolChoice",
+    "ToolPlan",
+    "checked_messages",
+    "native_chat",
+    "plan",
+    "reply_message",
+    "turns",
+]
 
 #: OpenAI's tool: ``{"type": "function", "function": {"name", "description", "parameters"}}``.
 Tool = Mapping[str, Any]
@@ -59,14 +69,14 @@ def native_chat(
     format analysis): the template renders the tools, its grammar (lazy, waiting for the call's
     opening) keeps calls well-formed, and its parser reads them back. A named function is the
     only tool offered, with the choice "required"."""
-    functions = [_function(tool) for tool in tools]
+    functions = _functions(tools)
     mode, chosen = _choice(tool_choice, [function["name"] for function in functions])
     offered = [
         {"type": "function", "function": function}
         for function in functions
         if chosen is None or function["name"] == chosen
     ]
-    openai_messages = [_openai_message(message) for message in messages]
+    openai_messages = [_openai_message(message) for message in checked_messages(messages)]
     applied = templates.apply(json.dumps(openai_messages), json.dumps(offered), mode, parallel_tool_calls)
     stops = applied.additional_stops()
     return PreparedChat(applied.tokens(), None, applied.sampler(), stops, partial(_parsed, applied))
@@ -82,6 +92,45 @@ def _openai_message(message: Mapping[str, Any] | tuple[str, str]) -> dict[str, A
     if out.get("role") == "developer":
         out["role"] = "system"
     return out
+
+
+def checked_messages(messages: object) -> list[Mapping[str, Any] | tuple[str, str]]:
+    """``messages`` as a list, each checked to be a ``(role, content)`` pair of strings or a dict
+    with a string ``role``, whose ``tool_calls`` (if any) each name a ``function``. ``TypeError``
+    or ``ValueError`` naming the message otherwise."""
+    if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
+        raise TypeError(f"messages must be a list of chat messages, not {type(messages).__name__}")
+    checked: list[Mapping[str, Any] | tuple[str, str]] = []
+    for index, message in enumerate(messages):
+        if isinstance(message, tuple):
+            if len(message) != 2 or not all(isinstance(part, str) for part in message):
+                raise TypeError(f"messages[{index}] as a pair must be (role, content), two strings: {message!r}")
+        elif isinstance(message, Mapping):
+            _check_message(index, message)
+        else:
+            raise TypeError(
+                f"messages[{index}] must be a dict with 'role' and 'content' or a (role, content) pair, "
+                f"not {type(message).__name__}"
+            )
+        checked.append(message)
+    return checked
+
+
+def _check_message(index: int, message: Mapping[str, Any]) -> None:
+    if not isinstance(message.get("role"), str):
+        raise ValueError(f"messages[{index}] needs a 'role' string: {message!r}")
+    calls = message.get("tool_calls")
+    if calls is None:
+        return
+    if isinstance(calls, str | bytes | Mapping) or not isinstance(calls, Sequence):
+        raise TypeError(f"messages[{index}].tool_calls must be a list, not {type(calls).__name__}")
+    for number, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise ValueError(
+                f'messages[{index}].tool_calls[{number}] must be {{"function": {{"name": ..., "arguments": ...}}}}, '
+                f"got {call!r}"
+            )
 
 
 def _parsed(applied: _ChatApplied, text: str) -> dict[str, Any]:
@@ -119,12 +168,12 @@ def plan(
     """The ``ToolPlan`` for a conversation. Earlier assistant tool calls are shown in the reply
     protocol and ``tool`` results keep their role. ``ValueError`` for a malformed tool, an
     unknown ``tool_choice`` or a named function that is not among ``tools``."""
-    functions = [_function(tool) for tool in tools]
+    functions = _functions(tools)
     names = [function["name"] for function in functions]
     if len(set(names)) != len(names):
         raise ValueError(f"tool names must be unique, got {names}")
     mode, chosen = _choice(tool_choice, names)
-    history = _history(messages)
+    history = turns(messages)
     if mode == "none" or not functions:
         return ToolPlan(history, None)
     offered = [function for function in functions if chosen is None or function["name"] == chosen]
@@ -133,10 +182,21 @@ def plan(
         history[0] = ("system", history[0][1] + "\n\n" + system)
     else:
         history.insert(0, ("system", system))
-    calls: dict[str, Any] = {"type": "array", "items": {"anyOf": [_call_schema(f) for f in offered]}, "minItems": 1}
+    # Each tool's parameters live under the root's $defs, their own references rebased there.
+    pointers = [f"#/$defs/parameters_{index}" for index in range(len(offered))]
+    call_schemas = [
+        _call_schema(function["name"], pointer) for function, pointer in zip(offered, pointers, strict=True)
+    ]
+    calls: dict[str, Any] = {"type": "array", "items": {"anyOf": call_schemas}, "minItems": 1}
     calls["maxItems"] = MAX_CALLS if parallel_tool_calls else 1
     call_reply = _object({"tool_calls": calls})
-    schema = call_reply if mode == "required" else {"anyOf": [call_reply, _object({"content": {"type": "string"}})]}
+    schema: dict[str, Any] = (
+        call_reply if mode == "required" else {"anyOf": [call_reply, _object({"content": {"type": "string"}})]}
+    )
+    schema["$defs"] = {
+        pointer.rsplit("/", 1)[1]: _rebased(function["parameters"], pointer)
+        for function, pointer in zip(offered, pointers, strict=True)
+    }
     return ToolPlan(history, schema)
 
 
@@ -187,7 +247,15 @@ def _completed_calls(text: str) -> list[Any]:
         at += 2
 
 
+def _functions(tools: Sequence[Tool]) -> list[dict[str, Any]]:
+    if isinstance(tools, str | bytes | Mapping) or not isinstance(tools, Sequence):
+        raise TypeError(f"tools must be a list of OpenAI function tools, not {type(tools).__name__}")
+    return [_function(tool) for tool in tools]
+
+
 def _function(tool: Tool) -> dict[str, Any]:
+    if not isinstance(tool, Mapping):
+        raise TypeError(f'a tool is {{"type": "function", "function": {{"name": ...}}}}, not {type(tool).__name__}')
     function = tool.get("function") if tool.get("type") == "function" else None
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str) or not function["name"]:
         raise ValueError(f'a tool is {{"type": "function", "function": {{"name": ...}}}}, got {tool!r}')
@@ -206,6 +274,10 @@ def _choice(tool_choice: ToolChoice, names: list[str]) -> tuple[str, str | None]
         if tool_choice not in ("none", "auto", "required"):
             raise ValueError(f'tool_choice is "none", "auto", "required" or a named function, got {tool_choice!r}')
         return tool_choice, None
+    if not isinstance(tool_choice, Mapping):
+        raise TypeError(
+            f'tool_choice is "none", "auto", "required" or a named function, not {type(tool_choice).__name__}'
+        )
     function = tool_choice.get("function") if tool_choice.get("type") == "function" else None
     name = function.get("name") if isinstance(function, Mapping) else None
     if name not in names:
@@ -213,22 +285,37 @@ def _choice(tool_choice: ToolChoice, names: list[str]) -> tuple[str, str | None]
     return "required", name
 
 
-def _call_schema(function: Mapping[str, Any]) -> dict[str, Any]:
-    return _object({"name": {"const": function["name"]}, "arguments": function["parameters"]})
+def _call_schema(name: str, parameters: str) -> dict[str, Any]:
+    return _object({"name": {"const": name}, "arguments": {"$ref": parameters}})
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """``schema`` with every local ``$ref`` (``#...``) pointing into ``base`` instead of the
+    document's root: a schema's references stay right wherever it is embedded."""
+    if isinstance(schema, list):
+        return [_rebased(item, base) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    rebased = {key: _rebased(value, base) for key, value in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        rebased["$ref"] = base + ref[1:]
+    return rebased
 
 
 def _object(properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
 
 
-def _history(messages: Sequence[Mapping[str, Any] | tuple[str, str]]) -> list[tuple[str, str]]:
-    """The conversation as chat-template turns. A tool's result becomes a user turn naming the
+def turns(messages: Sequence[Mapping[str, Any] | tuple[str, str]]) -> list[tuple[str, str]]:
+    """The conversation as chat-template turns (``TypeError`` / ``ValueError`` naming a malformed
+    message). A tool's result becomes a user turn naming the
     tool: chat templates without tool support drop or garble a ``tool`` role, and a small model
     answers from "The tool get_weather returned: ..." where it repeats its call after a bare
     result."""
     names: dict[str, str] = {}
     history = []
-    for message in messages:
+    for message in checked_messages(messages):
         if not isinstance(message, tuple):
             for call in message.get("tool_calls") or ():
                 names[str(call.get("id"))] = call["function"]["name"]

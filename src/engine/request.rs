@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyTimeoutError;
@@ -16,6 +16,10 @@ use crate::errors::Error;
 
 /// How often a blocked wait looks for Ctrl-C (Python runs signal handlers only between waits).
 const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+/// Why a request unfinished at a fork cannot be awaited in the child.
+const FORKED_REQUEST: &str = "this request was submitted in the parent of this forked process, where its engine \
+                              thread stays; it will never finish here";
 
 /// A finished request: its text and tokens, why it ended, what it cost.
 #[pyclass(frozen, module = "llamactx", name = "Completion", get_all)]
@@ -85,10 +89,15 @@ pub struct RequestShared {
     /// 2 CPUs each wake-up stalled the engine's compute threads measurably).
     ended: Condvar,
     cancelled: AtomicBool,
-    waker: Mutex<Option<Arc<WakePipe>>>,
-    /// Whether the watching loop wants a wake-up per piece (`async for`), not just at the end.
+    /// The pipes of the event loops that await this request, one per loop. Weak: a loop's
+    /// pipe closes with its loop, whatever requests it once awaited; while a byte is written
+    /// the upgraded pipe is held open, so its descriptor number cannot be reused meanwhile.
+    wakers: Mutex<Vec<Weak<WakePipe>>>,
+    /// Whether a watching loop wants a wake-up per piece (`async for`), not just at the end.
     wake_on_pieces: AtomicBool,
     engine: Arc<EngineShared>,
+    /// The process that submitted the request: its engine thread exists only there.
+    pid: u32,
 }
 
 impl RequestShared {
@@ -98,15 +107,20 @@ impl RequestShared {
             changed: Condvar::new(),
             ended: Condvar::new(),
             cancelled: AtomicBool::new(false),
-            waker: Mutex::new(None),
+            wakers: Mutex::default(),
             wake_on_pieces: AtomicBool::new(false),
             engine,
+            pid: std::process::id(),
         }
     }
 
     fn progress(&self) -> MutexGuard<'_, Progress> {
         // Pieces and outcome stay consistent whatever panicked while holding the lock.
         self.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn wakers(&self) -> MutexGuard<'_, Vec<Weak<WakePipe>>> {
+        self.wakers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn notify(&self, end: bool) {
@@ -116,12 +130,7 @@ impl RequestShared {
         } else if !self.wake_on_pieces.load(Ordering::Acquire) {
             return;
         }
-        if let Some(pipe) = self
-            .waker
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-        {
+        for pipe in self.wakers().iter().filter_map(Weak::upgrade) {
             pipe.wake();
         }
     }
@@ -159,6 +168,14 @@ impl RequestShared {
     fn finished(&self) -> bool {
         self.progress().outcome.is_some()
     }
+
+    /// In a forked child: whether the request had ended. A lock the engine thread held at the
+    /// fork stays held in the child, so it is tried, never awaited.
+    fn ended_before_a_fork(&self) -> bool {
+        self.progress
+            .try_lock()
+            .is_ok_and(|progress| progress.outcome.is_some())
+    }
 }
 
 /// What a reader waits for.
@@ -191,6 +208,10 @@ impl PyRequestCore {
                     .map_err(|_| Error::value(format!("timeout must be a number of seconds >= 0, got {seconds}")))
             })
             .transpose()?;
+        if std::process::id() != self.shared.pid && !self.shared.ended_before_a_fork() {
+            // The engine thread that would finish it stayed in the parent.
+            return Err(Error::value(FORKED_REQUEST).into());
+        }
         loop {
             let done = py.detach(|| {
                 let progress = self.shared.progress();
@@ -235,14 +256,26 @@ impl PyRequestCore {
         Err(raised)
     }
 
-    /// The next piece, or None at the end (raising the failure, if it failed). Call when
-    /// `ready(Want::Piece)`.
-    fn take(&self, py: Python<'_>) -> PyResult<Option<Piece>> {
-        if let Some(piece) = self.shared.progress().pieces.pop_front() {
-            return Ok(Some(piece));
+    /// The next piece, the end (raising the failure, if it failed), or nothing yet: another
+    /// reader of the same request may have taken the piece a wait saw.
+    fn take(&self, py: Python<'_>) -> PyResult<Taken> {
+        let mut progress = self.shared.progress();
+        if let Some(piece) = progress.pieces.pop_front() {
+            return Ok(Taken::Piece(piece));
         }
-        self.outcome(py).map(|_| None)
+        if progress.outcome.is_none() {
+            return Ok(Taken::Nothing);
+        }
+        drop(progress);
+        self.outcome(py).map(|_| Taken::End)
     }
+}
+
+/// What a reader found.
+enum Taken {
+    Piece(Piece),
+    End,
+    Nothing,
 }
 
 #[pymethods]
@@ -250,18 +283,22 @@ impl PyRequestCore {
     /// The next piece, `(text, logprobs of its tokens)`; None once the request is over (its
     /// failure is raised then). Blocks with the GIL released.
     fn next_piece(&self, py: Python<'_>) -> PyResult<Option<Piece>> {
-        self.wait(py, Want::Piece, None)?;
-        self.take(py)
+        loop {
+            self.wait(py, Want::Piece, None)?;
+            match self.take(py)? {
+                Taken::Piece(piece) => return Ok(Some(piece)),
+                Taken::End => return Ok(None),
+                Taken::Nothing => {}
+            }
+        }
     }
 
     /// `("piece", (text, logprobs))`, `("end", None)` or `("wait", None)`, without blocking.
     fn poll(&self, py: Python<'_>) -> PyResult<(&'static str, Option<Piece>)> {
-        if !ready(&self.shared.progress(), Want::Piece) {
-            return Ok(("wait", None));
-        }
         Ok(match self.take(py)? {
-            Some(piece) => ("piece", Some(piece)),
-            None => ("end", None),
+            Taken::Piece(piece) => ("piece", Some(piece)),
+            Taken::End => ("end", None),
+            Taken::Nothing => ("wait", None),
         })
     }
 
@@ -295,15 +332,19 @@ impl PyRequestCore {
         self.shared.finished()
     }
 
-    /// Wakes `waker`'s loop at the end, and on every piece from now on if `pieces`.
+    /// Wakes `waker`'s loop at the end, and on every piece from now on if `pieces`; every
+    /// loop that watches is woken.
     fn watch(&self, waker: &PyWaker, pieces: bool) {
         if pieces {
             self.shared.wake_on_pieces.store(true, Ordering::Release);
         }
-        *self
-            .shared
-            .waker
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::clone(&waker.pipe));
+        let mut wakers = self.shared.wakers();
+        wakers.retain(|watching| watching.strong_count() > 0);
+        if !wakers
+            .iter()
+            .any(|watching| std::ptr::eq(watching.as_ptr(), Arc::as_ptr(&waker.pipe)))
+        {
+            wakers.push(Arc::downgrade(&waker.pipe));
+        }
     }
 }

@@ -184,7 +184,8 @@ impl PySamplingParams {
         logit_bias: Option<BTreeMap<i32, f32>>,
         seed: Option<u32>,
     ) -> PyResult<Self> {
-        if finite("temperature", temperature)? < 0.0 {
+        let temperature = crate::sampler::temperature("temperature", temperature)?;
+        if temperature < 0.0 {
             return Err(Error::value(format!("temperature must be >= 0, got {temperature}")).into());
         }
         if top_k < 0 {

@@ -1,8 +1,9 @@
 //! `_Waker`: a pipe that wakes an asyncio loop without the GIL. The engine writes a byte when
 //! a request that the loop awaits has news; the loop reads the pipe with `add_reader`.
 //!
-//! The pipe is owned here, not by Python: a request keeps it open as long as it may write,
-//! so a closed and reused descriptor number can never receive the byte.
+//! The pipe is owned here, not by Python, and lives as long as its loop's `_Waker`: requests
+//! hold it weakly and keep it open only while they write, so a closed loop frees its pipe and
+//! a closed and reused descriptor number can never receive the byte.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;

@@ -77,12 +77,7 @@ impl Request {
 
     /// The size of the answer the client waits for, or `None` for a command it does not await.
     pub fn answer_size(&self) -> Option<u64> {
-        let field = |offset: usize| {
-            self.payload
-                .get(offset..offset + 8)
-                .and_then(|bytes| bytes.try_into().ok())
-                .map_or(0, u64::from_le_bytes)
-        };
+        let field = |offset| u64_at(&self.payload, offset);
         match self.command {
             HELLO => Some(HELLO_ANSWER_SIZE as u64),
             DEVICE_COUNT => Some(4),
@@ -114,14 +109,8 @@ impl Request {
             }
             DEVICE_COUNT => answer[..4].copy_from_slice(&1u32.to_le_bytes()),
             ALLOC_BUFFER => {
-                // rpc_msg_alloc_buffer_req: device (u32), size (u64).
-                let requested = self
-                    .payload
-                    .get(4..12)
-                    .and_then(|b| b.try_into().ok())
-                    .map_or(0, u64::from_le_bytes);
                 put(0, STAND_IN_ADDRESS);
-                put(8, requested);
+                put(8, self.requested_buffer_size());
             }
             GET_ALIGNMENT => put(0, 32),
             GET_MAX_SIZE => put(0, u64::MAX),
@@ -136,6 +125,58 @@ impl Request {
         answer
     }
 
+    /// Why `answer` (of the awaited size) holds a value llama.cpp would act on unchecked, if it
+    /// does: a device count it makes that many devices for, an alignment its allocators assume a
+    /// power of two, sizes and addresses its pointer arithmetic would overflow with.
+    pub fn refuse_answer(&self, answer: &[u8]) -> Option<String> {
+        let field = |offset| u64_at(answer, offset);
+        let refused =
+            |what: &str, value: u64| Some(format!("the server answered {what} {value}, which llamactx refuses"));
+        match self.command {
+            DEVICE_COUNT => {
+                let count = answer
+                    .get(..4)
+                    .and_then(|bytes| bytes.try_into().ok())
+                    .map_or(0, u32::from_le_bytes);
+                (count == 0 || count > MAX_DEVICES).then(|| {
+                    format!("the server reports {count} devices; llamactx takes 1 to {MAX_DEVICES} from a server")
+                })
+            }
+            GET_ALIGNMENT => {
+                let alignment = field(0);
+                (!alignment.is_power_of_two() || alignment > MAX_ALIGNMENT)
+                    .then(|| refused("an alignment of", alignment))
+                    .flatten()
+            }
+            GET_MAX_SIZE if field(0) == 0 => refused("a largest buffer size of", 0),
+            // rpc_msg_alloc_buffer_rsp: remote_ptr, remote_size (a null pointer is a refusal the
+            // client handles).
+            ALLOC_BUFFER => {
+                let requested = self.requested_buffer_size();
+                let (pointer, size) = (field(0), field(8));
+                if pointer != 0 && (pointer > MAX_ADDRESS || size < requested || size > MAX_ADDRESS) {
+                    Some(format!(
+                        "the server answered a buffer of {size} bytes at {pointer:#x} for {requested} bytes, which \
+                         llamactx refuses"
+                    ))
+                } else {
+                    None
+                }
+            }
+            BUFFER_GET_BASE if field(0) == 0 || field(0) > MAX_ADDRESS || field(0) % TENSOR_ALIGNMENT != 0 => {
+                refused("a buffer base of", field(0))
+            }
+            GET_ALLOC_SIZE if field(0) > MAX_ADDRESS => refused("an allocation size of", field(0)),
+            _ => None,
+        }
+    }
+
+    /// The size an ALLOC_BUFFER request asks for (rpc_msg_alloc_buffer_req: device (u32), size
+    /// (u64)).
+    fn requested_buffer_size(&self) -> u64 {
+        u64_at(&self.payload, 4)
+    }
+
     /// Clears the transport capabilities of a HELLO request, so that the server never offers an
     /// upgrade (RDMA) the relay could not pass on.
     pub fn clear_capabilities(&mut self) {
@@ -147,6 +188,16 @@ impl Request {
 
 /// A remote address no client dereferences: it only sends it back to the server.
 const STAND_IN_ADDRESS: u64 = 0x1000;
+
+/// The most devices one server may report: ggml-rpc makes a device object for each.
+const MAX_DEVICES: u32 = 64;
+/// The largest buffer alignment taken from a server: every tensor is padded to it.
+const MAX_ALIGNMENT: u64 = 1 << 16;
+/// Remote addresses and sizes stay below 2**56, so that ggml's `base + offset + size`
+/// arithmetic (and its bounds asserts) cannot wrap.
+const MAX_ADDRESS: u64 = 1 << 56;
+/// ggml's `TENSOR_ALIGNMENT`: buffer bases are aligned to it.
+const TENSOR_ALIGNMENT: u64 = 32;
 
 /// Reads an answer of exactly `expected` bytes.
 pub fn read_answer(from: &mut impl Read, expected: u64) -> io::Result<Vec<u8>> {
@@ -177,6 +228,14 @@ pub fn hello_version(answer: &mut [u8]) -> (u8, u8, u8) {
 /// Whether a client of `VERSION` accepts a server of `server` (ggml-rpc's own rule).
 pub fn compatible(server: (u8, u8, u8)) -> bool {
     server.0 == VERSION.0 && server.1 <= VERSION.1
+}
+
+/// The little-endian u64 at `offset` of `bytes` (0 past their end).
+fn u64_at(bytes: &[u8], offset: usize) -> u64 {
+    bytes
+        .get(offset..offset + 8)
+        .and_then(|bytes| bytes.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
 }
 
 fn read_u64(from: &mut impl Read) -> io::Result<u64> {
@@ -219,6 +278,26 @@ mod tests {
         let hello = request(HELLO, vec![0; HELLO_REQUEST_SIZE]);
         let mut answer = hello.stand_in_answer(HELLO_ANSWER_SIZE as u64);
         assert!(compatible(hello_version(&mut answer)));
+    }
+
+    #[test]
+    fn answers_llama_cpp_would_act_on_unchecked_are_refused() {
+        let count = |n: u32| request(DEVICE_COUNT, vec![]).refuse_answer(&n.to_le_bytes());
+        assert!(count(0).is_some() && count(u32::MAX).is_some() && count(1).is_none());
+        let alignment = |n: u64| request(GET_ALIGNMENT, vec![0; 4]).refuse_answer(&n.to_le_bytes());
+        assert!(alignment(0).is_some() && alignment(48).is_some() && alignment(1 << 40).is_some());
+        assert!(alignment(32).is_none());
+        let mut alloc = vec![0u8; 12];
+        alloc[4..].copy_from_slice(&1000u64.to_le_bytes());
+        let answer = |pointer: u64, size: u64| [pointer.to_le_bytes(), size.to_le_bytes()].concat();
+        let alloc = request(ALLOC_BUFFER, alloc);
+        assert!(alloc.refuse_answer(&answer(0x1000, 999)).is_some());
+        assert!(alloc.refuse_answer(&answer(u64::MAX - 8, 1000)).is_some());
+        assert!(alloc.refuse_answer(&answer(0x1000, 1000)).is_none());
+        assert!(alloc.refuse_answer(&answer(0, 0)).is_none());
+        let base = |pointer: u64| request(BUFFER_GET_BASE, vec![0; 8]).refuse_answer(&pointer.to_le_bytes());
+        assert!(base(0).is_some() && base(0x1001).is_some() && base(!31).is_some());
+        assert!(base(0x1000).is_none());
     }
 
     #[test]

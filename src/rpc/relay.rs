@@ -174,6 +174,9 @@ impl Upstream {
         request.write(&mut self.writer).map_err(lost)?;
         let Some(size) = answer_size else { return Ok(None) };
         let mut answer = protocol::read_answer(&mut self.reader, size).map_err(lost)?;
+        if let Some(refusal) = request.refuse_answer(&answer) {
+            return Err(refusal);
+        }
         match request.command {
             protocol::HELLO => {
                 let version = protocol::hello_version(&mut answer);

@@ -9,10 +9,12 @@ an internal error, a crash) fails.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -26,6 +28,7 @@ import llamactx
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests/, for the GGUF writers
 import fake_rpc
 import synthetic
+from hostile_constraints import chained_lark, chained_schema, wide_schema
 
 # RuntimeError: a callback that calls back into the context it runs in.
 ALLOWED = (llamactx.LlamaCppError, ValueError, IndexError, TypeError, OverflowError, FileNotFoundError, RuntimeError)
@@ -50,7 +53,8 @@ token_lists = st.lists(tokens, max_size=12)
 blobs = st.one_of(st.binary(max_size=64), st.just(b""))
 
 
-SAMPLING_FLOATS = st.sampled_from([0.0, 0.5, 1.0, 1.5, -1.0, float("inf"), float("nan"), 1e30])
+# Temperatures so small that dividing the logits by them overflows, too (issue 27).
+SAMPLING_FLOATS = st.sampled_from([0.0, 0.5, 1.0, 1.5, -1.0, float("inf"), float("nan"), 1e30, 1e-40, 1e-45, 5e-7])
 sampling_params = st.fixed_dictionaries(
     {},
     optional={
@@ -161,7 +165,21 @@ schemas = st.recursive(
     ),
     max_leaves=8,
 )
-constraint_texts = st.one_of(schemas.map(json.dumps), st.text(max_size=30), patterns, st.sampled_from(GRAMMARS))
+
+
+# Schemas and grammars deep and wide, around the limits the compiler enforces (20,000 links).
+deep_schemas = st.builds(chained_schema, st.sampled_from([10, 3000, 19_990, 20_001, 40_000]), alias=st.booleans())
+wide_schemas = st.builds(wide_schema, st.sampled_from([1, 200, 2000]), required=st.booleans())
+deep_larks = st.builds(chained_lark, st.sampled_from([10, 5000, 19_990, 20_001]), st.sampled_from([1, 3]))
+constraint_texts = st.one_of(
+    schemas.map(json.dumps),
+    st.text(max_size=30),
+    patterns,
+    st.sampled_from(GRAMMARS),
+    deep_schemas.map(json.dumps),
+    wide_schemas.map(json.dumps),
+    deep_larks,
+)
 CONSTRAINT_KINDS = st.sampled_from(["json_schema", "lark", "regex", "gbnf", ""])
 # OpenAI tools, well- and ill-formed.
 tools = st.lists(
@@ -359,6 +377,48 @@ def rpc_load(endpoint: str | None, answers: list[bytes], hello: bytes | None) ->
     llamactx.LlamaModel.load_from_file(model.path, rpc_servers=[endpoint], rpc_timeout=0.2).close()
 
 
+def rpc_answer(size: int, value: int) -> bytes:
+    """An answer of the awaited framing whose value is anything: a device count, an alignment,
+    a size, an address."""
+    value %= 1 << (8 * size)
+    return size.to_bytes(8, "little") + value.to_bytes(size, "little")
+
+
+rpc_values = st.one_of(
+    st.sampled_from([0, 1, 3, 32, 48, 2**16 + 1, 2**31, 2**32 - 1, 2**56, 2**63, 2**64 - 1]), st.integers(0, 2**64 - 1)
+)
+rpc_answers = st.lists(
+    st.one_of(st.binary(max_size=40), st.builds(rpc_answer, st.sampled_from([1, 4, 8]), rpc_values)),
+    max_size=4,
+)
+
+
+def many_waiters(prompt: str, max_tokens: int, ways: list[str]) -> None:
+    """One request waited for in several ways at once: threads iterating it, event loops in other
+    threads awaiting it, and ``result()``; every waiter must end, and with the whole text."""
+    request = engine.submit(prompt or "x", max_tokens=max_tokens % 12)
+    texts: list[str] = []
+
+    async def awaited() -> str:
+        return (await request).text
+
+    def wait(way: str) -> None:
+        if way == "iterate":
+            "".join(request)
+        elif way == "await":
+            texts.append(asyncio.run(asyncio.wait_for(awaited(), 120)))
+        else:
+            texts.append(request.result(timeout=120).text)
+
+    waiters = [threading.Thread(target=wait, args=(way,)) for way in ways]
+    for waiter in waiters:
+        waiter.start()
+    for waiter in waiters:
+        waiter.join(150)
+        assert not waiter.is_alive(), "a waiter of a finished request still waits"
+    assert all(text == request.result(timeout=120).text for text in texts)
+
+
 def shift_bf16(delta: int) -> None:
     batch = llamactx.LlamaBatch(4)
     batch.add_sequence([1, 2, 3], 0, False)
@@ -472,8 +532,16 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
             st.none()
             | st.text(st.characters(blacklist_characters=":"), max_size=12)
             | st.sampled_from(["127.0.0.1:0", "127.0.0.1:1", "127.0.0.1:65536", "127.0.0.1:-1", ":1", "[::1]:1"]),
-            st.lists(st.binary(max_size=40), max_size=4),
+            rpc_answers,
             st.none() | st.binary(max_size=40),
+        ),
+    ),
+    "many_waiters": (
+        many_waiters,
+        st.tuples(
+            st.text(max_size=10),
+            small_ints,
+            st.lists(st.sampled_from(["iterate", "await", "result"]), min_size=1, max_size=4),
         ),
     ),
     "engine_request": (

@@ -42,6 +42,7 @@ from llamactx._llamactx import (
     SamplingParams,
     SchemaError,
 )
+from llamactx._structured import constraint_stage
 from llamactx._tools import PreparedChat
 from llamactx.server._metrics import ServerMetrics
 from llamactx.server._openai import JSON, ApiError, chat_logprobs, completion_logprobs, total_usage
@@ -55,6 +56,9 @@ logger = logging.getLogger("llamactx.server")
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 #: Seconds a client is told to wait when the engine's queue is full.
 RETRY_AFTER_SECONDS = 1
+#: The most choices one request may ask for (prompts times ``n``), as OpenAI bounds ``n``: each is
+#: an engine request holding a sequence's worth of work.
+MAX_CHOICES = 128
 #: A request with no ``max_tokens`` may fill its sequence (it then ends with "length").
 UNLIMITED = INT32_MAX
 SYSTEM_FINGERPRINT = f"llamactx-{__version__}"
@@ -160,7 +164,15 @@ class _Responses:
     ) -> list[_Job]:
         """Queues every choice (all or none: a refusal cancels those already queued), its output
         constrained to ``schema`` (from the body's ``schema_param``) or ``sampler`` (a chat
-        template's tool-call grammar) when given."""
+        template's tool-call grammar) when given. The constraint is compiled once, and each
+        choice takes a copy. Blocking work: call it off the event loop."""
+        if len(prompts) * body.n > MAX_CHOICES:
+            raise ApiError(
+                400,
+                f"the request asks for {len(prompts)} prompt(s) times n={body.n} choices; this server takes at most "
+                f"{MAX_CHOICES}",
+                param="n",
+            )
         limit = self.engine.n_ctx_seq
         for tokens in prompts:
             if len(tokens) >= limit:
@@ -174,6 +186,8 @@ class _Responses:
         stop = [*stop, *stops]
         jobs: list[_Job] = []
         try:
+            if sampler is None:
+                sampler = constraint_stage(self.model, schema, body.grammar)
             for tokens in prompts:
                 for choice in range(body.n):
                     request = self.engine.submit(
@@ -182,8 +196,7 @@ class _Responses:
                         stop=stop,
                         sampling=self.sampling(body, choice),
                         logprobs=logprobs,
-                        json_schema=schema,
-                        grammar=body.grammar if sampler is None else sampler,
+                        grammar=sampler,
                     )
                     jobs.append(_Job(request, len(jobs), choice == 0))
         except BaseException as error:
@@ -223,15 +236,20 @@ class _Responses:
         body = await self.body(http, CompletionRequest)
         if body.best_of not in (None, body.n):
             raise ApiError(400, "best_of must equal n (choices are not ranked)", param="best_of")
-        prompts = self._completion_prompts(body)
         top = body.logprobs or 0
-        jobs = self.submit(
-            prompts,
-            body,
-            max_tokens=UNLIMITED if body.max_tokens is None else body.max_tokens,
-            logprobs=_engine_logprobs(body.logprobs is not None, top),
-            schema=_response_schema(body),
-        )
+        schema = _response_schema(body)
+
+        def prepare() -> list[_Job]:
+            return self.submit(
+                self._completion_prompts(body),
+                body,
+                max_tokens=UNLIMITED if body.max_tokens is None else body.max_tokens,
+                logprobs=_engine_logprobs(body.logprobs is not None, top),
+                schema=schema,
+            )
+
+        # Tokenizing and compiling constraints take time the event loop cannot give.
+        jobs = await asyncio.to_thread(prepare)
         reply = _Reply("cmpl", "text_completion", self.model_id, body.stream_options)
 
         def choice(job: _Job, delta: Delta | None, completion: Completion | None, offset: int) -> JSON:
@@ -266,24 +284,32 @@ class _Responses:
         body = await self.body(http, ChatRequest)
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        chat = self._prepared_chat(body)
-        with_tools = chat.json_schema is not None or chat.sampler is not None
         requested = _response_schema(body)
-        if with_tools and (body.grammar is not None or requested is not None):
-            raise ApiError(400, "tools constrain the reply themselves: drop grammar and response_format", param="tools")
-        schema = chat.json_schema or requested
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top = body.top_logprobs or 0
-        jobs = self.submit(
-            [chat.tokens],
-            body,
-            max_tokens=UNLIMITED if limit is None else limit,
-            logprobs=_engine_logprobs(body.logprobs, top),
-            schema=schema,
-            schema_param="tools" if with_tools else "response_format",
-            sampler=chat.sampler,
-            stops=chat.stops,
-        )
+
+        def prepare() -> tuple[PreparedChat, list[_Job]]:
+            chat = self._prepared_chat(body)
+            with_tools = chat.json_schema is not None or chat.sampler is not None
+            if with_tools and (body.grammar is not None or requested is not None):
+                raise ApiError(
+                    400, "tools constrain the reply themselves: drop grammar and response_format", param="tools"
+                )
+            jobs = self.submit(
+                [chat.tokens],
+                body,
+                max_tokens=UNLIMITED if limit is None else limit,
+                logprobs=_engine_logprobs(body.logprobs, top),
+                schema=chat.json_schema or requested,
+                schema_param="tools" if with_tools else "response_format",
+                sampler=chat.sampler,
+                stops=chat.stops,
+            )
+            return chat, jobs
+
+        # Rendering the template and compiling constraints take time the event loop cannot give.
+        chat, jobs = await asyncio.to_thread(prepare)
+        with_tools = chat.json_schema is not None or chat.sampler is not None
         reply = _Reply("chatcmpl", "chat.completion", self.model_id, body.stream_options)
 
         def choice(job: _Job, delta: Delta | None, completion: Completion | None, offset: int) -> JSON | None:
@@ -377,7 +403,10 @@ class _Responses:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Request-Id": reply.id},
             )
-        completions = await _unless_disconnected(http, [job.request for job in jobs])
+        try:
+            completions = await _unless_disconnected(http, [job.request for job in jobs])
+        except LlamaCppError as error:
+            raise _failure(error) from None
         if completions is None:
             return Response(status_code=CLIENT_GONE)
         self._finished(reply, jobs, completions)
@@ -621,7 +650,10 @@ def _refusal(error: Exception) -> ApiError | None:
 
 
 def _failure(error: LlamaCppError) -> ApiError:
-    """What a client sees of a request that failed inside the engine."""
+    """What a client sees of a request that failed inside the engine: a constraint that its
+    parser's limits stopped while generating is the request's own (400), anything else 500."""
+    if isinstance(error, SchemaError):
+        return ApiError(400, f"the constraint failed while generating: {error}")
     return ApiError(500, f"the request failed: {type(error).__name__}: {error}")
 
 

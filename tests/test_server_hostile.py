@@ -1,0 +1,125 @@
+"""One request must never stop ``llamactx serve`` (issue 27): while each hostile request of the
+second red team runs, ``/health`` answers within a second, and the request gets its answer or an
+OpenAI-shaped 400 naming the parameter."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hostile_constraints import chained_schema, wide_schema
+from serving import MODEL_ID, Server, running_server
+from tool_examples import ASK_SHIPMENT, SHIP, Shipment
+
+HEALTH_SECONDS = 1.0
+
+
+@pytest.fixture(scope="module")
+def server(model_path: Path) -> Iterator[Server]:
+    """Without the prefix cache, so that greedy outputs are those of a fresh context."""
+    with running_server(model_path, "--no-prefix-cache") as running:
+        yield running
+
+
+def while_polling_health(server: Server, request: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
+    """``request()``'s response, and the slowest ``/health`` answer while it ran."""
+    slowest = [0.0]
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            started = time.perf_counter()
+            assert httpx.get(f"{server.url}/health", timeout=30).json() == {"status": "ok"}
+            slowest[0] = max(slowest[0], time.perf_counter() - started)
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        response = request()
+    finally:
+        done.set()
+        poller.join()
+    return response, slowest[0]
+
+
+def post(server: Server, path: str, body: dict[str, Any]) -> Callable[[], httpx.Response]:
+    return lambda: httpx.post(f"{server.url}{path}", json={"model": MODEL_ID, **body}, timeout=120)
+
+
+def json_schema_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "value", "schema": schema}}
+
+
+def test_many_prompts_with_a_large_schema_leave_the_server_answering(server: Server) -> None:
+    body = {
+        "prompt": [f"Record {index}:" for index in range(64)],
+        "n": 2,
+        "max_tokens": 1,
+        # 50 ms to compile: the 128 compiles of one a choice held the event loop for 6 s.
+        "response_format": json_schema_format(wide_schema(1000, required=True)),
+    }
+    response, slowest = while_polling_health(server, post(server, "/v1/completions", body))
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"]) == 128
+    assert slowest < HEALTH_SECONDS
+
+
+def test_more_choices_than_a_request_may_ask_for_are_refused(server: Server) -> None:
+    body = {"prompt": [f"Record {index}:" for index in range(64)], "n": 16, "max_tokens": 1}
+    response = post(server, "/v1/completions", body)()
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "n"
+
+
+@pytest.mark.parametrize(("links", "status"), [(3000, 200), (20_001, 400)], ids=["3000_links", "past_the_limit"])
+def test_a_schema_chaining_definitions_is_served_or_a_400_naming_response_format(
+    server: Server, links: int, status: int
+) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "Give me nested lists."}],
+        "max_tokens": 8,
+        "response_format": json_schema_format(chained_schema(links)),
+    }
+    response, slowest = while_polling_health(server, post(server, "/v1/chat/completions", body))
+    assert response.status_code == status, response.text
+    if status == 400:
+        assert response.json()["error"]["param"] == "response_format"
+    assert slowest < HEALTH_SECONDS
+
+
+def test_a_schema_the_parser_gives_up_on_while_generating_is_a_400(server: Server) -> None:
+    # 1,000 optional properties compile, then pass llguidance's items per row once the greedy
+    # reply starts a key (as it does for this prompt).
+    body = {
+        "prompt": "Record:",
+        "max_tokens": 2,
+        "temperature": 0,
+        "response_format": json_schema_format(wide_schema(1000)),
+    }
+    response = post(server, "/v1/completions", body)()
+    assert response.status_code == 400, response.text
+    assert "failed while generating" in response.json()["error"]["message"]
+
+
+def test_tool_parameters_with_defs_are_called_with_valid_arguments(server: Server) -> None:
+    assert "$defs" in SHIP["function"]["parameters"]  # the nested model is a reference
+    body = {
+        "messages": ASK_SHIPMENT,
+        "tools": [SHIP],
+        "tool_choice": "required",
+        "max_tokens": 96,
+    }
+    response = post(server, "/v1/chat/completions", body)()
+    assert response.status_code == 200, response.text
+    calls = response.json()["choices"][0]["message"]["tool_calls"]
+    assert calls
+    for call in calls:
+        assert call["function"]["name"] == "ship"
+        Shipment.model_validate(json.loads(call["function"]["arguments"]))
