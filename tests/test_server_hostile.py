@@ -5,6 +5,8 @@ OpenAI-shaped 400 naming the parameter."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +18,8 @@ import pytest
 from hostile_constraints import chained_schema, wide_schema
 from serving import MODEL_ID, Server, running_server
 from tool_examples import ASK_SHIPMENT, SHIP, Shipment
+
+from llamactx.server._serve import CLOSE_SECONDS, GRACEFUL_SECONDS
 
 HEALTH_SECONDS = 1.0
 
@@ -123,3 +127,26 @@ def test_tool_parameters_with_defs_are_called_with_valid_arguments(server: Serve
     for call in calls:
         assert call["function"]["name"] == "ship"
         Shipment.model_validate(json.loads(call["function"]["arguments"]))
+
+
+def test_sigterm_ends_the_server_within_a_bound_while_a_step_runs_on(model_path: Path) -> None:
+    # An ambiguous grammar that never completes: llama.cpp's grammar stacks triple with every
+    # token, and so does each step's time. The server must not wait for such a step to end.
+    grammar = 'root ::= e\ne ::= "a" e "b" | "a" e "c" | "a" e "d"'
+    body = {"model": MODEL_ID, "prompt": "a", "max_tokens": 64, "grammar": grammar, "stream": True}
+    with running_server(model_path, "--no-prefix-cache") as server:
+        last = time.monotonic()
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=180) as events:
+            for line in events.iter_lines():
+                now = time.monotonic()
+                if line.startswith("data: {") and now - last > 10:
+                    break  # the next step takes three times as long
+                last = now
+            else:
+                pytest.fail("the steps did not slow down")
+            signalled = time.monotonic()
+            os.kill(server.pid, signal.SIGTERM)
+        while Path(f"/proc/{server.pid}/stat").read_text().split(") ", 1)[1][0] != "Z":
+            assert time.monotonic() - signalled < GRACEFUL_SECONDS + CLOSE_SECONDS + 10, "still running"
+            time.sleep(0.2)
+    assert any("exiting without it" in line for line in server.log), server.log

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import sys
+import threading
 from types import FrameType
 
 import uvicorn
@@ -20,6 +22,9 @@ __all__ = ["serve"]
 
 #: Seconds open streams get to finish after Ctrl-C or SIGTERM before they are cancelled.
 GRACEFUL_SECONDS = 5
+#: Seconds the rest of a shutdown then gets (the engine's step, the worker threads): a longer
+#: one is not waited for, and the process exits without it.
+CLOSE_SECONDS = 10
 
 
 def _bound(host: str, port: int) -> socket.socket:
@@ -31,15 +36,37 @@ def _bound(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _stop(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(0)
+def _exit_unless(done: threading.Event, seconds: float) -> None:
+    """Ends the process (status 0) unless ``done`` is set within ``seconds``: a shutdown must
+    not wait for a step that does not end (an ambiguous GBNF grammar can make one last minutes)
+    or for a worker thread still rendering a template. The engine's thread owns what it uses,
+    and nothing is left to hand to anyone."""
+
+    def watchdog() -> None:
+        if not done.wait(seconds):
+            print(
+                f"llamactx serve: still shutting down after {seconds:g} s (a step or a template render "
+                "does not end); exiting without it",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(0)
+
+    threading.Thread(target=watchdog, name="llamactx-shutdown-watchdog", daemon=True).start()
 
 
 def serve(model: LlamaModel, arguments: argparse.Namespace, embeddings: LlamaContext | None) -> int:
-    """Serves until Ctrl-C or SIGTERM; the engine is closed on the way out."""
+    """Serves until Ctrl-C or SIGTERM; the engine is closed on the way out, within
+    ``CLOSE_SECONDS`` of the open streams' end."""
+    done = threading.Event()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        _exit_unless(done, CLOSE_SECONDS)
+        raise SystemExit(0)
+
     # uvicorn shuts down on SIGTERM, then raises it again for the handler it found: this one
     # makes that a normal exit (status 0) that closes the engine, instead of death by signal.
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, stop)
     logging.getLogger("llamactx.server").setLevel(logging.INFO)  # a line per request
     try:
         sock = _bound(arguments.host, arguments.port)
@@ -48,26 +75,35 @@ def serve(model: LlamaModel, arguments: argparse.Namespace, embeddings: LlamaCon
         return 1
     options = {"n_threads": arguments.threads, "n_threads_batch": arguments.threads} if arguments.threads else {}
     options["flash_attn_type"] = arguments.flash_attn
-    with (
-        sock,
-        Engine(
+    with sock:
+        engine = Engine(
             model,
             max_waiting=arguments.max_waiting,
             prefix_cache=not arguments.no_prefix_cache,
             n_ctx=arguments.ctx,
             n_seq_max=arguments.parallel,
             **options,
-        ) as engine,
-    ):
-        app = create_app(engine, model_id=arguments.model_id, api_key=arguments.api_key, embeddings=embeddings)
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        print(f"llamactx serve: listening on http://{shown}:{port}", file=sys.stderr, flush=True)
-        config = uvicorn.Config(
-            app,
-            log_level="info" if arguments.verbose else "warning",
-            timeout_graceful_shutdown=GRACEFUL_SECONDS,
-            server_header=False,
         )
-        uvicorn.Server(config).run(sockets=[sock])
+        try:
+            _serve_until_stopped(engine, sock, arguments, embeddings)
+        finally:
+            _exit_unless(done, CLOSE_SECONDS)
+            engine.close()
+            done.set()
     return 0
+
+
+def _serve_until_stopped(
+    engine: Engine, sock: socket.socket, arguments: argparse.Namespace, embeddings: LlamaContext | None
+) -> None:
+    app = create_app(engine, model_id=arguments.model_id, api_key=arguments.api_key, embeddings=embeddings)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"llamactx serve: listening on http://{shown}:{port}", file=sys.stderr, flush=True)
+    config = uvicorn.Config(
+        app,
+        log_level="info" if arguments.verbose else "warning",
+        timeout_graceful_shutdown=GRACEFUL_SECONDS,
+        server_header=False,
+    )
+    uvicorn.Server(config).run(sockets=[sock])
