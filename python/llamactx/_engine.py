@@ -123,7 +123,9 @@ class Request:
             raise
 
     def result(self, timeout: float | None = None) -> Completion:
-        """The ``Completion``, waiting up to ``timeout`` seconds (``TimeoutError`` after)."""
+        """The ``Completion``, waiting up to ``timeout`` seconds (``TimeoutError`` after);
+        ``ValueError`` in a forked child for a request that had not ended (its engine thread
+        stayed in the parent)."""
         return self._core.result(timeout)
 
     def __await__(self) -> Generator[Any, None, Completion]:
@@ -242,8 +244,10 @@ class Engine:
         ``tools`` (OpenAI's function tools) with ``tool_choice`` ("auto", "required", "none" or
         ``{"type": "function", "function": {"name": ...}}``) let the reply call them:
         ``request.message()`` gives the OpenAI message with its ``tool_calls``, whose arguments
-        match the tools' parameter schemas. ``ValueError`` for tools with ``json_schema`` or
-        ``grammar``, a malformed tool or an unknown ``tool_choice``."""
+        match the tools' parameter schemas. Message text is tokenized as plain text: only the
+        template's own text becomes control tokens. ``TypeError`` for messages, ``tools`` or
+        ``tool_choice`` of the wrong type; ``ValueError`` for tools with ``json_schema`` or
+        ``grammar``, a malformed message or tool, or an unknown ``tool_choice``."""
         if tools and (json_schema is not None or grammar is not None):
             raise ValueError("tools constrain the reply themselves: give json_schema or grammar without tools")
         chat = self._prepare_chat(messages, tools, tool_choice, parallel_tool_calls)
