@@ -200,7 +200,7 @@ impl PyLlamaModel {
     ) -> PyResult<Self> {
         let path = existing_file(path)?;
         let timeout = rpc::timeout(rpc_timeout)?;
-        py.detach(|| metadata::check_model_file(&path))?;
+        detached(py, || metadata::check_model_file(&path))?;
         let load_mode = match (use_mmap, use_mlock) {
             (true, false) => LlamaLoadMode::Mmap,
             (true, true) => LlamaLoadMode::MmapMlock,

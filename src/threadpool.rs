@@ -8,7 +8,7 @@ use llama_cpp_sys_4::ggml_threadpool;
 use pyo3::prelude::*;
 
 use crate::errors::{Error, Result};
-use crate::gil::close_unless_in_use;
+use crate::gil::{close_unless_in_use, detached};
 
 /// ggml's limit (`GGML_MAX_N_THREADS`) [llama.cpp internal].
 const MAX_THREADS: i32 = 512;
@@ -180,7 +180,7 @@ impl PyThreadPool {
             strict_cpu,
             paused,
         };
-        let pool = py.detach(|| RawPool::new(n_threads, &settings))?;
+        let pool = detached(py, || RawPool::new(n_threads, &settings))?;
         Ok(Self {
             pool: Mutex::new(Some(pool)),
             attachments: AtomicUsize::new(0),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 
+from llamactx._constraints import JsonSchema
 from llamactx._generation import continue_sequence, generate, prefill
 from llamactx._llamactx import LlamaContext, LlamaModel, LlamaSampler
-from llamactx._structured import JsonSchema
 from llamactx._tools import turns
 
 __all__ = ["ChatSession", "chat", "template_tokens"]

@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any
 
 from llamactx._chat import Message, template_tokens
+from llamactx._constraints import JsonSchema, constraint
 from llamactx._llamactx import (
     ChatTemplateError,
     Completion,
@@ -23,7 +24,6 @@ from llamactx._llamactx import (
     _RequestCore,
     _Waker,
 )
-from llamactx._structured import JsonSchema, constraint
 from llamactx._tools import PreparedChat, Tool, ToolChoice, native_chat, plan, reply_message
 
 __all__ = ["Delta", "Engine", "Request"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 
+from llamactx._constraints import JsonSchema, constrained
 from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler, _SequenceSteps
-from llamactx._structured import JsonSchema, constrained
 
 __all__ = ["continue_sequence", "generate", "generate_batch", "prefill", "stream"]
 

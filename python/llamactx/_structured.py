@@ -1,125 +1,22 @@
-"""Structured output: JSON Schemas (dicts, JSON text, pydantic models, dataclasses, TypedDicts)
-and grammars as constraints on what is generated, and ``generate_json``."""
+"""``generate_json``: a value matching a JSON Schema, generated on a context or an engine and
+returned parsed and validated. It sits above both generation paths and imports them."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
-from llamactx._llamactx import LlamaContext, LlamaModel, LlamaSampler, SamplingParams
+from llamactx._chat import Message, template_tokens
+from llamactx._constraints import JsonSchema, schema_text, type_adapter
+from llamactx._engine import Engine
+from llamactx._generation import stream
+from llamactx._llamactx import LlamaContext, SamplingParams
+from llamactx._tools import turns
 
-if TYPE_CHECKING:
-    from llamactx._chat import Message
-    from llamactx._engine import Engine
-
-__all__ = ["JsonSchema", "generate_json"]
-
-#: What ``json_schema=`` takes: a JSON Schema as a dict or JSON text, or a class whose schema
-#: pydantic derives (a pydantic model, a dataclass, a TypedDict).
-JsonSchema = Mapping[str, Any] | str | bool | type
-
-#: A grammar starting with this is llguidance's Lark dialect, as llama.cpp marks it; any other
-#: grammar is GBNF, parsed by llama.cpp.
-LARK_MARKER = "%llguidance"
+__all__ = ["generate_json"]
 
 T = TypeVar("T")
-
-
-def schema_text(schema: JsonSchema) -> str:
-    """``schema`` as JSON Schema text; a class's schema comes from pydantic, closed to keys
-    other than its fields."""
-    if isinstance(schema, str):
-        return schema
-    if isinstance(schema, bool | Mapping):
-        return json.dumps(schema)
-    if isinstance(schema, type):
-        return json.dumps(closed(_type_adapter(schema).json_schema()))
-    raise TypeError(
-        f"json_schema takes a dict, JSON text, or a pydantic model / dataclass / TypedDict class, "
-        f"not {type(schema).__name__}"
-    )
-
-
-# Keywords whose value is a subschema, a list of them, or a map of names to them.
-_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "unevaluatedItems")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-
-
-def closed(schema: Any) -> Any:
-    """``schema`` with ``additionalProperties: false`` on every object that does not say: a
-    class instance keeps only its fields and a function takes only its parameters, so extra keys
-    would only cost tokens (a small model invents them until ``max_tokens``)."""
-    if not isinstance(schema, dict):
-        return schema
-    schema = dict(schema)
-    for key in _SUBSCHEMA:
-        if key in schema:
-            schema[key] = closed(schema[key])
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            schema[key] = [closed(item) for item in schema[key]]
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            schema[key] = {name: closed(sub) for name, sub in schema[key].items()}
-    if "properties" in schema and "additionalProperties" not in schema:
-        schema["additionalProperties"] = False
-    return schema
-
-
-def _type_adapter(cls: type) -> Any:
-    try:
-        import pydantic
-    except ImportError as err:  # pragma: no cover - pydantic comes with the server extra
-        raise TypeError(f"a class as json_schema needs pydantic (pip install pydantic): {cls.__name__}") from err
-    if not (isinstance(cls, type) and issubclass(cls, pydantic.BaseModel)) and not (
-        dataclasses.is_dataclass(cls) or _is_typed_dict(cls)
-    ):
-        raise TypeError(f"json_schema takes a pydantic model, a dataclass or a TypedDict class, not {cls.__name__}")
-    return pydantic.TypeAdapter(cls)
-
-
-def _is_typed_dict(cls: type) -> bool:
-    return issubclass(cls, dict) and hasattr(cls, "__required_keys__")
-
-
-def constraint(
-    json_schema: JsonSchema | None, grammar: str | LlamaSampler | None
-) -> tuple[str, str] | LlamaSampler | None:
-    """``(kind, text)`` of the one constraint given: "json_schema", "lark" (a grammar marked
-    ``%llguidance``) or "gbnf"; a sampler given as the grammar itself; None for none."""
-    if json_schema is not None and grammar is not None:
-        raise ValueError("give json_schema or grammar, not both")
-    if json_schema is not None:
-        return "json_schema", schema_text(json_schema)
-    if isinstance(grammar, str):
-        return ("lark" if grammar.lstrip().startswith(LARK_MARKER) else "gbnf"), grammar
-    return grammar
-
-
-def constraint_stage(
-    model: LlamaModel, json_schema: JsonSchema | None, grammar: str | LlamaSampler | None
-) -> LlamaSampler | None:
-    """The sampler stage that masks what the constraint cannot take (compiled once here, then
-    copied by each user); None without a constraint."""
-    spec = constraint(json_schema, grammar)
-    if spec is None or isinstance(spec, LlamaSampler):
-        return spec
-    kind, text = spec
-    return LlamaSampler.grammar(model, text) if kind == "gbnf" else LlamaSampler.llguidance(model, kind, text)
-
-
-def constrained(
-    model: LlamaModel, sampler: LlamaSampler | None, json_schema: JsonSchema | None, grammar: str | None
-) -> LlamaSampler | None:
-    """``sampler`` (greedy when None) behind the constraint, which masks the candidates first;
-    ``sampler`` itself when there is no constraint."""
-    stage = constraint_stage(model, json_schema, grammar)
-    if stage is None:
-        return sampler
-    return LlamaSampler.chain([stage, sampler if sampler is not None else LlamaSampler.greedy()])
 
 
 @overload
@@ -157,8 +54,6 @@ def generate_json(
     ``SchemaError`` for a schema llguidance cannot compile; ``ValueError`` when ``max_tokens``
     ends the output before the value is complete.
     """
-    from llamactx._engine import Engine
-
     text_schema = schema_text(schema)
     if isinstance(target, Engine):
         submit = target.submit if isinstance(prompt, str) else target.submit_chat
@@ -174,10 +69,6 @@ def generate_json(
 def _generate_on_context(
     ctx: LlamaContext, prompt: str | Sequence[Message], schema: str, max_tokens: int, sampling: SamplingParams | None
 ) -> tuple[str, bool]:
-    from llamactx._chat import template_tokens
-    from llamactx._generation import stream
-    from llamactx._tools import turns
-
     model = ctx.model
     tokens = prompt if isinstance(prompt, str) else template_tokens(model, turns(prompt), add_bos=model.add_bos_token())
     sampler = None if sampling is None else sampling.sampler(model)
@@ -192,7 +83,7 @@ def _generate_on_context(
 
 def _validated(text: str, schema: JsonSchema, text_schema: str) -> Any:
     if isinstance(schema, type):
-        return _type_adapter(schema).validate_json(text)
+        return type_adapter(schema).validate_json(text)
     value = json.loads(text)
     try:
         import jsonschema  # type: ignore[import-untyped]

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
+from llamactx._constraints import closed
 from llamactx._llamactx import LlamaSampler, _ChatApplied, _ChatTemplates
-from llamactx._structured import closed
 
 __all__ = [
     "PreparedChat",

@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use super::error;
 use crate::backend::backend;
 use crate::errors::{Error, Result};
+use crate::gil::detached;
 use crate::threadpool::{available_cpus, check_threads};
 
 /// How long the server may take to listen once its thread runs.
@@ -110,9 +111,9 @@ pub fn serve_rpc(
     let mut ready = false;
     let started = Instant::now();
     loop {
-        let waited = py.detach(|| {
+        let waited = detached(py, || {
             let stop = stop.lock().map_err(|_| Error::Poisoned("the RPC server's channel"))?;
-            Ok::<_, Error>(stop.recv_timeout(Duration::from_millis(100)))
+            Ok(stop.recv_timeout(Duration::from_millis(100)))
         })?;
         match waited {
             Ok(Err(err)) => return Err(Error::from(err).into()),

@@ -29,6 +29,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llamactx import __version__
+from llamactx._constraints import constraint_stage
 from llamactx._embedding import embed
 from llamactx._engine import Delta, Engine, Request
 from llamactx._limits import INT32_MAX, RANDOM_SEED
@@ -42,7 +43,6 @@ from llamactx._llamactx import (
     SamplingParams,
     SchemaError,
 )
-from llamactx._structured import constraint_stage
 from llamactx._tools import PreparedChat
 from llamactx.server._metrics import ServerMetrics
 from llamactx.server._openai import JSON, ApiError, chat_logprobs, completion_logprobs, total_usage
