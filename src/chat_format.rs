@@ -12,9 +12,8 @@ use pyo3::prelude::*;
 
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
-use crate::lazy_grammar;
 use crate::model::PyLlamaModel;
-use crate::sampler::{try_accept, PyLlamaSampler};
+use crate::sampler::{lazy_grammar, try_accept, PyLlamaSampler};
 
 /// A model's chat templates, parsed once (internal: used by `Engine.submit_chat` and the
 /// server for models whose template formats tool calls itself).

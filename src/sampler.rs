@@ -13,8 +13,6 @@ use pyo3::prelude::*;
 use crate::context::{OpenContext, PyLlamaContext};
 use crate::errors::{shim_error, Error, ExcClass, Result};
 use crate::gil::detached;
-use crate::guidance;
-use crate::lazy_grammar;
 use crate::model::PyLlamaModel;
 use crate::token_data::PyLlamaTokenDataArray;
 use crate::tokens::{check_vocab, extract_token_ids, to_llama_tokens};
@@ -22,6 +20,8 @@ use backend_stages::Stage;
 
 mod backend_stages;
 pub mod custom;
+pub mod guidance;
+pub mod lazy_grammar;
 
 pub struct SendSampler(pub LlamaSampler);
 

@@ -26,7 +26,7 @@ CASES: list[harness.Case] = []
 case = harness.reporting(CASES)
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-#: How many references (and Lark lines) a constraint may hold (src/guidance.rs).
+#: How many references (and Lark lines) a constraint may hold (src/sampler/guidance.rs).
 LINKS = 20_000
 
 
