@@ -5,9 +5,7 @@
 mod logprobs;
 mod prefix_cache;
 mod request;
-mod sampling;
 mod scheduler;
-pub mod steps;
 pub mod waker;
 
 use std::collections::VecDeque;
@@ -26,11 +24,11 @@ use crate::context::{ContextOptions, OpenContext};
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
 use crate::model::PyLlamaModel;
+use crate::sampler::params::PySamplingParams;
 use crate::sampler::{guidance, PyLlamaSampler, SendSampler};
 use crate::tokens::check_vocab;
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
-pub use sampling::PySamplingParams;
 use scheduler::{Job, Scheduler};
 
 /// Requests that wait for a sequence slot, and whether the engine is closing.

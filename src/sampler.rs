@@ -22,6 +22,7 @@ mod backend_stages;
 pub mod custom;
 pub mod guidance;
 pub mod lazy_grammar;
+pub mod params;
 
 pub struct SendSampler(pub LlamaSampler);
 

@@ -17,14 +17,14 @@ use llama_cpp_4::token::LlamaToken;
 use super::logprobs::top_logprobs;
 use super::prefix_cache::{Placement, PrefixCache};
 use super::request::{PyCompletion, RequestShared, TokenLogprobs};
-use super::sampling::{GreedyPick, PySamplingParams};
-use super::steps::{token_bytes, Finish, Steps};
 use super::{EngineShared, Inbox};
 use crate::batch::BatchState;
 use crate::context::OpenContext;
 use crate::errors::{Error, Result};
 use crate::sampler::custom::prepare_first_stages;
+use crate::sampler::params::{GreedyPick, PySamplingParams};
 use crate::sampler::{no_token_left, refuse_unfinished_end, select, try_accept, SendSampler};
+use crate::steps::{token_bytes, Finish, Steps};
 
 /// A submitted request, checked against the engine's limits.
 pub struct Job {
