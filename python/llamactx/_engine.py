@@ -123,9 +123,9 @@ class Request:
             raise
 
     def result(self, timeout: float | None = None) -> Completion:
-        """The ``Completion``, waiting up to ``timeout`` seconds (``TimeoutError`` after);
-        ``ValueError`` in a forked child for a request that had not ended (its engine thread
-        stayed in the parent)."""
+        """The ``Completion``, waiting up to ``timeout`` seconds (``TimeoutError`` after). In a
+        forked child, waiting for a request that had not ended (by ``result``, ``await`` or
+        iteration) raises ``ValueError``: its engine thread stayed in the parent."""
         return self._core.result(timeout)
 
     def __await__(self) -> Generator[Any, None, Completion]:

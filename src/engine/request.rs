@@ -208,10 +208,7 @@ impl PyRequestCore {
                     .map_err(|_| Error::value(format!("timeout must be a number of seconds >= 0, got {seconds}")))
             })
             .transpose()?;
-        if std::process::id() != self.shared.pid && !self.shared.ended_before_a_fork() {
-            // The engine thread that would finish it stayed in the parent.
-            return Err(Error::value(FORKED_REQUEST).into());
-        }
+        self.refuse_in_a_forked_child()?;
         loop {
             let done = py.detach(|| {
                 let progress = self.shared.progress();
@@ -238,6 +235,15 @@ impl PyRequestCore {
                 return Err(PyTimeoutError::new_err("the request has not finished yet"));
             }
         }
+    }
+
+    /// `ValueError` in a forked child for a request that had not ended: the engine thread that
+    /// would end it stayed in the parent, so waiting would never return.
+    fn refuse_in_a_forked_child(&self) -> PyResult<()> {
+        if std::process::id() != self.shared.pid && !self.shared.ended_before_a_fork() {
+            return Err(Error::value(FORKED_REQUEST).into());
+        }
+        Ok(())
     }
 
     /// The outcome as a Python value: the completion, or the failure raised (every time).
@@ -295,6 +301,7 @@ impl PyRequestCore {
 
     /// `("piece", (text, logprobs))`, `("end", None)` or `("wait", None)`, without blocking.
     fn poll(&self, py: Python<'_>) -> PyResult<(&'static str, Option<Piece>)> {
+        self.refuse_in_a_forked_child()?;
         Ok(match self.take(py)? {
             Taken::Piece(piece) => ("piece", Some(piece)),
             Taken::End => ("end", None),
@@ -313,6 +320,7 @@ impl PyRequestCore {
 
     /// The `Completion` if the request is over (raising its failure), else None.
     fn result_now(&self, py: Python<'_>) -> PyResult<Option<PyCompletion>> {
+        self.refuse_in_a_forked_child()?;
         self.outcome(py)
     }
 

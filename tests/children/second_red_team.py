@@ -172,11 +172,17 @@ def result_of_a_request_inherited_by_a_fork(model: llamactx.LlamaModel) -> None:
         request = engine.submit("Once upon a time", max_tokens=4000)
         child = os.fork()
         if child == 0:
-            try:
-                request.result(timeout=30)
-            except ValueError:
-                os._exit(7)
-            os._exit(1)
+            refused = 0
+            for wait in (
+                lambda: request.result(timeout=30),
+                lambda: asyncio.run(_awaited(request)),
+                lambda: list(request),
+            ):
+                try:
+                    wait()
+                except ValueError:
+                    refused += 1
+            os._exit(7 if refused == 3 else 1)
         _, status = os.waitpid(child, 0)
         request.cancel()
         assert os.WEXITSTATUS(status) == 7, status
