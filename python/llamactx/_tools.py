@@ -57,6 +57,11 @@ class PreparedChat:
     stops: list[str]
     reply: Callable[[str], dict[str, Any]]
 
+    @property
+    def with_tools(self) -> bool:
+        """Whether the reply is constrained to the tools' calls (by a schema or a grammar)."""
+        return self.json_schema is not None or self.sampler is not None
+
 
 def native_chat(
     templates: _ChatTemplates,
@@ -183,20 +188,15 @@ def plan(
     else:
         history.insert(0, ("system", system))
     # Each tool's parameters live under the root's $defs, their own references rebased there.
-    pointers = [f"#/$defs/parameters_{index}" for index in range(len(offered))]
-    call_schemas = [
-        _call_schema(function["name"], pointer) for function, pointer in zip(offered, pointers, strict=True)
-    ]
+    defined = {f"parameters_{index}": function for index, function in enumerate(offered)}
+    call_schemas = [_call_schema(function["name"], f"#/$defs/{key}") for key, function in defined.items()]
     calls: dict[str, Any] = {"type": "array", "items": {"anyOf": call_schemas}, "minItems": 1}
     calls["maxItems"] = MAX_CALLS if parallel_tool_calls else 1
     call_reply = _object({"tool_calls": calls})
     schema: dict[str, Any] = (
         call_reply if mode == "required" else {"anyOf": [call_reply, _object({"content": {"type": "string"}})]}
     )
-    schema["$defs"] = {
-        pointer.rsplit("/", 1)[1]: _rebased(function["parameters"], pointer)
-        for function, pointer in zip(offered, pointers, strict=True)
-    }
+    schema["$defs"] = {key: _rebased(function["parameters"], f"#/$defs/{key}") for key, function in defined.items()}
     return ToolPlan(history, schema)
 
 

@@ -290,8 +290,7 @@ class _Responses:
 
         def prepare() -> tuple[PreparedChat, list[_Job]]:
             chat = self._prepared_chat(body)
-            with_tools = chat.json_schema is not None or chat.sampler is not None
-            if with_tools and (body.grammar is not None or requested is not None):
+            if chat.with_tools and (body.grammar is not None or requested is not None):
                 raise ApiError(
                     400, "tools constrain the reply themselves: drop grammar and response_format", param="tools"
                 )
@@ -301,7 +300,7 @@ class _Responses:
                 max_tokens=UNLIMITED if limit is None else limit,
                 logprobs=_engine_logprobs(body.logprobs, top),
                 schema=chat.json_schema or requested,
-                schema_param="tools" if with_tools else "response_format",
+                schema_param="tools" if chat.with_tools else "response_format",
                 sampler=chat.sampler,
                 stops=chat.stops,
             )
@@ -309,7 +308,6 @@ class _Responses:
 
         # Rendering the template and compiling constraints take time the event loop cannot give.
         chat, jobs = await asyncio.to_thread(prepare)
-        with_tools = chat.json_schema is not None or chat.sampler is not None
         reply = _Reply("chatcmpl", "chat.completion", self.model_id, body.stream_options)
 
         def choice(job: _Job, delta: Delta | None, completion: Completion | None, offset: int) -> JSON | None:
@@ -322,7 +320,7 @@ class _Responses:
                     "finish_reason": None,
                 }
                 if delta is not None:
-                    if with_tools:
+                    if chat.with_tools:
                         return None  # a call is only known whole: the message comes at the end
                     text, logprobs = delta
                     out["delta"] = {"content": text}
@@ -334,7 +332,7 @@ class _Responses:
             out = {"index": job.index, "logprobs": None, "finish_reason": finish or completion.finish_reason}
             if body.stream:
                 out["delta"] = {}
-                if with_tools:
+                if chat.with_tools:
                     out["delta"] = _streamed(message)
             else:
                 out["message"] = message
