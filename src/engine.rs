@@ -14,7 +14,6 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use llama_cpp_4::model::LlamaModel;
-use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -227,11 +226,7 @@ impl PyEngineCore {
                 let (kind, text): (String, String) = spec.extract()?;
                 let model = Arc::clone(&self.model);
                 Some(detached(py, move || {
-                    Ok(SendSampler(if kind == "gbnf" {
-                        LlamaSampler::try_grammar(&model, &text, "root")?
-                    } else {
-                        guidance::new(&model, &kind, &text)?
-                    }))
+                    Ok(SendSampler(guidance::new(&model, &kind, &text)?))
                 })?)
             }
             None => None,

@@ -488,10 +488,12 @@ impl PyLlamaSampler {
     }
 
     /// Constrains tokens to `data` with llguidance, compiled against `model`'s vocabulary:
-    /// `kind` "json_schema" (a JSON Schema, as JSON text), "lark" (llguidance's Lark dialect) or
-    /// "regex". Output may only end (an end-of-generation token) where the constraint is
-    /// complete, and must end once it is. Keeps `model` alive. `SchemaError` when llguidance
-    /// cannot compile the constraint or it admits no output.
+    /// `kind` "json_schema" (a JSON Schema, as JSON text), "lark" (llguidance's Lark dialect),
+    /// "regex" or "gbnf" (llama.cpp's GBNF from rule `root`, translated to Lark: the same language,
+    /// with llguidance's bounded work per step). Output may only end (an end-of-generation token)
+    /// where the constraint is complete, and must end once it is. Keeps `model` alive.
+    /// `SchemaError` when llguidance cannot compile the constraint or it admits no output;
+    /// `SamplerInitError` for GBNF that llama.cpp would not parse either.
     #[staticmethod]
     fn llguidance(py: Python<'_>, model: &Bound<'_, PyLlamaModel>, kind: String, data: String) -> PyResult<Self> {
         let model = model_of(model)?;

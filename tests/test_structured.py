@@ -245,7 +245,7 @@ def test_a_regex_constraint(model: LlamaModel, ctx: llamactx.LlamaContext) -> No
     text = llamactx.generate(ctx, "Code:", max_tokens=20, sampler=sampler)
     assert re.fullmatch("[0-9]{3}-[a-z]{2}", text)
     with pytest.raises(ValueError, match="constraint kind"):
-        LlamaSampler.llguidance(model, "gbnf", "root ::= x")
+        LlamaSampler.llguidance(model, "ebnf", "root ::= x")
 
 
 def test_a_token_the_constraint_refuses_raises_and_reset_repairs(model: LlamaModel) -> None:

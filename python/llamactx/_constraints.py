@@ -27,7 +27,8 @@ __all__ = [
 JsonSchema = Mapping[str, Any] | str | bool | type
 
 #: A grammar starting with this is llguidance's Lark dialect, as llama.cpp marks it; any other
-#: grammar is GBNF, parsed by llama.cpp.
+#: grammar is GBNF. Both compile with llguidance, which bounds the work of every step (GBNF is
+#: translated to Lark: src/sampler/guidance/gbnf.rs).
 LARK_MARKER = "%llguidance"
 
 
@@ -112,7 +113,7 @@ def constraint_stage(
     if spec is None or isinstance(spec, LlamaSampler):
         return spec
     kind, text = spec
-    return LlamaSampler.grammar(model, text) if kind == "gbnf" else LlamaSampler.llguidance(model, kind, text)
+    return LlamaSampler.llguidance(model, kind, text)
 
 
 def constrained(

@@ -21,10 +21,12 @@ use toktrie::{SimpleVob, TokenId};
 use crate::errors::{Error, ExcClass, Result};
 use crate::sampler::custom::{self, candidates_of, into_sampler, RustSampler};
 
+mod gbnf;
 mod vocabulary;
 
-/// What a constraint is written in, as llama.cpp's own llguidance sampler names them.
-pub const KINDS: [&str; 3] = ["json_schema", "lark", "regex"];
+/// What a constraint is written in: llama.cpp's own llguidance sampler's names, and GBNF
+/// (translated to Lark, `gbnf.rs`, so that its work per step is bounded).
+pub const KINDS: [&str; 4] = ["json_schema", "lark", "regex", "gbnf"];
 
 /// The JSON layout a schema's output takes unless the schema's own `x-guidance` says otherwise:
 /// no optional whitespace (a small model can otherwise fill its budget with newlines), and the
@@ -110,7 +112,12 @@ fn grammar(kind: &str, data: &str) -> Result<TopLevelGrammar> {
             ),
         ));
     }
-    let links = data.matches("$ref").count() + if kind == "lark" { data.lines().count() } else { 0 };
+    let links = data.matches("$ref").count()
+        + if matches!(kind, "lark" | "gbnf") {
+            data.lines().count()
+        } else {
+            0
+        };
     if links > MAX_CONSTRAINT_LINKS {
         return Err(schema_error(
             "TooLarge",
@@ -128,6 +135,16 @@ fn grammar(kind: &str, data: &str) -> Result<TopLevelGrammar> {
         }
         "lark" => Ok(TopLevelGrammar::from_lark(data.to_owned())),
         "regex" => Ok(TopLevelGrammar::from_regex(data)),
+        "gbnf" => gbnf::to_lark(data, "root")
+            .map(TopLevelGrammar::from_lark)
+            .map_err(|reason| {
+                Error::llama(
+                    ExcClass::SamplerInitError,
+                    "InvalidGrammar",
+                    None,
+                    format!("the GBNF grammar does not parse: {reason}"),
+                )
+            }),
         _ => Err(Error::value(format!(
             "constraint kind must be one of {KINDS:?}, got {kind:?}"
         ))),

@@ -235,7 +235,8 @@ templates = st.lists(JINJA_PIECES, max_size=5).map("".join)
 
 def constrained_generation(kind: str, text: str, prompt: str, seq: int) -> None:
     """A constraint of any kind and text, built, then sampled and fed hostile tokens."""
-    sampler = S.grammar(model, text) if kind == "gbnf" else S.llguidance(model, kind, text)
+    # GBNF both ways: llama.cpp's own engine (LlamaSampler.grammar) and llguidance's.
+    sampler = S.grammar(model, text) if kind == "gbnf" and seq % 2 else S.llguidance(model, kind, text)
     chained = S.chain([sampler, S.greedy()])
     llamactx.generate(ctx, prompt or "x", max_tokens=4, sampler=chained, seq_id=seq % N_SEQ)
     for token in (N_VOCAB - 1, 0, model.token_eos()):
