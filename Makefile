@@ -9,12 +9,14 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/llamactx/target
 QUESTION ?= What is the capital of France?
 WHEEL_VENV ?= .venv-wheel
 PEERS_VENV ?= .venv-peers
+# The cargo target directories of the wheel's builds, one per CPU level (outside the checkout too).
+WHEEL_TARGETS ?= $(HOME)/.cache/llamactx/wheel
 # Every build runs with the native toolchain (libclang, cmake) from the venv's PyPI wheels.
 # The instruction sets scripts/llamactx_build.py compiles out of llama.cpp on x86-64, for the peers too.
 X86_FLAGS = $(shell python3 -c 'import os, sys; sys.path.insert(0, "scripts"); import llamactx_build; print(llamactx_build.x86_flags(os.environ))')
 TOOLCHAIN := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/llamactx_build.py
 
-.PHONY: help demo test lint fuzz bench bench-peers wheel test-wheel build model clean
+.PHONY: help demo test lint fuzz bench bench-peers wheel wheel-venv test-wheel build model clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -30,9 +32,10 @@ test: build model ## set up, then run the Rust unit tests, the Python tests and 
 fuzz: build model ## the property-based API fuzzer with 20,000 examples (2,000 run in `make test`)
 	LLAMACTX_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/test_fuzz.py --timeout=7200
 
-bench: build model bench-peers ## llamactx vs llama.cpp's tools (built from the same source), llama-cpp-python and llama.cpp's server, over RPC and through Ray Data vs local; JSON+PNG in bench-results/
+bench: build model bench-peers wheel-venv ## llamactx vs llama.cpp's tools (built from the same source), llama-cpp-python and llama.cpp's server, the wheel vs the native build, over RPC and through Ray Data vs local; JSON+PNG in bench-results/
 	$(PY) -m pip install --quiet matplotlib
 	$(PY) benches/compare.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" --peer-python $(PEERS_VENV)/bin/python
+	$(PY) benches/wheel.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" --wheel-python $(WHEEL_VENV)/bin/python
 	$(PY) benches/server.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/structured.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/rpc.py
@@ -45,18 +48,20 @@ bench-peers: ## the peers of make bench in their own venv: llama-cpp-python 0.3.
 	CFLAGS="$(X86_FLAGS)" CXXFLAGS="$(X86_FLAGS)" $(PEERS_VENV)/bin/python -m pip install --quiet --no-cache-dir \
 		numpy openai jsonschema xllamacpp "llama-cpp-python[server]==0.3.36" "sse-starlette<2.2" "fastapi<0.116"
 
-wheel: $(VENV)/.deps ## a release wheel in dist/ (abi3: one wheel for CPython 3.10 and later)
+wheel: $(VENV)/.deps ## the portable release wheel in dist/: abi3, manylinux_2_28, one build per x86-64 CPU level (3 builds with zig, cached in WHEEL_TARGETS)
 	rm -rf dist
-	$(TOOLCHAIN) maturin build --release --quiet --out dist
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/portable_wheel.py --out dist --targets $(WHEEL_TARGETS)
 
-test-wheel: wheel model ## install the wheel into a bare venv (no Rust needed) and run the tests from it
+test-wheel: wheel-venv model ## install the wheel into a bare venv (no Rust needed) and run the tests from it, natively and under QEMU as older CPUs (Debian's qemu-user)
+	$(WHEEL_VENV)/bin/python -m pytest
+
+wheel-venv: wheel ## the wheel installed into a bare venv, WHEEL_VENV
 	rm -rf $(WHEEL_VENV)
 	python3 -m venv $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/python -m pip install --quiet "$$(ls dist/llamactx-*.whl)[server,ray]" pytest pytest-timeout hypothesis gguf openai httpx "jsonschema[format-nongpl]"
 	cd / && $(CURDIR)/$(WHEEL_VENV)/bin/python -c "import llamactx, sys; assert '$(WHEEL_VENV)/lib' in llamactx.__file__, llamactx.__file__"
-	$(WHEEL_VENV)/bin/python -m pytest
 
-lint: build ## rustfmt, clippy, ruff and mypy --strict
+lint: build ## rustfmt, clippy, ruff, mypy --strict and actionlint
 	cargo fmt --check
 	$(TOOLCHAIN) cargo clippy --release --all-targets -- -D warnings
 	$(PY) -m ruff check python tests benches scripts
@@ -65,6 +70,7 @@ lint: build ## rustfmt, clippy, ruff and mypy --strict
 	$(PY) scripts/stub_docstrings.py --check
 	rm -rf .readme-examples && $(PY) scripts/readme_examples.py .readme-examples
 	$(PY) -m mypy --strict .readme-examples
+	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 build: $(VENV)/.deps ## compile the extension into the virtual environment, with the server and ray extras
 	$(TOOLCHAIN) maturin develop --release --quiet --extras server,ray

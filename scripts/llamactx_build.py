@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -44,11 +45,13 @@ def toolchain_env(environ: Mapping[str, str]) -> dict[str, str]:
         if libclang_dir is not None:
             added["LIBCLANG_PATH"] = str(libclang_dir)
             # The wheel has libclang without clang's own headers (stddef.h, stdbool.h, ...):
-            # the C compiler's serve bindgen equally well.
-            include = _compiler_include_dir(environ)
-            if include is not None:
+            # the C++ compiler's serve bindgen equally well. All of its search list is named,
+            # because a zig build (the portable wheel) turns the default one off.
+            includes = _cxx_include_dirs(environ)
+            if includes:
                 extra = environ.get("BINDGEN_EXTRA_CLANG_ARGS", "")
-                added["BINDGEN_EXTRA_CLANG_ARGS"] = f"{extra} -I{include}".strip()
+                named = shlex.join(arg for include in includes for arg in ("-isystem", include))
+                added["BINDGEN_EXTRA_CLANG_ARGS"] = f"{extra} {named}".strip()
     if "CMAKE" not in environ:
         cmake = _wheel_cmake()
         if cmake is not None:
@@ -131,9 +134,19 @@ def _run_compiler(environ: Mapping[str, str], *args: str) -> str | None:
         return None
 
 
-def _compiler_include_dir(environ: Mapping[str, str]) -> str | None:
-    found = (_run_compiler(environ, "-print-file-name=include") or "").strip()
-    return found if os.path.isabs(found) and os.path.isdir(found) else None
+def _cxx_include_dirs(environ: Mapping[str, str]) -> list[str]:
+    """The C++ compiler's system header search list, in its order (empty without a compiler)."""
+    compiler = environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not compiler:
+        return []
+    try:
+        listing = subprocess.run(
+            [compiler, "-E", "-x", "c++", "-v", os.devnull], capture_output=True, text=True, check=True
+        ).stderr
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    searched = listing.partition("#include <...> search starts here:")[2].partition("End of search list.")[0]
+    return [line.strip() for line in searched.splitlines() if os.path.isdir(line.strip())]
 
 
 def _compiler_accepts(environ: Mapping[str, str], flags: str) -> bool:

@@ -88,8 +88,8 @@ impl Drop for SigintWatch {
 
 #[cfg(target_os = "linux")]
 fn on_main_thread() -> bool {
-    // SAFETY: both calls only read the calling thread's and process's ids.
-    unsafe { libc::gettid() == libc::getpid() }
+    // SAFETY: getpid only reads the calling process's id.
+    crate::owned_lock::kernel_thread_id() == unsafe { libc::getpid() }
 }
 
 #[cfg(not(target_os = "linux"))]

@@ -5,6 +5,7 @@ mod backend;
 mod batch;
 mod chat_format;
 mod context;
+mod cpu;
 mod cpu_budget;
 mod engine;
 mod errors;
@@ -29,6 +30,8 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Whether llama.cpp was compiled for the building machine (-march=native), not a CPU level.
+    m.add("NATIVE_BUILD", cfg!(feature = "native"))?;
     errors::register(m)?;
     m.add_class::<model::PyLlamaModel>()?;
     m.add_class::<context::PyLlamaContext>()?;
@@ -48,5 +51,6 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<chat_format::PyChatTemplates>()?;
     m.add_class::<chat_format::PyChatApplied>()?;
     m.add_function(wrap_pyfunction!(rpc::server::serve_rpc, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu::cpu_features, m)?)?;
     Ok(())
 }

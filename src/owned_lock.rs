@@ -16,9 +16,17 @@ const FREE: u64 = 0;
 
 /// The calling thread as `pid << 32 | tid` (Linux ids fit 32 bits and are never 0).
 fn this_thread() -> u64 {
-    // SAFETY: both calls only read the calling thread's and process's ids.
-    let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
-    (u64::from(pid.unsigned_abs()) << 32) | u64::from(tid.unsigned_abs())
+    // SAFETY: getpid only reads the calling process's id.
+    let pid = unsafe { libc::getpid() };
+    (u64::from(pid.unsigned_abs()) << 32) | u64::from(kernel_thread_id().unsigned_abs())
+}
+
+/// The calling thread's kernel id, by the gettid system call: glibc's wrapper of it is newer
+/// (2.30) than the glibc the wheel is built for (manylinux_2_28).
+pub fn kernel_thread_id() -> libc::pid_t {
+    // SAFETY: gettid only reads the calling thread's id.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    libc::pid_t::try_from(tid).unwrap_or_default()
 }
 
 fn process_of(holder: u64) -> u64 {

@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "llamactx_build.py"
+from conftest import load_script
+
 FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -mno-avx512f"
 
 
 @pytest.fixture(scope="module")
 def build_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("llamactx_build", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("llamactx_build")
 
 
 def cmake_cache(target: Path, name: str, flags: str, command: str) -> Path:
@@ -61,3 +56,11 @@ def test_a_cache_of_the_other_avx512_choice_is_removed(
     stale = cmake_cache(tmp_path, "b", f"-O2 {build_script.x86_flags(other)} -fPIC", sys.executable)
     build_script.forget_stale_cmake_caches(environ)
     assert [current.exists(), stale.exists()] == [True, False]
+
+
+def test_bindgen_gets_the_cxx_compilers_whole_search_list(build_script: ModuleType) -> None:
+    # The libclang wheel lacks clang's own headers, and a zig build turns the default list off.
+    searched = [Path(folder) for folder in build_script._cxx_include_dirs({})]
+    assert any((folder / "stddef.h").is_file() for folder in searched), searched
+    assert any((folder / "stdio.h").is_file() for folder in searched), searched
+    assert any((folder / "vector").is_file() for folder in searched), searched

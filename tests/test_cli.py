@@ -31,6 +31,8 @@ def test_info_command_prints_metadata(model_path: Path) -> None:
     result = run_cli("info", "-m", str(model_path))
     assert result.returncode == 0, result.stderr
     assert "general.architecture: llama" in result.stdout
+    variant = llamactx.cpu_variant()
+    assert f"cpu build: {variant.name} ({variant.reason})\n" in result.stdout
 
 
 def test_stream_joins_to_generate(ctx: llamactx.LlamaContext) -> None:

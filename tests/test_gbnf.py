@@ -103,7 +103,7 @@ def test_the_engine_compiles_gbnf_with_llguidance_too(model: LlamaModel) -> None
         ('root ::= "a"\n  "b"', "expecting name"),
         ('item ::= "a"', "no rule 'root'"),
         ('root ::= "\\q"', "unknown escape"),
-        ('root ::= !<[1]>', "negated tokens"),
+        ("root ::= !<[1]>", "negated tokens"),
         ("root ::= " + "(" * 300 + '"a"' + ")" * 300, "depth limit exceeded"),
     ],
 )

@@ -7,6 +7,11 @@ input can crash the interpreter: bad arguments raise exceptions.
 
 import logging
 
+from llamactx._cpu import CpuVariant, cpu_variant, load_extension
+
+# Before any module below imports llamactx._llamactx: a wheel holds one build per CPU level.
+load_extension()
+
 from llamactx._chat import ChatSession, chat
 from llamactx._embedding import embed
 from llamactx._engine import Delta, Engine, Request
@@ -67,6 +72,7 @@ __all__ = [
     "ChatSession",
     "ChatTemplateError",
     "Completion",
+    "CpuVariant",
     "DecodeAborted",
     "DecodeError",
     "Delta",
@@ -109,6 +115,7 @@ __all__ = [
     "__version__",
     "chat",
     "continue_sequence",
+    "cpu_variant",
     "default_model_path",
     "embed",
     "generate",

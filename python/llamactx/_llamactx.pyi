@@ -12,7 +12,10 @@ import numpy.typing as npt
 from llamactx._enums import LlamaPoolingType
 
 __version__: str
+#: Whether llama.cpp was compiled for the building machine (-march=native) rather than a CPU level.
+NATIVE_BUILD: bool
 __all__ = [
+    "NATIVE_BUILD",
     "ApplyChatTemplateError",
     "BatchAddError",
     "ChatTemplateError",
@@ -57,6 +60,7 @@ __all__ = [
     "_SequenceSteps",
     "_Waker",
     "__version__",
+    "cpu_features",
     "serve_rpc",
 ]
 
@@ -645,10 +649,12 @@ class LlamaSampler:
     @staticmethod
     def llguidance(model: LlamaModel, kind: str, data: str) -> LlamaSampler:
         """Constrains tokens to `data` with llguidance, compiled against `model`'s vocabulary:
-        `kind` "json_schema" (a JSON Schema, as JSON text), "lark" (llguidance's Lark dialect) or
-        "regex". Output may only end (an end-of-generation token) where the constraint is
-        complete, and must end once it is. Keeps `model` alive. `SchemaError` when llguidance
-        cannot compile the constraint or it admits no output.
+        `kind` "json_schema" (a JSON Schema, as JSON text), "lark" (llguidance's Lark dialect),
+        "regex" or "gbnf" (llama.cpp's GBNF from rule `root`, translated to Lark: the same language,
+        with llguidance's bounded work per step). Output may only end (an end-of-generation token)
+        where the constraint is complete, and must end once it is. Keeps `model` alive.
+        `SchemaError` when llguidance cannot compile the constraint or it admits no output;
+        `SamplerInitError` for GBNF that llama.cpp would not parse either.
         """
     @staticmethod
     def grammar_lazy_patterns(
@@ -995,6 +1001,11 @@ class _SequenceSteps:
         """`(text, finish_reason or None)` after sampling `token` in a sequence holding `kv_len`
         tokens; None means: decode `token` at `kv_len` and go on.
         """
+
+def cpu_features() -> list[str]:
+    """The features the builds of the x86-64 wheel differ in that this CPU and its OS support,
+    named as Rust's `is_x86_feature_detected!` names them.
+    """
 
 def serve_rpc(
     host: str = "127.0.0.1",

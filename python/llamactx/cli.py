@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from llamactx._chat import ChatSession
+from llamactx._cpu import cpu_variant
 from llamactx._embedding import embed, embedding_context
 from llamactx._generation import stream
 from llamactx._limits import INT32_MAX, RANDOM_SEED
@@ -230,6 +231,9 @@ def _bench(arguments: argparse.Namespace) -> int:
 
 
 def _info(arguments: argparse.Namespace) -> int:
+    variant = cpu_variant()
+    print(f"cpu build: {variant.name} ({variant.reason})")
+    print(f"cpu features: {' '.join(variant.features)}")
     model = _load_model(arguments)
     print(f"path: {model.path}")
     print(f"description: {model.desc()}")
@@ -423,7 +427,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     rpc_server.set_defaults(run=_rpc_server)
 
-    info = commands.add_parser("info", help="print a model's metadata")
+    info = commands.add_parser("info", help="print which CPU build runs and why, and a model's metadata")
     _add_model_option(info)
     info.set_defaults(run=_info)
     return parser
