@@ -6,8 +6,6 @@
 //! exactly: the crate's `copy_state_data`/`set_state_data` pass unbounded pointers and are
 //! never used.
 
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use pyo3::prelude::*;
@@ -17,9 +15,9 @@ use super::state_layout::{self, Memory};
 use super::{seq_state_cells, OpenContext, PyLlamaContext};
 use crate::backend::explained;
 use crate::batch::MAX_POSITION;
-use crate::errors::{Error, Result};
+use crate::errors::{Error, ExcClass, Result};
 use crate::paths::{existing_file, extract_path};
-use crate::tokens::{check_vocab, extract_token_ids, to_ids, to_llama_tokens};
+use crate::tokens::{check_vocab, extract_token_ids, to_llama_tokens};
 
 /// The largest token buffer a load may ask for (64 MiB of ids): a guard against a typo that
 /// would make the allocation abort the process.
@@ -100,32 +98,57 @@ fn read_state(size: usize, get: impl FnOnce(&mut [u8]) -> usize) -> Result<Vec<u
 /// Pinned with llama-cpp-4 0.11.0; `test_sequence_state_file_round_trip` fails if it moves.
 const SEQ_STATE_IO_MAGIC: u32 = 0xaf14_3cd8;
 
-/// Splits a sequence state file (`LLAMA_STATE_SEQ_MAGIC`, version, token count, tokens, state)
-/// into its tokens and its state bytes.
-fn parse_seq_state_file(file: &[u8], capacity: usize) -> Result<(Vec<i32>, &[u8])> {
-    let invalid = |why: &str| Error::state("SeqLoadFile", format!("not a valid sequence state file: {why}"));
-    let word = |at: usize| -> Result<u32> {
+/// Why a state file's header was refused.
+enum Refusal {
+    /// Not a file of this kind (magic, version), or cut short before its state.
+    Invalid(&'static str),
+    /// More tokens than the caller has room for.
+    TooManyTokens(usize),
+}
+
+/// Splits a state file (`magic`, `version`, a token count, the tokens, the state) into its
+/// tokens and its state bytes.
+fn split_state_file(
+    file: &[u8],
+    magic: u32,
+    version: u32,
+    capacity: usize,
+) -> std::result::Result<(Vec<i32>, &[u8]), Refusal> {
+    let word = |at: usize| {
         file.get(at..at + 4)
             .and_then(|bytes| bytes.try_into().ok())
             .map(u32::from_le_bytes)
-            .ok_or_else(|| invalid("truncated header"))
+            .ok_or(Refusal::Invalid("truncated header"))
     };
-    if word(0)? != llama_cpp_sys_4::LLAMA_STATE_SEQ_MAGIC || word(4)? != llama_cpp_sys_4::LLAMA_STATE_SEQ_VERSION {
-        return Err(invalid("unknown magic or version"));
+    if word(0)? != magic || word(4)? != version {
+        return Err(Refusal::Invalid("unknown magic or version"));
     }
-    let count = usize::try_from(word(8)?).map_err(|_| invalid("token count"))?;
+    let count = usize::try_from(word(8)?).map_err(|_| Refusal::Invalid("token count"))?;
     if count > capacity {
-        return Err(Error::state(
-            "SeqLoadFile",
-            format!("the file holds {count} tokens, more than {capacity}"),
-        ));
+        return Err(Refusal::TooManyTokens(count));
     }
     let state_at = 12 + 4 * count;
-    let tokens = file.get(12..state_at).ok_or_else(|| invalid("truncated token list"))?;
+    let tokens = file.get(12..state_at).ok_or(Refusal::Invalid("truncated token list"))?;
     let tokens = tokens
         .chunks_exact(4)
         .map(|chunk| i32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]));
     Ok((tokens.collect(), &file[state_at..]))
+}
+
+/// Splits a sequence state file (`LLAMA_STATE_SEQ_MAGIC`, version, token count, tokens, state)
+/// into its tokens and its state bytes.
+fn parse_seq_state_file(file: &[u8], capacity: usize) -> Result<(Vec<i32>, &[u8])> {
+    let (magic, version) = (
+        llama_cpp_sys_4::LLAMA_STATE_SEQ_MAGIC,
+        llama_cpp_sys_4::LLAMA_STATE_SEQ_VERSION,
+    );
+    split_state_file(file, magic, version, capacity).map_err(|refusal| match refusal {
+        Refusal::Invalid(why) => Error::state("SeqLoadFile", format!("not a valid sequence state file: {why}")),
+        Refusal::TooManyTokens(count) => Error::state(
+            "SeqLoadFile",
+            format!("the file holds {count} tokens, more than {capacity}"),
+        ),
+    })
 }
 
 /// The start of a whole state: the model architecture's name, behind its length
@@ -144,32 +167,6 @@ fn foreign_state() -> Error {
         "ForeignState",
         "this state was not saved by a model of this architecture (or is corrupt)",
     )
-}
-
-/// Checks a whole-state file (session magic and version, token count, tokens, state) as far
-/// as its state header, which must be `header`, and returns the memory's state that follows;
-/// files llama.cpp refuses before that are left to it (`None`) [llama.cpp internal].
-fn check_state_file(path: &Path, capacity: usize, header: &[u8]) -> Result<Option<Vec<u8>>> {
-    let mut file = File::open(path).map_err(|err| Error::state("LoadFile", err.to_string()))?;
-    let mut head = [0_u8; 12];
-    if file.read_exact(&mut head).is_err() {
-        return Ok(None);
-    }
-    let word = |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
-    let n_tokens = word(8) as usize;
-    let ours = word(0) == llama_cpp_sys_4::LLAMA_SESSION_MAGIC && word(4) == llama_cpp_sys_4::LLAMA_SESSION_VERSION;
-    if !ours || n_tokens > capacity {
-        return Ok(None);
-    }
-    let mut found = vec![0_u8; header.len()];
-    let start = 12 + 4 * n_tokens as u64;
-    if file.seek(SeekFrom::Start(start)).is_err() || file.read_exact(&mut found).is_err() || found != header {
-        return Err(foreign_state());
-    }
-    let mut memory = Vec::new();
-    file.read_to_end(&mut memory)
-        .map_err(|err| Error::state("LoadFile", err.to_string()))?;
-    Ok(Some(memory))
 }
 
 impl OpenContext {
@@ -255,7 +252,9 @@ impl OpenContext {
         ))
     }
 
-    fn set_state_bytes(&mut self, src: &[u8]) -> Result<usize> {
+    /// Restores the whole state from `src`; returns the bytes llama.cpp read, which must be all
+    /// of them where `whole`.
+    fn set_state_bytes(&mut self, src: &[u8], whole: bool) -> Result<usize> {
         self.restore_all(|native, before| {
             let header = architecture_header(before);
             if !src.starts_with(header) {
@@ -264,9 +263,35 @@ impl OpenContext {
             native.check_cell_owners(&src[header.len()..])?;
             match native.with_mut(|context| context.state_set_data(src)) {
                 0 => Err(Error::state("SetData", "llama.cpp rejected the state data")),
+                read if whole && read != src.len() => Err(Error::state(
+                    "SetData",
+                    format!("the state has {} bytes after its end", src.len() - read),
+                )),
                 read => Ok(read),
             }
         })
+    }
+
+    /// Restores a whole-state file (`save_session_file`'s and `state_save_file`'s format) and
+    /// returns its tokens. The file is read here and restored from memory, by llama.cpp's buffer
+    /// reader, which checks every length: its file reader reads nothing past the end of a
+    /// truncated file and goes on with whatever its buffer held, so a count read there could
+    /// drive it through billions of reads [llama.cpp internal]. `refused` makes the error for a
+    /// file that is not one, or holds more than `capacity` tokens.
+    fn load_state_file(
+        &mut self,
+        path: &Path,
+        capacity: usize,
+        refused: impl Fn(Refusal) -> Error,
+    ) -> Result<Vec<i32>> {
+        let file = std::fs::read(path).map_err(|err| Error::state("LoadFile", err.to_string()))?;
+        let (magic, version) = (
+            llama_cpp_sys_4::LLAMA_SESSION_MAGIC,
+            llama_cpp_sys_4::LLAMA_SESSION_VERSION,
+        );
+        let (tokens, state) = split_state_file(&file, magic, version, capacity).map_err(refused)?;
+        self.set_state_bytes(state, true)?;
+        Ok(tokens)
     }
 
     fn seq_state_bytes(&mut self, seq_id: i32, flags: u32) -> Result<Vec<u8>> {
@@ -316,17 +341,25 @@ impl PyLlamaContext {
     }
 
     /// Restores a session file; returns its tokens (at most `max_tokens`). No row has logits
-    /// afterwards. `LoadSessionError` for a missing, corrupt or mismatched file.
+    /// afterwards. `LoadSessionError` for a file that is not a session file or holds more than
+    /// `max_tokens` tokens; `StateError` for a state this context refuses.
     fn load_session_file(&self, py: Python<'_>, path: &Bound<'_, PyAny>, max_tokens: usize) -> PyResult<Vec<i32>> {
         let path = existing_file(path)?;
         let max_tokens = check_capacity(max_tokens)?;
         self.run(py, |native| {
-            native.restore_all(|native, before| {
-                if let Some(memory) = check_state_file(&path, max_tokens, architecture_header(before))? {
-                    native.check_cell_owners(&memory)?;
-                }
-                let loaded = native.with_mut(|context| context.load_session_file(&path, max_tokens));
-                Ok(to_ids(&loaded?))
+            native.load_state_file(&path, max_tokens, |refusal| match refusal {
+                Refusal::Invalid(why) => Error::llama(
+                    ExcClass::LoadSessionError,
+                    "FailedToLoad",
+                    None,
+                    format!("not a session file: {why}"),
+                ),
+                Refusal::TooManyTokens(count) => Error::llama(
+                    ExcClass::LoadSessionError,
+                    "InsufficientMaxLength",
+                    i64::try_from(count).ok(),
+                    format!("the file holds {count} tokens, more than {max_tokens}"),
+                ),
             })
         })
     }
@@ -362,7 +395,7 @@ impl PyLlamaContext {
     /// afterwards. `StateError` when llama.cpp rejects the data.
     fn state_set_data(&self, py: Python<'_>, src: &Bound<'_, PyAny>) -> PyResult<usize> {
         let src = extract_bytes(src)?;
-        self.run(py, |native| native.set_state_bytes(&src))
+        self.run(py, |native| native.set_state_bytes(&src, false))
     }
 
     /// Writes the whole state and `tokens` to `path`; returns True. `StateError` on failure.
@@ -389,19 +422,12 @@ impl PyLlamaContext {
         let path = existing_file(path)?;
         let capacity = check_capacity(n_token_capacity)?;
         self.run(py, |native| {
-            native.restore_all(|native, before| {
-                if let Some(memory) = check_state_file(&path, capacity, architecture_header(before))? {
-                    native.check_cell_owners(&memory)?;
-                }
-                let mut tokens = Vec::new();
-                if native.with_mut(|context| context.state_load_file(&path, &mut tokens, capacity)) {
-                    Ok(to_ids(&tokens))
-                } else {
-                    Err(Error::state(
-                        "LoadFile",
-                        format!("llama.cpp could not restore {}", path.display()),
-                    ))
-                }
+            native.load_state_file(&path, capacity, |refusal| match refusal {
+                Refusal::Invalid(why) => Error::state("LoadFile", format!("not a state file: {why}")),
+                Refusal::TooManyTokens(count) => Error::state(
+                    "LoadFile",
+                    format!("the file holds {count} tokens, more than {capacity}"),
+                ),
             })
         })
     }
