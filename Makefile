@@ -9,7 +9,8 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/llamactx/target
 QUESTION ?= What is the capital of France?
 WHEEL_VENV ?= .venv-wheel
 PEERS_VENV ?= .venv-peers
-# The cargo target directories of the wheel's builds, one per CPU level (outside the checkout too).
+# The cargo target directories of the wheel's builds, one per CPU level, and the venv of their
+# build tools (outside the checkout too, at a fixed path: see scripts/portable_wheel.py).
 WHEEL_TARGETS ?= $(HOME)/.cache/llamactx/wheel
 # Every build runs with the native toolchain (libclang, cmake) from the venv's PyPI wheels.
 # The instruction sets scripts/llamactx_build.py compiles out of llama.cpp on x86-64, for the peers too.
@@ -50,7 +51,7 @@ bench-peers: ## the peers of make bench in their own venv: llama-cpp-python 0.3.
 
 wheel: $(VENV)/.deps ## the portable release wheel in dist/: abi3, manylinux_2_28, one build per x86-64 CPU level (3 builds with zig, cached in WHEEL_TARGETS)
 	rm -rf dist
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/portable_wheel.py --out dist --targets $(WHEEL_TARGETS)
+	$(PY) scripts/portable_wheel.py --out dist --targets $(WHEEL_TARGETS)
 
 test-wheel: wheel-venv model ## install the wheel into a bare venv (no Rust needed) and run the tests from it, natively and under QEMU as older CPUs (Debian's qemu-user)
 	$(WHEEL_VENV)/bin/python -m pytest

@@ -9,7 +9,8 @@ at import.
 
     python scripts/portable_wheel.py --out dist --targets ~/.cache/llamactx/wheel
 
-Run it through ``scripts/llamactx_build.py`` (the Makefile does), which supplies the toolchain.
+The build tools (maturin, zig, cmake, libclang) come from a virtual environment of their own
+in the targets folder, made on first use: see ``toolchain``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 from types import ModuleType
+
+import tomllib  # Python 3.11: the wheel is built with the development venv's Python
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTENSION_FILE = "llamactx/_llamactx.abi3.so"
@@ -47,13 +50,31 @@ def cpu_module() -> ModuleType:
     return module
 
 
-def build(name: str, cflags: str, target_dir: Path, out: Path) -> Path:
-    """One wheel, with llama.cpp compiled with ``cflags``; returns its path."""
+def toolchain(folder: Path) -> Path:
+    """A virtual environment at a fixed path with the build's tools (the build backend's own
+    requirements and zig), made once: maturin names its zig compiler wrappers after its own
+    path, and CMake's caches keep the compiler's and cmake's paths, so builds from any checkout
+    (CI's fresh clones) find the same names and reuse the cached builds."""
+    python = folder / "bin" / "python"
+    done = folder / ".installed"
+    if not done.exists():
+        with (ROOT / "pyproject.toml").open("rb") as pyproject:
+            requirements = tomllib.load(pyproject)["build-system"]["requires"]
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(folder)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *requirements, "ziglang"], check=True)
+        done.touch()
+    return folder
+
+
+def build(name: str, cflags: str, tools: Path, target_dir: Path, out: Path) -> Path:
+    """One wheel, with llama.cpp compiled with ``cflags`` by the tools in ``tools``; returns its
+    path."""
     # maturin's zig wrapper asks for debug information (-g), which --strip then drops: -g0
     # spares compiling it.
     flags = f"{cflags} -g0"
     environ = {
         **os.environ,
+        "PATH": f"{tools / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
         "CFLAGS": flags,
         "CXXFLAGS": flags,
         "CARGO_TARGET_DIR": str(target_dir),
@@ -63,7 +84,8 @@ def build(name: str, cflags: str, target_dir: Path, out: Path) -> Path:
         *("--zig", "--compatibility", MANYLINUX, "--out", str(out)),
     ]
     print(f"portable_wheel: building {name} ({cflags}) in {target_dir}", flush=True)
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "llamactx_build.py"), *command], env=environ, check=True)
+    builder = [str(tools / "bin" / "python"), str(ROOT / "scripts" / "llamactx_build.py")]
+    subprocess.run([*builder, *command], env=environ, check=True)
     (wheel,) = out.glob("*.whl")
     return wheel
 
@@ -136,9 +158,10 @@ def main() -> int:
     arguments = parser.parse_args()
     cpu = cpu_module()
     arguments.out.mkdir(parents=True, exist_ok=True)
+    tools = toolchain(arguments.targets / "toolchain")
     with tempfile.TemporaryDirectory() as scratch:
         wheels = {
-            spec.name: build(spec.name, spec.cflags, arguments.targets / spec.name, Path(scratch) / spec.name)
+            spec.name: build(spec.name, spec.cflags, tools, arguments.targets / spec.name, Path(scratch) / spec.name)
             for spec in reversed(cpu.BUILDS)  # the baseline first
         }
         wheel = merge(wheels, cpu.BASELINE.name, cpu.BUILDS_FOLDER, arguments.out)
