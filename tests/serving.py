@@ -79,9 +79,11 @@ class Server:
 
 
 @contextmanager
-def running_server(model_path: Path, *options: str) -> Iterator[Server]:
-    """``llamactx serve --model model_path --port 0 *options`` until the block ends."""
-    command = [sys.executable, "-m", "llamactx", "serve", "--model", str(model_path), "--port", "0", *options]
+def running_server(model_path: Path, *options: str, prelude: str = "") -> Iterator[Server]:
+    """``llamactx serve --model model_path --port 0 *options`` until the block ends; ``prelude``
+    (Python) runs in the server's process first."""
+    program = f"{prelude}\nimport sys\nfrom llamactx.cli import main\nsys.exit(main())"
+    command = [sys.executable, "-c", program, "serve", "--model", str(model_path), "--port", "0", *options]
     child = subprocess.Popen(
         command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=die_with_parent
     )

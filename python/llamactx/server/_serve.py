@@ -38,9 +38,10 @@ def _bound(host: str, port: int) -> socket.socket:
 
 def _exit_unless(done: threading.Event, seconds: float) -> None:
     """Ends the process (status 0) unless ``done`` is set within ``seconds``: a shutdown must
-    not wait for a step that does not end (an ambiguous GBNF grammar can make one last minutes)
-    or for a worker thread still rendering a template. The engine's thread owns what it uses,
-    and nothing is left to hand to anyone."""
+    not wait for a step that does not end (llama.cpp's own grammar engine, which a template's
+    tool-call grammar still reaches, can make one last minutes) or for a worker thread still
+    rendering a template. The engine's thread owns what it uses, and nothing is left to hand
+    to anyone."""
 
     def watchdog() -> None:
         if not done.wait(seconds):
