@@ -70,6 +70,8 @@ def test_no_build_uses_avx512_or_amx() -> None:
 
 
 def test_the_variant_names_what_this_process_runs() -> None:
+    # Whichever build was imported, the package names it as the import system would.
+    assert llamactx._llamactx is sys.modules["llamactx._llamactx"]
     variant = llamactx.cpu_variant()
     assert variant.name in ALL_BUILDS | {"source"}
     assert {"sse4.2", "popcnt"} <= set(variant.features)

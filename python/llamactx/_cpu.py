@@ -152,6 +152,9 @@ def _import_as_extension(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[EXTENSION] = module
     loader.exec_module(module)
+    # What the import system does for a submodule: the package names it too.
+    package, _, name = EXTENSION.rpartition(".")
+    setattr(sys.modules[package], name, module)
     return module
 
 
