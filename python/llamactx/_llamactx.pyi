@@ -421,7 +421,8 @@ class LlamaContext:
         """
     def load_session_file(self, path: _Path, max_tokens: int) -> list[int]:
         """Restores a session file; returns its tokens (at most `max_tokens`). No row has logits
-        afterwards. `LoadSessionError` for a missing, corrupt or mismatched file.
+        afterwards. `LoadSessionError` for a file that is not a session file or holds more than
+        `max_tokens` tokens; `StateError` for a state this context refuses.
         """
     def get_state_size(self) -> int:
         """Size in bytes of the whole state (`state_get_size` under its older name)."""
