@@ -283,11 +283,13 @@ mod tests {
     }
 
     #[test]
-    fn kinds_are_llama_cpps_names_and_json_must_parse() {
+    fn kinds_are_llama_cpps_names_and_gbnf_and_json_must_parse() {
         assert!(grammar("json_schema", "{}").is_ok());
         assert!(grammar("lark", "start: \"a\"").is_ok());
         assert!(grammar("regex", "a+").is_ok());
-        assert!(matches!(grammar("gbnf", "root ::= \"a\""), Err(Error::Value(_))));
+        assert!(grammar("gbnf", "root ::= \"a\"").is_ok());
+        assert!(matches!(grammar("gbnf", "root ::= x"), Err(Error::Llama { kind, .. }) if kind == "InvalidGrammar"));
+        assert!(matches!(grammar("ebnf", "root ::= \"a\""), Err(Error::Value(_))));
         assert!(matches!(grammar("json_schema", "{"), Err(Error::Llama { kind, .. }) if kind == "InvalidJson"));
     }
 }
