@@ -7,10 +7,11 @@ input can crash the interpreter: bad arguments raise exceptions.
 
 import logging
 
-from llamactx._cpu import CpuVariant, cpu_variant, load_extension
+from llamactx._cpu import CpuVariant, cpu_variant
+from llamactx._cpu import load_extension as _load_extension
 
 # Before any module below imports llamactx._llamactx: a wheel holds one build per CPU level.
-load_extension()
+_load_extension()
 
 from llamactx._chat import ChatSession, chat
 from llamactx._embedding import embed

@@ -98,7 +98,7 @@ def choose(features: frozenset[str], available: frozenset[str], forced: str | No
     if better:
         reason += f"; {better[-1].name} would need {', '.join(sorted(better[-1].needs - features))}"
     if "avx512f" in features:
-        reason += "; AVX-512 is not used: its kernels measured no faster here (README, Build choices)"
+        reason += "; AVX-512 is not used: its kernels measured no faster than AVX2's (README, Build choices)"
     return build, reason
 
 
