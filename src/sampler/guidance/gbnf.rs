@@ -7,7 +7,9 @@
 //! text (`generate(grammar=...)`, the engine, the server) is compiled by llguidance instead.
 //!
 //! The parse mirrors llama.cpp's (`llama-grammar.cpp`): the same syntax, escapes, whitespace
-//! rules, nesting limit and repetition limits, so a grammar means the same in both. To keep
+//! rules, nesting limit and repetition counts, so a grammar means the same in both. llama.cpp's
+//! further bound on repetitions of repetitions (it expands them into rules) is not needed:
+//! llguidance does not expand them, and such grammars compile in milliseconds. To keep
 //! the language exactly, every character is its own lexeme: llguidance's lexer then never has
 //! to choose between two splits of the text that GBNF's character-level matching both allows.
 
