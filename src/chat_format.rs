@@ -13,7 +13,8 @@ use pyo3::prelude::*;
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
 use crate::model::PyLlamaModel;
-use crate::sampler::{lazy_grammar, try_accept, PyLlamaSampler};
+use crate::sampler::custom::into_sampler;
+use crate::sampler::{guidance, lazy_grammar, PyLlamaSampler};
 
 /// A model's chat templates, parsed once (internal: used by `Engine.submit_chat` and the
 /// server for models whose template formats tool calls itself).
@@ -92,7 +93,9 @@ impl PyChatApplied {
     }
 
     /// The grammar sampler the reply needs (None: free text): lazy, waiting for its
-    /// triggers, or eager and past the generation prompt the template already wrote.
+    /// triggers, or eager and past the generation prompt the template already wrote. The GBNF
+    /// llama.cpp writes from the tools' schemas is compiled by llguidance, whose work per token
+    /// is bounded, whatever the schemas.
     fn sampler(&self, py: Python<'_>) -> PyResult<Option<PyLlamaSampler>> {
         detached(py, || {
             if self.params.grammar.is_empty() {
@@ -100,8 +103,7 @@ impl PyChatApplied {
             }
             let (patterns, tokens) = self.params.sampler_triggers();
             let sampler = if self.params.grammar_lazy && !(patterns.is_empty() && tokens.is_empty()) {
-                let grammar = self.params.grammar.clone();
-                lazy_grammar::new(Arc::clone(&self.model), grammar, "root".to_owned(), &patterns, tokens)?
+                lazy_grammar::new(Arc::clone(&self.model), &self.params.grammar, "root", &patterns, tokens)?
             } else {
                 self.prefilled()?
             };
@@ -123,23 +125,12 @@ impl PyChatApplied {
 }
 
 impl PyChatApplied {
-    /// llama.cpp's eager grammar, having accepted the generation prompt: its tool-call grammars
-    /// match `generation prompt + output`, as its parser reads them. The first token is
-    /// skipped when it only adds a leading space the prompt does not have, as llama.cpp does
-    /// [llama.cpp internal].
+    /// The eager grammar, past the generation prompt: llama.cpp's tool-call grammars match
+    /// `generation prompt + output`, as its parser reads them [llama.cpp internal].
     fn prefilled(&self) -> Result<LlamaSampler> {
-        let mut grammar = LlamaSampler::try_grammar(&self.model, &self.params.grammar, "root")?;
-        let prompt = self.params.generation_prompt();
-        let tokens = self.model.str_to_token(prompt, AddBos::Never)?;
-        let spaced = |token| {
-            PyLlamaModel::piece(&self.model, token, true)
-                .is_ok_and(|piece| piece.first().is_some_and(u8::is_ascii_whitespace))
-        };
-        let skip = usize::from(!prompt.starts_with(char::is_whitespace) && tokens.first().is_some_and(|t| spaced(t.0)));
-        for &token in &tokens[skip..] {
-            try_accept(&mut grammar, token)?;
-        }
-        Ok(grammar)
+        let mut grammar = guidance::gbnf(&self.model, &self.params.grammar, "root")?;
+        grammar.advance(self.params.generation_prompt().as_bytes())?;
+        Ok(into_sampler(Box::new(grammar)))
     }
 }
 

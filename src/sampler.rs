@@ -98,7 +98,7 @@ impl PyLlamaSampler {
     fn check_usable(&self) -> Result<()> {
         if self.broken.load(Ordering::Acquire) {
             return Err(Error::value(
-                "this sampler refused a token and llama.cpp left its grammar unusable: call reset()",
+                "this sampler refused a token, which leaves its grammar unusable: call reset()",
             ));
         }
         Ok(())
@@ -474,8 +474,11 @@ impl PyLlamaSampler {
         ))
     }
 
-    /// Constrains tokens to the GBNF `grammar`, starting at rule `root`. Keeps `model` alive.
-    /// `SamplerInitError` for a grammar llama.cpp cannot parse.
+    /// Constrains tokens to the GBNF `grammar`, starting at rule `root`, with llama.cpp's own
+    /// grammar engine (the crate's sampler). Its work per token is unbounded for ambiguous
+    /// grammars (one stack per partial parse), so a grammar from outside the program belongs
+    /// in `llguidance(model, "gbnf", grammar)`, which every `grammar=` argument uses. Keeps
+    /// `model` alive. `SamplerInitError` for a grammar llama.cpp cannot parse.
     #[staticmethod]
     #[pyo3(signature = (model, grammar, root="root".to_owned()), text_signature = "(model, grammar, root='root')")]
     fn grammar(py: Python<'_>, model: &Bound<'_, PyLlamaModel>, grammar: String, root: String) -> PyResult<Self> {
@@ -509,8 +512,10 @@ impl PyLlamaSampler {
     /// group starts (or the whole match, or the trigger token). Patterns use the `regex`
     /// crate's syntax, matched byte-wise with ASCII classes like llama.cpp's `std::regex`, in
     /// linear time: look-around and back-references are refused (`ValueError`), and a trigger
-    /// must lie within the last 16 KiB of accepted text. `SamplerInitError` for a grammar
-    /// llama.cpp cannot parse.
+    /// must lie within the last 16 KiB of accepted text. The GBNF grammar is compiled by
+    /// llguidance (as `llguidance(model, "gbnf", ...)`), so its work per token is bounded.
+    /// `SamplerInitError` for a grammar llama.cpp would not parse either; once triggered, text
+    /// the grammar refuses is `SchemaError`.
     #[staticmethod]
     fn grammar_lazy_patterns(
         py: Python<'_>,
@@ -526,8 +531,8 @@ impl PyLlamaSampler {
             check_vocab(&tokens, model.n_vocab())?;
             let sampler = lazy_grammar::new(
                 Arc::clone(&model),
-                grammar,
-                root,
+                &grammar,
+                &root,
                 &trigger_patterns,
                 to_llama_tokens(&tokens),
             )?;

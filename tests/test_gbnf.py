@@ -34,6 +34,15 @@ AMBIGUOUS = r"""
 root ::= ("ab" | "a") "bc" x{1,3} "." | [^a-z]{2} "\u00e9"?
 x ::= "b" | "bb"
 """
+#: Any text without "<t>", then "<t>" and a word: the right recursion of llama.cpp's tool-call
+#: grammars ("until" rules), which an Earley parser pays for with every character unless it is
+#: rewritten as left recursion (src/sampler/guidance/gbnf/left_linear.rs).
+UNTIL = r"""
+root   ::= until "<t>" [a-z]+
+until  ::= | [<] until1 | [^<] until
+until1 ::= | [<] until1 | [t] until2 | [^<t] until
+until2 ::= | [<] until1 | [^<>] until
+"""
 #: The red team's grammar: llama.cpp keeps 3**n stacks after n characters "a".
 EXPONENTIAL = 'root ::= e\ne ::= "a" e "b" | "a" e "c" | "a" e "d" | "z"\n'
 
@@ -79,6 +88,23 @@ def test_llguidance_allows_exactly_what_llama_cpp_allows(
         ctx.decode(batch)
         tokens.append(best)
     assert step > 2
+
+
+def test_long_text_under_right_recursion_is_allowed_as_llama_cpp_allows_it(
+    model: LlamaModel, paris_ctx: llamactx.LlamaContext, text_tokens: set[int]
+) -> None:
+    engine, translated = LlamaSampler.grammar(model, UNTIL), LlamaSampler.llguidance(model, "gbnf", UNTIL)
+    text = "Some <b>text</b>, a < t, <tt and <<t, " * 12 + "<t>done"
+    forced = model.str_to_token(text, False)
+    assert len(forced) > 150
+    for step, token in enumerate(forced):
+        by_engine, by_llguidance = paris_ctx.candidates(), paris_ctx.candidates()
+        engine.apply(by_engine)
+        translated.apply(by_llguidance)
+        assert kept(by_engine) & text_tokens == kept(by_llguidance) & text_tokens, f"step {step}"
+        assert token in kept(by_llguidance), f"step {step}"
+        engine.accept(token)
+        translated.accept(token)
 
 
 @pytest.mark.timeout(120)

@@ -61,7 +61,7 @@ def test_a_trigger_token_starts_the_grammar_with_itself(model: LlamaModel, paris
 def test_text_the_grammar_refuses_after_the_trigger_is_an_error(model: LlamaModel) -> None:
     lazy = LlamaSampler.grammar_lazy_patterns(model, 'root ::= "answer: yes"', "root", ["answer:"], [])
     accept_text(lazy, model, "The answer:")
-    with pytest.raises(llamactx.ShimError):
+    with pytest.raises(llamactx.SchemaError, match="doesn't satisfy the grammar"):
         accept_text(lazy, model, " no")
     with pytest.raises(ValueError, match="reset"):
         lazy.accept(model.str_to_token(" yes", False)[0])

@@ -199,6 +199,20 @@ def accept_all(sampler: llamactx.LlamaSampler, tokens: list[int]) -> None:
         sampler.accept(token)
 
 
+def test_any_amount_of_text_may_come_before_a_required_call(
+    native: llamactx.Engine, model: llamactx.LlamaModel
+) -> None:
+    """The grammar's "anything but a call" rule is right-recursive: rewritten as left recursion,
+    its cost per character does not grow with the text (gbnf/left_linear.rs)."""
+    chat = native._prepare_chat(ASK, [WEATHER], "required")
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    text = "Let me look that up, <b>once</b>. " * 20 + call
+    assert chat.sampler is not None
+    accept_all(chat.sampler, model.str_to_token(text, False))
+    (made,) = chat.reply(text)["tool_calls"]
+    assert json.loads(made["function"]["arguments"]) == {"city": "Oslo"}
+
+
 def test_a_tool_templates_calls_come_back_as_openai_messages(native: llamactx.Engine) -> None:
     chat = native._prepare_chat(ASK, [WEATHER, TIME], "auto")
     text = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'

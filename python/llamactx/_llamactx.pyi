@@ -644,8 +644,11 @@ class LlamaSampler:
         """Adds `bias` to the logits of given tokens: `biases` is a sequence of `(token, bias)`."""
     @staticmethod
     def grammar(model: LlamaModel, grammar: str, root: str = "root") -> LlamaSampler:
-        """Constrains tokens to the GBNF `grammar`, starting at rule `root`. Keeps `model` alive.
-        `SamplerInitError` for a grammar llama.cpp cannot parse.
+        """Constrains tokens to the GBNF `grammar`, starting at rule `root`, with llama.cpp's own
+        grammar engine (the crate's sampler). Its work per token is unbounded for ambiguous
+        grammars (one stack per partial parse), so a grammar from outside the program belongs
+        in `llguidance(model, "gbnf", grammar)`, which every `grammar=` argument uses. Keeps
+        `model` alive. `SamplerInitError` for a grammar llama.cpp cannot parse.
         """
     @staticmethod
     def llguidance(model: LlamaModel, kind: str, data: str) -> LlamaSampler:
@@ -666,8 +669,10 @@ class LlamaSampler:
         group starts (or the whole match, or the trigger token). Patterns use the `regex`
         crate's syntax, matched byte-wise with ASCII classes like llama.cpp's `std::regex`, in
         linear time: look-around and back-references are refused (`ValueError`), and a trigger
-        must lie within the last 16 KiB of accepted text. `SamplerInitError` for a grammar
-        llama.cpp cannot parse.
+        must lie within the last 16 KiB of accepted text. The GBNF grammar is compiled by
+        llguidance (as `llguidance(model, "gbnf", ...)`), so its work per token is bounded.
+        `SamplerInitError` for a grammar llama.cpp would not parse either; once triggered, text
+        the grammar refuses is `SchemaError`.
         """
     @staticmethod
     def dry(
@@ -1051,7 +1056,9 @@ class _ChatApplied:
         """
     def sampler(self) -> LlamaSampler | None:
         """The grammar sampler the reply needs (None: free text): lazy, waiting for its
-        triggers, or eager and past the generation prompt the template already wrote.
+        triggers, or eager and past the generation prompt the template already wrote. The GBNF
+        llama.cpp writes from the tools' schemas is compiled by llguidance, whose work per token
+        is bounded, whatever the schemas.
         """
     def additional_stops(self) -> list[str]:
         """Extra stop strings the format needs."""

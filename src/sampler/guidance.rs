@@ -41,10 +41,21 @@ pub fn schema_error(kind: &'static str, message: impl Into<String>) -> Error {
 /// A sampler stage constraining output to `data`, a constraint of kind `kind` (one of
 /// `KINDS`). `SchemaError` when llguidance cannot compile it or it admits no output.
 pub fn new(model: &Arc<LlamaModel>, kind: &str, data: &str) -> Result<LlamaSampler> {
-    let grammar = grammar(kind, data)?;
-    let vocabulary = vocabulary::indexed(model)?;
-    let guidance = on_compile_stack(|| compile(&vocabulary, grammar, kind))?;
+    let guidance = compiled(model, kind, data, "root")?;
     Ok(into_sampler(Box::new(guidance)))
+}
+
+/// The GBNF `text` from its rule `root`, compiled: the constraint itself, for the samplers that
+/// hold one (lazy grammars, a template's tool-call grammar). `SamplerInitError` for GBNF that
+/// llama.cpp would not parse either.
+pub fn gbnf(model: &Arc<LlamaModel>, text: &str, root: &str) -> Result<Guidance> {
+    compiled(model, "gbnf", text, root)
+}
+
+fn compiled(model: &Arc<LlamaModel>, kind: &str, data: &str, gbnf_root: &str) -> Result<Guidance> {
+    let grammar = grammar(kind, data, gbnf_root)?;
+    let vocabulary = vocabulary::indexed(model)?;
+    on_compile_stack(|| compile(&vocabulary, grammar, kind))
 }
 
 /// The stack a constraint compiles on. llguidance's compilers recurse once per `$ref` followed
@@ -102,7 +113,7 @@ fn compile(vocabulary: &vocabulary::Indexed, grammar: TopLevelGrammar, kind: &st
     Ok(guidance)
 }
 
-fn grammar(kind: &str, data: &str) -> Result<TopLevelGrammar> {
+fn grammar(kind: &str, data: &str, gbnf_root: &str) -> Result<TopLevelGrammar> {
     if data.len() > MAX_CONSTRAINT_BYTES {
         return Err(schema_error(
             "TooLarge",
@@ -135,7 +146,7 @@ fn grammar(kind: &str, data: &str) -> Result<TopLevelGrammar> {
         }
         "lark" => Ok(TopLevelGrammar::from_lark(data.to_owned())),
         "regex" => Ok(TopLevelGrammar::from_regex(data)),
-        "gbnf" => gbnf::to_lark(data, "root")
+        "gbnf" => gbnf::to_lark(data, gbnf_root)
             .map(TopLevelGrammar::from_lark)
             .map_err(|reason| {
                 Error::llama(
@@ -172,7 +183,8 @@ fn first_line(err: impl std::fmt::Display) -> String {
 }
 
 /// One constrained generation's state.
-struct Guidance {
+#[derive(Clone)]
+pub struct Guidance {
     /// The matcher before any token: `reset` starts from a copy (a matcher that refused a
     /// token stays in its error state).
     start: Matcher,
@@ -187,6 +199,27 @@ struct Guidance {
 impl Guidance {
     fn mask(&mut self) -> std::result::Result<SimpleVob, String> {
         self.matcher.compute_mask_or_eos().map_err(first_line)
+    }
+
+    /// Moves the constraint past `text`, as if it had been generated: the text a lazy grammar's
+    /// trigger started, or the generation prompt a template wrote. It is split into tokens
+    /// greedily; any split serves, since llguidance matches bytes whatever the tokens.
+    /// `SchemaError` kind `Refused` when the constraint cannot start with `text`.
+    pub fn advance(&mut self, text: &[u8]) -> Result<()> {
+        self.mask = None;
+        let tokens = self.matcher.tok_env().map(|env| env.tok_trie().greedy_tokenize(text));
+        tokens
+            .and_then(|tokens| self.matcher.consume_tokens(&tokens))
+            .map_err(|err| {
+                schema_error(
+                    "Refused",
+                    format!(
+                        "the constraint cannot start with {:?}: {}",
+                        String::from_utf8_lossy(text),
+                        first_line(err)
+                    ),
+                )
+            })
     }
 
     fn allows(&self, mask: &SimpleVob, token: TokenId) -> bool {
@@ -258,12 +291,7 @@ impl RustSampler for Guidance {
     }
 
     fn copy(&self) -> Result<Box<dyn RustSampler>> {
-        Ok(Box::new(Guidance {
-            start: self.start.clone(),
-            matcher: self.matcher.clone(),
-            ends: Arc::clone(&self.ends),
-            mask: self.mask.clone(),
-        }))
+        Ok(Box::new(self.clone()))
     }
 }
 
@@ -284,12 +312,17 @@ mod tests {
 
     #[test]
     fn kinds_are_llama_cpps_names_and_gbnf_and_json_must_parse() {
-        assert!(grammar("json_schema", "{}").is_ok());
-        assert!(grammar("lark", "start: \"a\"").is_ok());
-        assert!(grammar("regex", "a+").is_ok());
-        assert!(grammar("gbnf", "root ::= \"a\"").is_ok());
-        assert!(matches!(grammar("gbnf", "root ::= x"), Err(Error::Llama { kind, .. }) if kind == "InvalidGrammar"));
-        assert!(matches!(grammar("ebnf", "root ::= \"a\""), Err(Error::Value(_))));
-        assert!(matches!(grammar("json_schema", "{"), Err(Error::Llama { kind, .. }) if kind == "InvalidJson"));
+        assert!(grammar("json_schema", "{}", "root").is_ok());
+        assert!(grammar("lark", "start: \"a\"", "root").is_ok());
+        assert!(grammar("regex", "a+", "root").is_ok());
+        assert!(grammar("gbnf", "root ::= \"a\"", "root").is_ok());
+        assert!(
+            matches!(grammar("gbnf", "root ::= x", "root"), Err(Error::Llama { kind, .. }) if kind == "InvalidGrammar")
+        );
+        assert!(matches!(
+            grammar("ebnf", "root ::= \"a\"", "root"),
+            Err(Error::Value(_))
+        ));
+        assert!(matches!(grammar("json_schema", "{", "root"), Err(Error::Llama { kind, .. }) if kind == "InvalidJson"));
     }
 }

@@ -111,6 +111,42 @@ def rpc_server_reporting_no_device(model: llamactx.LlamaModel) -> None:
     load_over_rpc(model, (4).to_bytes(8, "little") + bytes(4))
 
 
+# 3. An ambiguous grammar written from a tool's schema, for a template's own tool-call format:
+# llama.cpp's engine kept 3**n stacks after n "[" (seconds a token by the 8th).
+
+TOOL_TEMPLATE = (Path(__file__).resolve().parents[1] / "templates" / "chatml_tools.jinja").read_text()
+
+
+@case
+def tool_schema_whose_grammar_is_ambiguous(model: llamactx.LlamaModel) -> None:
+    nested = [
+        {"type": "array", "prefixItems": [{"$ref": "#/$defs/e"}, {"const": end}], "minItems": 2, "maxItems": 2}
+        for end in "bcd"
+    ]
+    schema = {
+        "$defs": {"e": {"anyOf": [*nested, {"const": "z"}]}},
+        "type": "object",
+        "properties": {"e": {"$ref": "#/$defs/e"}},
+        "required": ["e"],
+    }
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    call = model.str_to_token('Sure. <tool_call>\n{"name": "f", "arguments": {"e": ' + "[" * 200, False)
+    ctx = model.new_context(n_ctx=64)
+    batch = llamactx.LlamaBatch(1)
+    batch.add(call[0], 0, [0], True)
+    ctx.decode(batch)
+    with llamactx.Engine(model, n_ctx=1024, n_seq_max=1, chat_template=TOOL_TEMPLATE) as engine:
+        for choice in ("auto", "required"):  # a lazy grammar, then an eager one
+            sampler = engine._prepare_chat(QUESTION, [tool], choice).sampler
+            assert sampler is not None
+            for token in call:
+                sampler.accept(token)
+            candidates = ctx.candidates_ith(-1)
+            sampler.apply(candidates)
+            allowed = {model.token_to_str(int(token), True) for token in candidates.ids[candidates.logits > -1e30]}
+            assert {"[", '"'} <= allowed, allowed
+
+
 # 6, 7, 9. Waiting for one request in several ways at once.
 
 

@@ -16,6 +16,8 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+mod left_linear;
+
 /// Deepest nesting of parentheses llama.cpp parses (`GRAMMAR_RECURSIVE_LIMIT`).
 const MAX_NESTING: usize = 256;
 /// llama.cpp's `MAX_REPETITION_THRESHOLD`: a larger minimum is refused, a larger maximum means
@@ -44,13 +46,41 @@ pub fn to_lark(source: &str, root: &str) -> Result<String, String> {
         return Err(format!("the grammar has no rule '{root}' to start from"));
     }
     let mut lark = format!("start: {}\n", lark_name(root));
-    // A rule defined twice keeps its last definition, as in llama.cpp.
-    let mut rules: Vec<(&str, &String)> = parser.defined.iter().map(|(name, body)| (*name, body)).collect();
-    rules.sort_unstable();
-    for (name, body) in rules {
-        let _ = writeln!(lark, "{}: {body}", lark_name(name));
+    for (name, body) in left_linear::rules(&parser.defined, root) {
+        let _ = writeln!(lark, "{name}: {body}");
     }
     Ok(lark)
+}
+
+/// One alternative of a rule.
+struct Alt<'a> {
+    /// Its items, in Lark.
+    items: Vec<String>,
+    /// Every rule it references, at any depth.
+    refs: Vec<&'a str>,
+    /// The rule its last item is, when that item is a bare reference.
+    tail: Option<&'a str>,
+}
+
+/// A sequence of Lark items, after `first` when given.
+fn sequence_lark(first: Option<&str>, items: &[String]) -> String {
+    let items: Vec<&str> = first
+        .into_iter()
+        .chain(items.iter().map(String::as_str).filter(|item| !item.is_empty()))
+        .collect();
+    if items.is_empty() {
+        "\"\"".to_owned()
+    } else {
+        items.join(" ")
+    }
+}
+
+/// Alternatives in Lark, one after another.
+fn alternatives(alts: &[Alt<'_>]) -> String {
+    alts.iter()
+        .map(|alt| sequence_lark(None, &alt.items))
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// A GBNF rule name (`[a-zA-Z0-9-]+`) as a Lark rule name, one to one: `g_` first, an
@@ -75,8 +105,9 @@ struct Parser<'a> {
     pos: usize,
     /// Every rule name referenced (for the undefined-rule check).
     rules: Vec<&'a str>,
-    /// Each defined rule's Lark body.
-    defined: HashMap<&'a str, String>,
+    /// Each defined rule's alternatives (a rule defined twice keeps its last definition, as in
+    /// llama.cpp).
+    defined: HashMap<&'a str, Vec<Alt<'a>>>,
 }
 
 fn is_word_char(c: u8) -> bool {
@@ -157,23 +188,28 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
-    fn alternates(&mut self, nested: bool, depth: usize) -> Result<String, String> {
-        let mut out = self.sequence(nested, depth)?;
+    fn alternates(&mut self, nested: bool, depth: usize) -> Result<Vec<Alt<'a>>, String> {
+        let mut alts = vec![self.sequence(nested, depth)?];
         while self.peek() == Some(b'|') {
             self.pos += 1;
             self.skip_space(true);
-            out.push_str(" | ");
-            out.push_str(&self.sequence(nested, depth)?);
+            alts.push(self.sequence(nested, depth)?);
         }
-        Ok(out)
+        Ok(alts)
     }
 
     /// One alternative: its items, each in Lark, with repetitions applied to the last one.
-    fn sequence(&mut self, nested: bool, depth: usize) -> Result<String, String> {
+    fn sequence(&mut self, nested: bool, depth: usize) -> Result<Alt<'a>, String> {
+        let referenced_before = self.rules.len();
         let mut items: Vec<String> = Vec::new();
+        let mut tail = None;
         // Whether the last item can take a repetition (llama.cpp: a symbol was just pushed).
         let mut repeatable = false;
         while let Some(c) = self.peek() {
+            // Every item but a rule's name (and the end of the sequence) ends a tail.
+            if matches!(c, b'"' | b'[' | b'<' | b'!' | b'(' | b'.' | b'*' | b'+' | b'?' | b'{') {
+                tail = None;
+            }
             match c {
                 b'"' => {
                     self.pos += 1;
@@ -215,7 +251,7 @@ impl<'a> Parser<'a> {
                         return Err(self.error("expecting ')'"));
                     }
                     self.pos += 1;
-                    items.push(format!("({})", if inner.is_empty() { "\"\"" } else { &inner }));
+                    items.push(format!("({})", alternatives(&inner)));
                     repeatable = true;
                 }
                 b'.' => {
@@ -238,16 +274,17 @@ impl<'a> Parser<'a> {
                     let name = self.name()?;
                     self.rules.push(name);
                     items.push(lark_name(name));
+                    tail = Some(name);
                     repeatable = true;
                 }
                 _ => break,
             }
             self.skip_space(nested);
         }
-        Ok(if items.iter().all(String::is_empty) {
-            "\"\"".to_owned()
-        } else {
-            items.join(" ")
+        Ok(Alt {
+            items,
+            refs: self.rules[referenced_before..].to_vec(),
+            tail,
         })
     }
 
