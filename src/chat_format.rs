@@ -15,6 +15,7 @@ use crate::gil::detached;
 use crate::model::PyLlamaModel;
 use crate::sampler::custom::into_sampler;
 use crate::sampler::{guidance, lazy_grammar, PyLlamaSampler};
+use crate::work_limit;
 
 /// A model's chat templates, parsed once (internal: used by `Engine.submit_chat` and the
 /// server for models whose template formats tool calls itself).
@@ -30,15 +31,18 @@ pub struct PyChatTemplates {
 #[pymethods]
 impl PyChatTemplates {
     /// The templates of `model`, or `template` (Jinja) instead. `ChatTemplateError` when there
-    /// is none or it does not parse.
+    /// is none, it does not parse, or its analysis passes the work limit (`work_limit.rs`).
     #[new]
     #[pyo3(signature = (model, template=None))]
     fn new(py: Python<'_>, model: &Bound<'_, PyLlamaModel>, template: Option<String>) -> PyResult<Self> {
         let model = model.get().tokenizer()?;
         detached(py, move || {
-            let templates = ChatTemplates::from_model(&model, template.as_deref()).map_err(template_error)?;
-            let caps: serde_json::Value =
-                serde_json::from_str(&templates.caps_json().map_err(template_error)?).unwrap_or_default();
+            let (templates, caps) = work_limit::limited(|| {
+                let templates = ChatTemplates::from_model(&model, template.as_deref()).map_err(template_error)?;
+                let caps = templates.caps_json().map_err(template_error)?;
+                Ok((templates, caps))
+            })?;
+            let caps: serde_json::Value = serde_json::from_str(&caps).unwrap_or_default();
             let supports_tool_calls = caps["supports_tool_calls"].as_bool().unwrap_or(false);
             Ok(Self {
                 templates,
@@ -50,7 +54,7 @@ impl PyChatTemplates {
 
     /// Renders `messages` (OpenAI's, as JSON) with `tools` (JSON) for the assistant's reply;
     /// `tool_choice` is "auto", "required" or "none". `ValueError` for what the template
-    /// cannot render.
+    /// cannot render; `ChatTemplateError` kind `WorkLimit` when rendering passes the work limit.
     fn apply(
         &self,
         py: Python<'_>,
@@ -65,7 +69,7 @@ impl PyChatTemplates {
                 .with_tools(tools)
                 .with_tool_choice(choice)
                 .with_parallel_tool_calls(parallel_tool_calls);
-            let params = self.templates.apply(&request).map_err(chat_value_error)?;
+            let params = work_limit::limited(|| self.templates.apply(&request).map_err(chat_value_error))?;
             Ok(PyChatApplied {
                 params,
                 model: Arc::clone(&self.model),

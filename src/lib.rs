@@ -24,6 +24,7 @@ mod steps;
 mod threadpool;
 mod token_data;
 mod tokens;
+mod work_limit;
 
 use pyo3::prelude::*;
 

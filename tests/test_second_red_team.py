@@ -25,6 +25,10 @@ RAISES = {
     "rpc_server_reporting_no_device": "RpcError",
     # 3. Exponential grammars (GBNF given as text: test_gbnf.py)
     "tool_schema_whose_grammar_is_ambiguous": "none",
+    # 5. Templates without a work limit
+    "template_looping_ten_million_times": "ChatTemplateError",
+    "template_looping_for_one_message": "none",
+    "template_interrupted_by_ctrl_c": "none",
     # 6, 7, 9, 12. Waiting for one request in several ways at once, or from a fork
     "request_awaited_from_two_event_loops": "none",
     "request_iterated_from_two_threads": "none",

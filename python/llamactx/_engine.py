@@ -194,6 +194,7 @@ class Engine:
         self._core = _EngineCore(model, max_waiting, prefix_cache, **options)
         self._chat_template = chat_template
         self._templates: _ChatTemplates | None = None
+        self._templates_refused = False
         # Python joins non-daemon threads before it runs `atexit` handlers: a thread waiting
         # on a request would keep the interpreter from exiting. This hook runs before that.
         _close_at_exit(self._core)
@@ -289,13 +290,14 @@ class Engine:
         )
 
     def _chat_templates(self) -> _ChatTemplates | None:
-        if self._templates is None:
+        if self._templates is None and not self._templates_refused:
             try:
                 self._templates = _ChatTemplates(self.model, self._chat_template)
             except ChatTemplateError:
                 if self._chat_template is not None:
                     raise
-                return None
+                # The model's own template is tried once (a refusal can cost its work limit).
+                self._templates_refused = True
         return self._templates
 
     def tokens(self, prompt: str | Sequence[int]) -> list[int]:

@@ -1043,7 +1043,7 @@ class _ChatTemplates:
     def apply(self, messages: str, tools: str, tool_choice: str, parallel_tool_calls: bool) -> _ChatApplied:
         """Renders `messages` (OpenAI's, as JSON) with `tools` (JSON) for the assistant's reply;
         `tool_choice` is "auto", "required" or "none". `ValueError` for what the template
-        cannot render.
+        cannot render; `ChatTemplateError` kind `WorkLimit` when rendering passes the work limit.
         """
 
 @final

@@ -215,7 +215,7 @@ chat_messages = st.lists(
     ),
     max_size=4,
 )
-# Jinja templates: ChatML with tools, and pieces that break it.
+# Jinja templates: ChatML with tools, and pieces that break it or loop.
 JINJA_PIECES = st.sampled_from(
     [
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
@@ -225,6 +225,10 @@ JINJA_PIECES = st.sampled_from(
         "{{ raise_exception('no') }}",
         "{{ messages[99].content }}",
         "{% for x in range(10**9) %}",
+        # Loops and output past the work limit (src/work_limit.rs): each is stopped within it.
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "{{ 'x' * 100000000 }}",
+        "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
         "{{",
         "{% endfor %}",
         "{{ bos_token }}",

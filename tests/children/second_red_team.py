@@ -11,10 +11,12 @@ import os
 import resource
 import sys
 import threading
+import time
 from pathlib import Path
 
 import fake_rpc
 import harness
+import pytest
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests/, for the hostile constraints
 from hostile_constraints import chained_lark, chained_schema
@@ -145,6 +147,56 @@ def tool_schema_whose_grammar_is_ambiguous(model: llamactx.LlamaModel) -> None:
             sampler.apply(candidates)
             allowed = {model.token_to_str(int(token), True) for token in candidates.ids[candidates.logits > -1e30]}
             assert {"[", '"'} <= allowed, allowed
+
+
+# 5. Templates without a work limit: llama.cpp's Jinja engine rendered a loop of ten million
+# for minutes, uninterruptibly; now each call stops at a work limit (src/work_limit.rs).
+
+LOOPING = [{"role": "user", "content": "loop"}]
+#: A template that renders chats as ChatML, but loops for a first message "loop" (ten billion
+#: times, freeing as it goes: stopped, it has little to clean up).
+LOOPS_FOR_ONE_MESSAGE = (
+    '{% if messages[0].content == "loop" %}'
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n"
+)
+
+
+@case
+def template_looping_ten_million_times(model: llamactx.LlamaModel) -> None:
+    started = time.perf_counter()
+    try:
+        with llamactx.Engine(model, n_ctx=256, chat_template="{% for i in range(10000000) %}x{% endfor %}") as engine:
+            engine.chat_tokens(QUESTION)
+    finally:
+        assert time.perf_counter() - started < 10
+
+
+@case
+def template_looping_for_one_message(model: llamactx.LlamaModel) -> None:
+    with llamactx.Engine(model, n_ctx=512, n_seq_max=1, chat_template=LOOPS_FOR_ONE_MESSAGE) as engine:
+        with pytest.raises(llamactx.ChatTemplateError) as refused:
+            engine.chat_tokens(LOOPING)
+        assert refused.value.kind == "WorkLimit", refused.value
+        assert engine.submit_chat(QUESTION, max_tokens=4).result().text
+
+
+@case
+def template_interrupted_by_ctrl_c(model: llamactx.LlamaModel) -> None:
+    with llamactx.Engine(model, n_ctx=512, n_seq_max=1, chat_template=LOOPS_FOR_ONE_MESSAGE) as engine:
+        engine.chat_tokens(QUESTION)  # parses the template
+        started = time.perf_counter()
+        with pytest.raises(llamactx.ChatTemplateError):
+            engine.chat_tokens(LOOPING)
+        until_the_limit = time.perf_counter() - started
+        sent = harness.press_ctrl_c_soon(until_the_limit / 4)
+        with pytest.raises(KeyboardInterrupt):
+            engine.chat_tokens(LOOPING)
+        # Raised by the render itself, soon after the signal and well before the limit.
+        ended = time.perf_counter()
+        assert sent
+        assert ended - sent[0] < until_the_limit / 4, (ended - sent[0], until_the_limit)
 
 
 # 6, 7, 9. Waiting for one request in several ways at once.
