@@ -3,6 +3,7 @@
 //! sampling run on the engine's own thread, without the GIL.
 
 mod logprobs;
+mod plan;
 mod prefix_cache;
 mod request;
 mod scheduler;

@@ -5,6 +5,10 @@
 //! whose prompt was read generates in the same step. Requests take
 //! a free sequence slot when the KV cells they may need (prompt plus `max_tokens`, at most a
 //! sequence's share) are free too, first come first served.
+//!
+//! What each decode holds is decided by `plan.rs` (admissions, prompt chunks, decode order) and
+//! `prefix_cache.rs` (which sequence a prompt starts in, and what it reuses), from each request's
+//! `Phase`; this file acts on those decisions: it decodes, samples, emits and ends requests.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -15,6 +19,7 @@ use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 
 use super::logprobs::top_logprobs;
+use super::plan;
 use super::prefix_cache::{Placement, PrefixCache};
 use super::request::{PyCompletion, RequestShared, TokenLogprobs};
 use super::{EngineShared, Inbox};
@@ -57,6 +62,22 @@ impl Job {
     }
 }
 
+/// Where a request holding a sequence stands.
+enum Phase {
+    /// Its prompt is being read (what is not in the KV cache yet).
+    Reading,
+    /// Its last sampled token is decoded next.
+    Generating(LlamaToken),
+    /// It ended; its sequence is freed at the end of the step.
+    Ended(End),
+}
+
+impl Phase {
+    fn is_live(&self) -> bool {
+        !matches!(self, Self::Ended(_))
+    }
+}
+
 /// How a running sequence ends.
 enum End {
     Finished(Finish),
@@ -77,8 +98,7 @@ struct Running {
     kv_tokens: Vec<LlamaToken>,
     /// Prompt tokens found in the KV cache at admission.
     reused: usize,
-    /// The last sampled token, to decode after `kv_tokens` in the next step.
-    next: Option<LlamaToken>,
+    phase: Phase,
     tokens: Vec<i32>,
     logprobs: TokenLogprobs,
     /// How many of `logprobs` went out with pieces.
@@ -88,7 +108,6 @@ struct Running {
     admitted: Instant,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
-    end: Option<End>,
 }
 
 impl Running {
@@ -189,14 +208,16 @@ impl Scheduler {
             let started = Instant::now();
             if catch_unwind(AssertUnwindSafe(|| self.step())).is_err() {
                 for running in &mut self.running {
-                    running.end = Some(End::Failed(Error::Panic("the engine's step panicked".to_owned())));
+                    running.phase = Phase::Ended(End::Failed(Error::Panic("the engine's step panicked".to_owned())));
                 }
                 self.shared.inbox().closed = true;
             }
             self.end_sequences(started);
         }
         for running in &mut self.running {
-            running.end.get_or_insert(End::Cancelled);
+            if running.phase.is_live() {
+                running.phase = Phase::Ended(End::Cancelled);
+            }
         }
         self.end_sequences(Instant::now());
     }
@@ -249,23 +270,18 @@ impl Scheduler {
         inbox.waiting = kept;
         cancelled.extend(gone);
         let cells = |job: &Job| job.cells(self.n_ctx_seq);
-        let mut reserved: usize = self.running.iter().map(|running| cells(&running.job)).sum::<usize>()
+        let reserved: usize = self.running.iter().map(|running| cells(&running.job)).sum::<usize>()
             + admitted.iter().map(cells).sum::<usize>();
-        while admitted.len() < self.free_seqs.len() {
-            let Some(job) = inbox.waiting.front() else { break };
-            if reserved + cells(job) > self.n_ctx {
-                break;
-            }
-            reserved += cells(job);
-            admitted.extend(inbox.waiting.pop_front());
-        }
+        let free = self.free_seqs.len().saturating_sub(admitted.len());
+        let starting = plan::admissions(inbox.waiting.iter().map(cells), free, reserved, self.n_ctx);
+        admitted.extend(inbox.waiting.drain(..starting));
     }
 
     fn admit(&mut self, mut job: Job) {
         let running = self
             .running
             .iter()
-            .filter(|running| running.end.is_none())
+            .filter(|running| running.phase.is_live())
             .map(|running| (running.seq, running.kv_tokens.as_slice()));
         let Some(placement) = self.cache.place(&self.free_seqs, running, &job.prompt) else {
             job.request.fail(Error::Runtime(
@@ -293,7 +309,11 @@ impl Scheduler {
             seq: placement.seq,
             kv_tokens: job.prompt[..reused].to_vec(),
             reused,
-            next: None,
+            phase: if job.max_tokens == 0 {
+                Phase::Ended(End::Finished(Finish::Length))
+            } else {
+                Phase::Reading
+            },
             tokens: Vec::new(),
             logprobs: Vec::new(),
             logprobs_sent: 0,
@@ -302,7 +322,6 @@ impl Scheduler {
             admitted: Instant::now(),
             first_token: None,
             last_token: None,
-            end: (job.max_tokens == 0).then_some(End::Finished(Finish::Length)),
             job,
         });
         self.make_room(placement.seq);
@@ -359,8 +378,8 @@ impl Scheduler {
     /// tokens leave room for its prompt (read in a second decode of prompts).
     fn step(&mut self) {
         for running in &mut self.running {
-            if running.end.is_none() && running.job.request.cancelled() {
-                running.end = Some(End::Cancelled);
+            if running.phase.is_live() && running.job.request.cancelled() {
+                running.phase = Phase::Ended(End::Cancelled);
             }
         }
         let room = self.read_prompts(0, self.n_batch);
@@ -383,7 +402,7 @@ impl Scheduler {
         let mut rows: Vec<(usize, i32)> = Vec::new();
         let added = self.by_sequence().into_iter().try_for_each(|index| {
             let running = &self.running[index];
-            if let (None, Some(token)) = (&running.end, running.next) {
+            if let Phase::Generating(token) = running.phase {
                 rows.push((index, row_of(&self.batch)?));
                 self.batch
                     .add(token.0, position(running.kv_len())?, &[running.seq], true)?;
@@ -401,10 +420,10 @@ impl Scheduler {
         self.prepare_constraints(&rows);
         for (index, row) in rows {
             let running = &mut self.running[index];
-            running.kv_tokens.extend(running.next.take());
-            if let Err(err) = Self::sample(&self.native, running, row) {
-                running.end = Some(End::Failed(err));
+            if let Phase::Generating(token) = running.phase {
+                running.kv_tokens.push(token);
             }
+            Self::sample_or_fail(&self.native, running, row);
         }
     }
 
@@ -415,20 +434,15 @@ impl Scheduler {
     /// Prompt chunks never share a decode with generating sequences' tokens: llama.cpp splits
     /// such a batch into micro-batches that mix one prompt token with the others, and the
     /// slightly different numbers changed a near-tie greedy token.
-    fn read_prompts(&mut self, from: usize, mut room: usize) -> usize {
-        let mut chunks: Vec<(usize, usize)> = Vec::new();
-        for (index, running) in self.running.iter().enumerate().skip(from) {
-            let left = running.job.prompt.len().saturating_sub(running.kv_len());
-            if running.end.is_some() || left == 0 {
-                continue;
-            }
-            let chunk = left.min(self.n_batch);
-            if chunk > room {
-                break;
-            }
-            room -= chunk;
-            chunks.push((index, chunk));
-        }
+    fn read_prompts(&mut self, from: usize, room: usize) -> usize {
+        let reading = self
+            .running
+            .iter()
+            .enumerate()
+            .skip(from)
+            .filter(|(_, running)| matches!(running.phase, Phase::Reading))
+            .map(|(index, running)| (index, running.job.prompt.len().saturating_sub(running.kv_len())));
+        let (chunks, room) = plan::prompt_chunks(reading, room, self.n_batch);
         if chunks.is_empty() {
             return room;
         }
@@ -471,21 +485,15 @@ impl Scheduler {
         self.prepare_constraints(&rows);
         for (index, row) in rows {
             self.tokens_generated += 1;
-            let running = &mut self.running[index];
-            if let Err(err) = Self::sample(&self.native, running, row) {
-                running.end = Some(End::Failed(err));
-            }
+            Self::sample_or_fail(&self.native, &mut self.running[index], row);
         }
         Ok(())
     }
 
-    /// Indices into `running`, by ascending sequence id: with a KV stream per sequence,
-    /// llama.cpp puts only consecutive, increasing sequence ids in one micro-batch, so any other
-    /// order splits a step's decode into several [llama.cpp internal].
+    /// Indices into `running`, in the order a decode lists them (`plan::decode_order`).
     fn by_sequence(&self) -> Vec<usize> {
-        let mut order: Vec<usize> = (0..self.running.len()).collect();
-        order.sort_by_key(|&index| self.running[index].seq);
-        order
+        let seqs: Vec<i32> = self.running.iter().map(|running| running.seq).collect();
+        plan::decode_order(&seqs)
     }
 
     /// Computes the constraint masks of the requests about to sample (`(index in running,
@@ -508,7 +516,14 @@ impl Scheduler {
                     "a decode that held this request's tokens failed (see the first request's error)".to_owned(),
                 )
             });
-            self.running[index].end = Some(End::Failed(error));
+            self.running[index].phase = Phase::Ended(End::Failed(error));
+        }
+    }
+
+    /// Samples the next token of `running` from output row `row`; a failure ends it.
+    fn sample_or_fail(native: &OpenContext, running: &mut Running, row: i32) {
+        if let Err(err) = Self::sample(native, running, row) {
+            running.phase = Phase::Ended(End::Failed(err));
         }
     }
 
@@ -546,10 +561,10 @@ impl Scheduler {
             running.logprobs_sent = running.logprobs.len();
             running.job.request.emit(piece, logprobs);
         }
-        match finish {
-            Some(finish) => running.end = Some(End::Finished(finish)),
-            None => running.next = Some(chosen),
-        }
+        running.phase = match finish {
+            Some(finish) => Phase::Ended(End::Finished(finish)),
+            None => Phase::Generating(chosen),
+        };
         Ok(())
     }
 
@@ -559,12 +574,12 @@ impl Scheduler {
         let mut ended = Vec::new();
         let mut index = 0;
         while index < self.running.len() {
-            if self.running[index].end.is_none() {
+            if self.running[index].phase.is_live() {
                 index += 1;
                 continue;
             }
             let mut running = self.running.remove(index);
-            if self.cache.enabled() && !matches!(running.end, Some(End::Failed(_))) {
+            if self.cache.enabled() && !matches!(running.phase, Phase::Ended(End::Failed(_))) {
                 self.cache.keep(running.seq, std::mem::take(&mut running.kv_tokens));
             } else {
                 // Its cells go back to the others; a sequence id from our own range cannot fail.
@@ -576,10 +591,12 @@ impl Scheduler {
         }
         self.count(step_started);
         for mut running in ended {
-            match running.end.take() {
-                Some(End::Finished(finish)) => running.job.request.complete(running.completion(finish.name())),
-                Some(End::Cancelled) | None => running.job.request.complete(running.completion("cancelled")),
-                Some(End::Failed(err)) => running.job.request.fail(err),
+            match std::mem::replace(&mut running.phase, Phase::Reading) {
+                Phase::Ended(End::Finished(finish)) => running.job.request.complete(running.completion(finish.name())),
+                Phase::Ended(End::Failed(err)) => running.job.request.fail(err),
+                Phase::Ended(End::Cancelled) | Phase::Reading | Phase::Generating(_) => {
+                    running.job.request.complete(running.completion("cancelled"));
+                }
             }
         }
     }
