@@ -207,19 +207,25 @@ impl Guidance {
     /// `SchemaError` kind `Refused` when the constraint cannot start with `text`.
     pub fn advance(&mut self, text: &[u8]) -> Result<()> {
         self.mask = None;
-        let tokens = self.matcher.tok_env().map(|env| env.tok_trie().greedy_tokenize(text));
-        tokens
-            .and_then(|tokens| self.matcher.consume_tokens(&tokens))
-            .map_err(|err| {
-                schema_error(
-                    "Refused",
-                    format!(
-                        "the constraint cannot start with {:?}: {}",
-                        String::from_utf8_lossy(text),
-                        first_line(err)
-                    ),
-                )
-            })
+        let refused = |why: String| {
+            schema_error(
+                "Refused",
+                format!(
+                    "the constraint cannot start with {:?}: {why}",
+                    String::from_utf8_lossy(text)
+                ),
+            )
+        };
+        let env = self.matcher.tok_env().map_err(|err| refused(first_line(err)))?;
+        let trie = env.tok_trie();
+        let tokens = trie.greedy_tokenize(text);
+        // The split skips a byte that no token spells; the constraint must not skip it.
+        if trie.decode_raw(&tokens) != text {
+            return Err(refused("the vocabulary cannot spell it".to_owned()));
+        }
+        self.matcher
+            .consume_tokens(&tokens)
+            .map_err(|err| refused(first_line(err)))
     }
 
     fn allows(&self, mask: &SimpleVob, token: TokenId) -> bool {
