@@ -206,10 +206,8 @@ impl<'a> Parser<'a> {
         // Whether the last item can take a repetition (llama.cpp: a symbol was just pushed).
         let mut repeatable = false;
         while let Some(c) = self.peek() {
-            // Every item but a rule's name (and the end of the sequence) ends a tail.
-            if matches!(c, b'"' | b'[' | b'<' | b'!' | b'(' | b'.' | b'*' | b'+' | b'?' | b'{') {
-                tail = None;
-            }
+            // Every item but a rule's name ends a tail (a repetition too: it wraps the name).
+            let ended = tail.take();
             match c {
                 b'"' => {
                     self.pos += 1;
@@ -277,7 +275,10 @@ impl<'a> Parser<'a> {
                     tail = Some(name);
                     repeatable = true;
                 }
-                _ => break,
+                _ => {
+                    tail = ended;
+                    break;
+                }
             }
             self.skip_space(nested);
         }
