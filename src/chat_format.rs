@@ -65,7 +65,10 @@ impl PyChatTemplates {
     ) -> PyResult<PyChatApplied> {
         detached(py, || {
             let choice = ToolChoice::parse_oaicompat(&tool_choice).map_err(chat_value_error)?;
+            // As llama.cpp's server: a BOS the template writes is dropped from its text, and the
+            // tokenizer adds the model's own when the model wants one.
             let request = ChatApplyParams::new(messages)
+                .with_add_bos_eos(self.model.add_bos_token(), false)
                 .with_tools(tools)
                 .with_tool_choice(choice)
                 .with_parallel_tool_calls(parallel_tool_calls);
@@ -91,7 +94,8 @@ impl PyChatApplied {
     /// the messages hold (a user cannot forge a turn).
     fn tokens(&self, py: Python<'_>) -> PyResult<Vec<i32>> {
         detached(py, || {
-            let tokens = self.params.tokenize_prompt(&self.model, AddBos::Never)?;
+            let bos = if self.model.add_bos_token() { AddBos::Always } else { AddBos::Never };
+            let tokens = self.params.tokenize_prompt(&self.model, bos)?;
             Ok(tokens.into_iter().map(|token| token.0).collect())
         })
     }

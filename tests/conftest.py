@@ -15,6 +15,10 @@ import synthetic
 import llamactx
 
 PARIS_PROMPT = "The capital of France is"
+#: A system turn for chats that expect a right answer: without one, SmolLM2's template writes its
+#: own ("You are a helpful AI assistant named SmolLM..."), after which this small model answers
+#: "What is the capital of France?" off the mark.
+HELPFUL = "You are a helpful assistant."
 CHILDREN = Path(__file__).with_name("children")
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 

@@ -114,7 +114,10 @@ def test_rows_set_their_own_length_and_sampling(cluster: None, model: llamactx.L
 
 
 def test_chat_and_embedding_rows(cluster: None, model: llamactx.LlamaModel, model_path: Path) -> None:
-    question = [{"role": "user", "content": "What is the capital of France?"}]
+    question = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
     chat = ray.data.from_items([{"messages": question}, {"messages": [{"role": "user"}]}]).map_batches(
         llamactx.ray.Predictor,
         fn_constructor_kwargs={"model_path": str(model_path), "task": "chat", "max_tokens": 24, "n_ctx": 1024},
@@ -165,7 +168,10 @@ def test_serve_answers_the_openai_client(served: str, model: llamactx.LlamaModel
 
 
 def answer_as_the_local_model(client: openai.OpenAI, model: llamactx.LlamaModel) -> None:
-    question = [{"role": "user", "content": "What is the capital of France?"}]
+    question = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
     whole = client.chat.completions.create(model=MODEL_ID, messages=question, max_tokens=24, temperature=0)
     text = whole.choices[0].message.content
     assert text is not None

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import llamactx
-from conftest import PARIS_PROMPT
+from conftest import HELPFUL, PARIS_PROMPT
 
 QUESTION = "What is the capital of France?"
 
@@ -50,15 +50,17 @@ def test_stop_strings_end_generation_before_them(ctx: llamactx.LlamaContext) -> 
 
 
 def test_chat_command_keeps_the_conversation(model_path: Path) -> None:
-    result = run_cli("chat", "-m", str(model_path), "-n", "20", "--greedy", stdin=f"{QUESTION}\n\n")
+    options = ["-m", str(model_path), "-n", "20", "--greedy", "--system", HELPFUL]
+    result = run_cli("chat", *options, stdin=f"{QUESTION}\n\n")
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
 
 
 def test_chat_answers_one_message_like_the_chat_function(model_path: Path, ctx: llamactx.LlamaContext) -> None:
-    result = run_cli("chat", QUESTION, "-m", str(model_path), "-n", "32", "--n-ctx", "512", "--greedy")
+    options = ["-m", str(model_path), "-n", "32", "--n-ctx", "512", "--greedy", "--system", HELPFUL]
+    result = run_cli("chat", QUESTION, *options)
     assert result.returncode == 0, result.stderr
-    expected = llamactx.chat(ctx, [{"role": "user", "content": QUESTION}], max_tokens=32)
+    expected = llamactx.chat(ctx, [("system", HELPFUL), ("user", QUESTION)], max_tokens=32)
     assert result.stdout == expected + "\n"
     assert "Paris" in result.stdout
 

@@ -158,7 +158,11 @@ def test_prompt_tokens_and_the_sequence_size(engine: llamactx.Engine, model: lla
     assert engine.tokens("Hello") == model.str_to_token("Hello", model.add_bos_token())
     assert engine.tokens([1, 2, 3]) == [1, 2, 3]
     messages = [{"role": "user", "content": "Hi"}]
-    assert engine.chat_tokens(messages) == model.str_to_token(model.apply_chat_template(messages, None, True), False)
+    rendered = (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert engine.chat_tokens(messages) == model.str_to_token(rendered, False)
     assert engine.n_ctx_seq == N_CTX // N_SEQ
     with pytest.raises(ValueError, match=f"holds {N_CTX // N_SEQ}"):
         engine.submit([1] * engine.n_ctx_seq)

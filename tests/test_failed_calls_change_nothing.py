@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import llamactx
-from conftest import PARIS_PROMPT, decode_prompt
+from conftest import HELPFUL, PARIS_PROMPT, decode_prompt
 
 
 @pytest.fixture
@@ -74,10 +74,11 @@ def test_one_stop_string_is_not_a_list_of_characters(ctx: llamactx.LlamaContext)
 
 
 def test_a_chat_session_survives_a_failed_turn(ctx: llamactx.LlamaContext) -> None:
-    session = llamactx.ChatSession(ctx, max_tokens=16)
+    session = llamactx.ChatSession(ctx, system=HELPFUL, max_tokens=16)
+    system = ("system", HELPFUL)
     with pytest.raises(ValueError, match="no longer fits"):
         "".join(session.send("word " * 1000))
-    assert session.messages == []
+    assert session.messages == [system]
 
     def fail_at_once() -> bool:
         raise RuntimeError("stop")
@@ -86,17 +87,17 @@ def test_a_chat_session_survives_a_failed_turn(ctx: llamactx.LlamaContext) -> No
     with pytest.raises(RuntimeError, match="stop"):
         "".join(session.send("What is the capital of France?"))
     ctx.set_abort_callback(None)
-    assert session.messages == []
+    assert session.messages == [system]
     answer = "".join(session.send("What is the capital of France?"))
     assert "Paris" in answer
-    assert session.messages == [("user", "What is the capital of France?"), ("assistant", answer)]
+    assert session.messages == [system, ("user", "What is the capital of France?"), ("assistant", answer)]
 
 
 def test_a_chat_turn_read_in_part_is_the_assistant_s_turn(ctx: llamactx.LlamaContext) -> None:
-    session = llamactx.ChatSession(ctx, max_tokens=16)
+    session = llamactx.ChatSession(ctx, system=HELPFUL, max_tokens=16)
     turn = session.send("What is the capital of France?")
     first = next(turn)
     turn.close()
-    assert session.messages == [("user", "What is the capital of France?"), ("assistant", first)]
+    assert session.messages == [("system", HELPFUL), ("user", "What is the capital of France?"), ("assistant", first)]
     second = "".join(session.send("And the capital of Italy?"))
     assert "Rome" in second

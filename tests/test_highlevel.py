@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import llamactx
-from conftest import PARIS_PROMPT
+from conftest import HELPFUL, PARIS_PROMPT
 
 MULTIBYTE = "日本語 🙂 café"
 
@@ -99,12 +99,12 @@ def test_embed_without_pooling_averages_tokens(model: llamactx.LlamaModel) -> No
 
 
 def test_chat_uses_the_template(ctx: llamactx.LlamaContext) -> None:
-    answer = llamactx.chat(ctx, [{"role": "user", "content": "What is the capital of France?"}], max_tokens=20)
-    assert "Paris" in answer
+    messages = [{"role": "system", "content": HELPFUL}, {"role": "user", "content": "What is the capital of France?"}]
+    assert "Paris" in llamactx.chat(ctx, messages, max_tokens=20)
 
 
 def test_chat_session_keeps_history_in_the_cache(ctx: llamactx.LlamaContext) -> None:
-    session = llamactx.ChatSession(ctx, max_tokens=20)
+    session = llamactx.ChatSession(ctx, system=HELPFUL, max_tokens=20)
     first = "".join(session.send("What is the capital of France?"))
     assert "Paris" in first
     history_tokens = ctx.kv_cache_seq_pos_max(0) + 1

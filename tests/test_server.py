@@ -25,10 +25,14 @@ from starlette.routing import Mount
 from tool_examples import ASK_WEATHER, TIME, WEATHER
 
 import llamactx
+from conftest import HELPFUL
 from llamactx._embedding import embedding_context
 from llamactx.server import create_app
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [
+    {"role": "system", "content": HELPFUL},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 API_KEY = "test-key-1234"
 
@@ -310,7 +314,7 @@ PERSON = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
-ASK_PERSON = [{"role": "user", "content": "Describe a person as JSON."}]
+ASK_PERSON = [{"role": "system", "content": HELPFUL}, {"role": "user", "content": "Describe a person as JSON."}]
 
 
 def test_response_format_json_schema_returns_the_engines_valid_json(server: Server, engine: llamactx.Engine) -> None:

@@ -151,10 +151,10 @@ def test_generate_stream_chat_and_the_engine_agree_under_a_schema(
 ) -> None:
     text = llamactx.chat(ctx, ASK_PERSON, max_tokens=64, json_schema=PERSON)
     validate(json.loads(text), PERSON)
-    prompt = model.apply_chat_template(ASK_PERSON, None, True)
-    assert "".join(llamactx.stream(ctx, prompt, max_tokens=64, json_schema=PERSON)) == text
-    assert llamactx.generate_batch(ctx, [prompt] * 3, max_tokens=64, json_schema=PERSON) == [text] * 3
     with llamactx.Engine(model, n_ctx=2048, n_seq_max=4, prefix_cache=False) as engine:
+        prompt = engine.chat_tokens(ASK_PERSON)
+        assert "".join(llamactx.stream(ctx, prompt, max_tokens=64, json_schema=PERSON)) == text
+        assert llamactx.generate_batch(ctx, [prompt] * 3, max_tokens=64, json_schema=PERSON) == [text] * 3
         # Four at once: their masks are computed in parallel at every step.
         requests = [engine.submit_chat(ASK_PERSON, max_tokens=64, json_schema=PERSON) for _ in range(4)]
         completions = [request.result() for request in requests]

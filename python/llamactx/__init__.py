@@ -61,6 +61,7 @@ from llamactx._llamactx import (
 )
 from llamactx._logging import set_verbose
 from llamactx._models import default_model_path
+from llamactx._render import PreparedChat
 from llamactx._structured import generate_json
 
 # A library's logger: silent unless the application configures logging (no "last resort"
@@ -101,6 +102,7 @@ __all__ = [
     "LoadSessionError",
     "NewLlamaChatMessageError",
     "PerfContextData",
+    "PreparedChat",
     "Request",
     "RpcError",
     "SamplerInitError",

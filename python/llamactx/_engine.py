@@ -7,24 +7,22 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from functools import partial
 from typing import Any
 
-from llamactx._chat import Message, template_tokens
 from llamactx._constraints import JsonSchema, constraint
 from llamactx._llamactx import (
-    ChatTemplateError,
     Completion,
     LlamaModel,
     LlamaSampler,
     SamplingParams,
-    _ChatTemplates,
     _EngineCore,
     _RequestCore,
     _Waker,
 )
-from llamactx._tools import PreparedChat, Tool, ToolChoice, native_chat, plan, reply_message
+from llamactx._render import ChatRenderer, Message, PreparedChat
+from llamactx._tools import Tool, ToolChoice, reply_message
 
 __all__ = ["Delta", "Engine", "Request"]
 
@@ -192,9 +190,7 @@ class Engine:
         options.setdefault("n_seq_max", 8)
         self.model = model
         self._core = _EngineCore(model, max_waiting, prefix_cache, **options)
-        self._chat_template = chat_template
-        self._templates: _ChatTemplates | None = None
-        self._templates_refused = False
+        self._renderer = ChatRenderer(model, chat_template)
         # Python joins non-daemon threads before it runs `atexit` handlers: a thread waiting
         # on a request would keep the interpreter from exiting. This hook runs before that.
         _close_at_exit(self._core)
@@ -249,9 +245,51 @@ class Engine:
         template's own text becomes control tokens. ``TypeError`` for messages, ``tools`` or
         ``tool_choice`` of the wrong type; ``ValueError`` for tools with ``json_schema`` or
         ``grammar``, a malformed message or tool, or an unknown ``tool_choice``."""
-        if tools and (json_schema is not None or grammar is not None):
+        chat = self.prepare_chat(
+            messages, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls
+        )
+        return self.submit_prepared(
+            chat,
+            max_tokens=max_tokens,
+            stop=stop,
+            sampling=sampling,
+            logprobs=logprobs,
+            json_schema=json_schema,
+            grammar=grammar,
+        )
+
+    def prepare_chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[Tool] = (),
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+    ) -> PreparedChat:
+        """What ``submit_chat`` submits, without submitting it: the prompt's tokens in the chat
+        template, the constraint ``tools`` put on the reply, the template's extra stop strings
+        and the parser of the reply into OpenAI's message. Submit it (once or many times, e.g.
+        for several choices) with ``submit_prepared``. Errors as ``submit_chat``'s."""
+        return self._renderer.prepare(messages, tools, tool_choice, parallel_tool_calls)
+
+    def submit_prepared(
+        self,
+        chat: PreparedChat,
+        *,
+        max_tokens: int = 256,
+        stop: str | Sequence[str] = (),
+        sampling: SamplingParams | None = None,
+        logprobs: int = 0,
+        json_schema: JsonSchema | None = None,
+        grammar: str | LlamaSampler | None = None,
+    ) -> Request:
+        """``submit`` for a chat from ``prepare_chat``: its tokens, its stop strings after
+        ``stop``, its tools' constraint (``ValueError`` when ``json_schema`` or ``grammar`` is
+        given as well: the tools constrain the reply themselves), and ``request.message()``
+        parsing the reply with the chat's parser. Each call starts from a copy of the chat's
+        constraint."""
+        if chat.with_tools and (json_schema is not None or grammar is not None):
             raise ValueError("tools constrain the reply themselves: give json_schema or grammar without tools")
-        chat = self._prepare_chat(messages, tools, tool_choice, parallel_tool_calls)
         stops = [stop] if isinstance(stop, str) else list(stop)
         request = self.submit(
             chat.tokens,
@@ -265,51 +303,16 @@ class Engine:
         request._reply = chat.reply
         return request
 
-    def _prepare_chat(
-        self,
-        messages: Sequence[Message | Mapping[str, Any]],
-        tools: Sequence[Tool] = (),
-        tool_choice: ToolChoice = "auto",
-        parallel_tool_calls: bool = True,
-    ) -> PreparedChat:
-        """How ``submit_chat`` generates a reply: the prompt's tokens, the reply's constraint and
-        the parser back to OpenAI's message. A template that formats tool calls itself (or
-        ``chat_template``) renders the tools and constrains calls with its own grammar;
-        otherwise the tools and a JSON reply protocol go into the system turn."""
-        # The templates are parsed only for a chat that may need them.
-        templates = self._chat_templates() if tools or self._chat_template is not None else None
-        if templates is not None and (self._chat_template is not None or templates.supports_tool_calls):
-            return native_chat(templates, messages, tools, tool_choice, parallel_tool_calls)
-        planned = plan(messages, tools, tool_choice, parallel_tool_calls)
-        return PreparedChat(
-            template_tokens(self.model, planned.messages),
-            planned.schema,
-            None,
-            [],
-            partial(reply_message, schema=planned.schema),
-        )
-
-    def _chat_templates(self) -> _ChatTemplates | None:
-        if self._templates is None and not self._templates_refused:
-            try:
-                self._templates = _ChatTemplates(self.model, self._chat_template)
-            except ChatTemplateError:
-                if self._chat_template is not None:
-                    raise
-                # The model's own template is tried once (a refusal can cost its work limit).
-                self._templates_refused = True
-        return self._templates
-
     def tokens(self, prompt: str | Sequence[int]) -> list[int]:
         """The token ids ``submit`` decodes for ``prompt`` (text gets the model's BOS token)."""
         if isinstance(prompt, str):
             return self.model.str_to_token(prompt, self.model.add_bos_token())
         return [int(token) for token in prompt]
 
-    def chat_tokens(self, messages: Sequence[Message | Mapping[str, Any]]) -> list[int]:
+    def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
         """The token ids ``submit_chat`` decodes (without tools): ``messages`` in the model's
         chat template (or ``chat_template``), ready for the assistant's reply."""
-        return self._prepare_chat(messages).tokens
+        return self.prepare_chat(messages).tokens
 
     @property
     def n_ctx_seq(self) -> int:

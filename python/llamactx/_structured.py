@@ -7,12 +7,11 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, overload
 
-from llamactx._chat import Message, template_tokens
 from llamactx._constraints import JsonSchema, schema_text, type_adapter
 from llamactx._engine import Engine
 from llamactx._generation import stream
 from llamactx._llamactx import LlamaContext, SamplingParams
-from llamactx._tools import turns
+from llamactx._render import ChatRenderer, Message
 
 __all__ = ["generate_json"]
 
@@ -69,9 +68,8 @@ def generate_json(
 def _generate_on_context(
     ctx: LlamaContext, prompt: str | Sequence[Message], schema: str, max_tokens: int, sampling: SamplingParams | None
 ) -> tuple[str, bool]:
-    model = ctx.model
-    tokens = prompt if isinstance(prompt, str) else template_tokens(model, turns(prompt), add_bos=model.add_bos_token())
-    sampler = None if sampling is None else sampling.sampler(model)
+    tokens = prompt if isinstance(prompt, str) else ChatRenderer(ctx.model).prepare(prompt).tokens
+    sampler = None if sampling is None else sampling.sampler(ctx.model)
     pieces: list[str] = []
     generation = stream(ctx, tokens, max_tokens=max_tokens, sampler=sampler, json_schema=schema)
     while True:

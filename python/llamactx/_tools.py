@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Literal
 
 from llamactx._constraints import closed
-from llamactx._llamactx import LlamaSampler, _ChatApplied, _ChatTemplates
 
 __all__ = [
-    "PreparedChat",
     "Tool",
     "ToolChoice",
     "ToolPlan",
     "checked_messages",
-    "native_chat",
+    "offered_functions",
     "plan",
+    "reply_call",
     "reply_message",
     "turns",
 ]
@@ -43,60 +41,6 @@ _INSTRUCTIONS = {
     'to answer the user directly, reply with {"content": "your answer"}.',
     "required": 'Call a tool now: reply with {"tool_calls": [{"name": ..., "arguments": {...}}]}.',
 }
-
-
-@dataclass(frozen=True)
-class PreparedChat:
-    """How a chat's reply is generated: the prompt's tokens, its constraint (the JSON reply
-    protocol's schema, or the template's own grammar sampler), extra stop strings, and the
-    parser from the generated text to OpenAI's assistant message."""
-
-    tokens: list[int]
-    json_schema: dict[str, Any] | None
-    sampler: LlamaSampler | None
-    stops: list[str]
-    reply: Callable[[str], dict[str, Any]]
-
-    @property
-    def with_tools(self) -> bool:
-        """Whether the reply is constrained to the tools' calls (by a schema or a grammar)."""
-        return self.json_schema is not None or self.sampler is not None
-
-
-def native_chat(
-    templates: _ChatTemplates,
-    messages: Sequence[Mapping[str, Any] | tuple[str, str]],
-    tools: Sequence[Tool],
-    tool_choice: ToolChoice = "auto",
-    parallel_tool_calls: bool = True,
-) -> PreparedChat:
-    """A chat through the template's own tool-call format (llama.cpp's Jinja engine and its
-    format analysis): the template renders the tools, its grammar (lazy, waiting for the call's
-    opening) keeps calls well-formed, and its parser reads them back. A named function is the
-    only tool offered, with the choice "required"."""
-    functions = _functions(tools)
-    mode, chosen = _choice(tool_choice, [function["name"] for function in functions])
-    offered = [
-        {"type": "function", "function": function}
-        for function in functions
-        if chosen is None or function["name"] == chosen
-    ]
-    openai_messages = [_openai_message(message) for message in checked_messages(messages)]
-    applied = templates.apply(json.dumps(openai_messages), json.dumps(offered), mode, parallel_tool_calls)
-    stops = applied.additional_stops()
-    return PreparedChat(applied.tokens(), None, applied.sampler(), stops, partial(_parsed, applied))
-
-
-def _openai_message(message: Mapping[str, Any] | tuple[str, str]) -> dict[str, Any]:
-    if isinstance(message, tuple):
-        role, content = message
-        return {"role": role, "content": content}
-    if "content" not in message and not message.get("tool_calls"):
-        raise ValueError("chat message lacks 'content'")
-    out = dict(message)
-    if out.get("role") == "developer":
-        out["role"] = "system"
-    return out
 
 
 def checked_messages(messages: object) -> list[Mapping[str, Any] | tuple[str, str]]:
@@ -138,23 +82,6 @@ def _check_message(index: int, message: Mapping[str, Any]) -> None:
             )
 
 
-def _parsed(applied: _ChatApplied, text: str) -> dict[str, Any]:
-    try:
-        message = json.loads(applied.parse(text))
-    except ValueError:
-        return {"role": "assistant", "content": text}
-    calls = [
-        _openai_call(call["function"]["name"], call["function"]["arguments"])
-        for call in message.get("tool_calls") or ()
-    ]
-    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content") or (None if calls else "")}
-    if calls:
-        reply["tool_calls"] = calls
-    if message.get("reasoning_content"):
-        reply["reasoning_content"] = message["reasoning_content"]
-    return reply
-
-
 @dataclass(frozen=True)
 class ToolPlan:
     """How a chat with tools is generated: the messages to format with the chat template, and
@@ -173,15 +100,10 @@ def plan(
     """The ``ToolPlan`` for a conversation. Earlier assistant tool calls are shown in the reply
     protocol and ``tool`` results keep their role. ``ValueError`` for a malformed tool, an
     unknown ``tool_choice`` or a named function that is not among ``tools``."""
-    functions = _functions(tools)
-    names = [function["name"] for function in functions]
-    if len(set(names)) != len(names):
-        raise ValueError(f"tool names must be unique, got {names}")
-    mode, chosen = _choice(tool_choice, names)
+    mode, offered = offered_functions(tools, tool_choice)
     history = turns(messages)
-    if mode == "none" or not functions:
+    if mode == "none" or not offered:
         return ToolPlan(history, None)
-    offered = [function for function in functions if chosen is None or function["name"] == chosen]
     system = "You can call these tools:\n" + json.dumps(offered) + "\n" + _INSTRUCTIONS[mode]
     if history and history[0][0] == "system":
         history[0] = ("system", history[0][1] + "\n\n" + system)
@@ -215,12 +137,12 @@ def reply_message(text: str, schema: Mapping[str, Any] | None) -> dict[str, Any]
             return {"role": "assistant", "content": text}
     if "tool_calls" not in reply:
         return {"role": "assistant", "content": reply["content"]}
-    calls = [_openai_call(call["name"], json.dumps(call["arguments"])) for call in reply["tool_calls"]]
+    calls = [reply_call(call["name"], json.dumps(call["arguments"])) for call in reply["tool_calls"]]
     return {"role": "assistant", "content": None, "tool_calls": calls}
 
 
-def _openai_call(name: str, arguments: str) -> dict[str, Any]:
-    """OpenAI's tool call, with a fresh id (no format carries one)."""
+def reply_call(name: str, arguments: str) -> dict[str, Any]:
+    """OpenAI's tool call in a reply, with a fresh id (no format carries one)."""
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
@@ -245,6 +167,18 @@ def _completed_calls(text: str) -> list[Any]:
         if not text.startswith(", ", at):
             return calls
         at += 2
+
+
+def offered_functions(tools: Sequence[Tool], tool_choice: ToolChoice) -> tuple[str, list[dict[str, Any]]]:
+    """The mode ("none", "auto" or "required") and the functions offered to the model: all of
+    ``tools``, or the one ``tool_choice`` names (the mode is then "required"). ``TypeError`` /
+    ``ValueError`` for malformed tools, duplicate names or an unknown ``tool_choice``."""
+    functions = _functions(tools)
+    names = [function["name"] for function in functions]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tool names must be unique, got {names}")
+    mode, chosen = _choice(tool_choice, names)
+    return mode, [function for function in functions if chosen is None or function["name"] == chosen]
 
 
 def _functions(tools: Sequence[Tool]) -> list[dict[str, Any]]:

@@ -139,7 +139,7 @@ def tool_schema_whose_grammar_is_ambiguous(model: llamactx.LlamaModel) -> None:
     ctx.decode(batch)
     with llamactx.Engine(model, n_ctx=1024, n_seq_max=1, chat_template=TOOL_TEMPLATE) as engine:
         for choice in ("auto", "required"):  # a lazy grammar, then an eager one
-            sampler = engine._prepare_chat(QUESTION, [tool], choice).sampler
+            sampler = engine.prepare_chat(QUESTION, tools=[tool], tool_choice=choice).sampler
             assert sampler is not None
             for token in call:
                 sampler.accept(token)

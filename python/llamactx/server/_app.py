@@ -43,7 +43,7 @@ from llamactx._llamactx import (
     SamplingParams,
     SchemaError,
 )
-from llamactx._tools import PreparedChat
+from llamactx._render import PreparedChat
 from llamactx.server._metrics import ServerMetrics
 from llamactx.server._openai import JSON, ApiError, chat_logprobs, completion_logprobs, total_usage
 from llamactx.server._schemas import PENALTY_WINDOW_MAX, ChatRequest, CompletionRequest, EmbeddingRequest, SamplingBody
@@ -344,13 +344,15 @@ class _Responses:
 
     def _prepared_chat(self, body: ChatRequest) -> PreparedChat:
         """The chat's prompt tokens, the reply's constraint when ``tools`` may be called, and its
-        parser (see ``Engine._prepare_chat``)."""
+        parser (see ``Engine.prepare_chat``)."""
         messages = [message.model_dump(exclude_none=True) for message in body.messages]
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
         choice = body.tool_choice or "auto"
         named = choice if isinstance(choice, str) else choice.model_dump()
         try:
-            return self.engine._prepare_chat(messages, tools, named, body.parallel_tool_calls)
+            return self.engine.prepare_chat(
+                messages, tools=tools, tool_choice=named, parallel_tool_calls=body.parallel_tool_calls
+            )
         except (LlamaCppError, ValueError) as error:
             param = "tool_choice" if "tool_choice" in str(error) else ("tools" if tools else "messages")
             raise ApiError(400, f"the {param} cannot be used: {error}", param=param) from None

@@ -1,0 +1,179 @@
+"""Every chat's prompt, from one renderer: the model's Jinja chat template (llama.cpp's Jinja
+engine, through the crate's ``chat`` module), which marks the spans that came from the messages
+so that they are tokenized as plain text. Only the template's own text becomes control tokens:
+no message can open a turn. A template Jinja cannot parse falls back to llama.cpp's built-in
+template matcher, made equally safe by ``template_tokens``."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from llamactx._llamactx import ChatTemplateError, LlamaModel, LlamaSampler, _ChatApplied, _ChatTemplates
+from llamactx._tools import Tool, ToolChoice, checked_messages, offered_functions, plan, reply_call, reply_message
+
+__all__ = ["ChatRenderer", "Message", "PreparedChat", "template_tokens"]
+
+#: A chat message: ``{"role", "content"}`` (OpenAI's, ``tool_calls`` and ``tool`` results
+#: included) or a ``(role, content)`` pair.
+Message = Mapping[str, Any] | tuple[str, str]
+
+#: Stands for message ``N``'s text while the built-in template is rendered: private-use
+#: characters, which no template writes itself.
+_SLOT = "\ue000{}\ue001"
+_SLOTS = re.compile("\ue000([0-9]+)\ue001")
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """A chat ready to submit (``Engine.prepare_chat``): the prompt's tokens, the reply's
+    constraint (a JSON Schema, or the template's own tool-call grammar as a sampler), extra stop
+    strings the template's format needs, and the parser from the generated text to OpenAI's
+    assistant message."""
+
+    tokens: list[int]
+    json_schema: dict[str, Any] | None
+    sampler: LlamaSampler | None
+    stops: list[str]
+    reply: Callable[[str], dict[str, Any]]
+
+    @property
+    def with_tools(self) -> bool:
+        """Whether the reply is constrained to the tools' calls (by a schema or a grammar)."""
+        return self.json_schema is not None or self.sampler is not None
+
+
+class ChatRenderer:
+    """Renders chats for ``model`` with its own chat template, or ``template`` (Jinja source)
+    instead. The template is parsed on first use, once."""
+
+    def __init__(self, model: LlamaModel, template: str | None = None) -> None:
+        self.model = model
+        self._template = template
+        self._templates: _ChatTemplates | None = None
+        self._refused = False
+
+    def prepare(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Tool] = (),
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+    ) -> PreparedChat:
+        """The ``PreparedChat`` for ``messages``, with ``tools`` callable. A template that formats
+        tool calls itself renders the tools, constrains calls with its own grammar and parses
+        them back; otherwise the tools and a JSON reply protocol go into the system turn
+        (``_tools.plan``), and the messages are rendered by the same template."""
+        templates = self._parsed()
+        if templates is not None and templates.supports_tool_calls:
+            return _native(templates, messages, tools, tool_choice, parallel_tool_calls)
+        planned = plan(messages, tools, tool_choice, parallel_tool_calls)
+        if templates is not None:
+            turns = [{"role": role, "content": text} for role, text in planned.messages]
+            tokens = templates.apply(json.dumps(turns), "[]", "none", False).tokens()
+        else:
+            tokens = template_tokens(self.model, planned.messages, add_bos=self.model.add_bos_token())
+        return PreparedChat(tokens, planned.schema, None, [], partial(reply_message, schema=planned.schema))
+
+    def _parsed(self) -> _ChatTemplates | None:
+        """The Jinja templates; None when the model's own does not parse (the built-in matcher
+        then renders). A template given to the renderer must parse."""
+        if self._templates is None and not self._refused:
+            try:
+                self._templates = _ChatTemplates(self.model, self._template)
+            except ChatTemplateError:
+                if self._template is not None:
+                    raise
+                # Tried once: a refusal can cost the whole work limit.
+                self._refused = True
+        return self._templates
+
+
+def _native(
+    templates: _ChatTemplates,
+    messages: Sequence[Message],
+    tools: Sequence[Tool],
+    tool_choice: ToolChoice,
+    parallel_tool_calls: bool,
+) -> PreparedChat:
+    """A chat through the template's own tool-call format (llama.cpp's format analysis): the
+    template renders the tools, its grammar (lazy, waiting for the call's opening) keeps calls
+    well-formed, and its parser reads them back. A named function is the only tool offered,
+    with the choice "required"."""
+    mode, offered = offered_functions(tools, tool_choice)
+    openai_tools = [{"type": "function", "function": function} for function in offered]
+    openai_messages = [_openai_message(message) for message in checked_messages(messages)]
+    applied = templates.apply(json.dumps(openai_messages), json.dumps(openai_tools), mode, parallel_tool_calls)
+    return PreparedChat(
+        applied.tokens(), None, applied.sampler(), applied.additional_stops(), partial(_parsed_reply, applied)
+    )
+
+
+def _openai_message(message: Message) -> dict[str, Any]:
+    if isinstance(message, tuple):
+        role, content = message
+        return {"role": role, "content": content}
+    if "content" not in message and not message.get("tool_calls"):
+        raise ValueError("chat message lacks 'content'")
+    out = dict(message)
+    if out.get("role") == "developer":
+        out["role"] = "system"
+    return out
+
+
+def _parsed_reply(applied: _ChatApplied, text: str) -> dict[str, Any]:
+    try:
+        message = json.loads(applied.parse(text))
+    except ValueError:
+        return {"role": "assistant", "content": text}
+    calls = [
+        reply_call(call["function"]["name"], call["function"]["arguments"]) for call in message.get("tool_calls") or ()
+    ]
+    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content") or (None if calls else "")}
+    if calls:
+        reply["tool_calls"] = calls
+    if message.get("reasoning_content"):
+        reply["reasoning_content"] = message["reasoning_content"]
+    return reply
+
+
+def template_tokens(model: LlamaModel, messages: Sequence[tuple[str, str]], *, add_bos: bool = False) -> list[int]:
+    """``messages`` in llama.cpp's built-in template for ``model`` (the fallback renderer), ready
+    for the assistant's reply, as tokens: special tokens (``<|im_start|>``) are parsed in what the
+    template writes, never in the messages' text, so no message can open a turn of its own.
+
+    The template is rendered once with a placeholder for each text, to find where the template
+    puts it, and once with the texts; a template that changes a text other than by trimming its
+    whitespace is refused with ``ValueError`` (its text could not be told from the template's)."""
+    prompt = model.apply_chat_template(messages, None, True)
+    shaped = model.apply_chat_template(
+        [(role, _SLOT.format(index) if text else text) for index, (role, text) in enumerate(messages)], None, True
+    )
+    pieces = _SLOTS.split(shaped)
+    tokens: list[int] = []
+    at = 0
+    for number in range(0, len(pieces) - 1, 2):
+        frame, text = pieces[number], messages[int(pieces[number + 1])][1]
+        if not prompt.startswith(frame, at):
+            raise ValueError("the chat template renders messages in a way llamactx cannot tokenize safely")
+        at += len(frame)
+        text = _as_rendered(prompt, at, text, pieces[number + 2])
+        tokens += model.str_to_token(frame, add_bos and not tokens)
+        tokens += model.str_to_token(text, add_bos and not tokens, special=False)
+        at += len(text)
+    if prompt[at:] != pieces[-1]:
+        raise ValueError("the chat template renders messages in a way llamactx cannot tokenize safely")
+    return tokens + model.str_to_token(pieces[-1], add_bos and not tokens)
+
+
+def _as_rendered(prompt: str, at: int, text: str, frame_after: str) -> str:
+    """``text`` as the template wrote it at ``at`` of ``prompt``: whole, or without the
+    whitespace some templates trim."""
+    for shown in (text, text.strip(), text.lstrip(), text.rstrip()):
+        if prompt.startswith(shown, at) and prompt.startswith(frame_after, at + len(shown)):
+            return shown
+    raise ValueError("the chat template changes message text: its special tokens could not be told from the text's")
