@@ -22,10 +22,10 @@ import pytest
 from serving import ENGINE_OPTIONS, MODEL_ID, Server, running_server
 from starlette.applications import Starlette
 from starlette.routing import Mount
+from support.prompts import HELPFUL
 from tool_examples import ASK_WEATHER, TIME, WEATHER
 
 import llamactx
-from conftest import HELPFUL
 from llamactx._embedding import embedding_context
 from llamactx.server import create_app
 
@@ -447,6 +447,7 @@ HOSTILE_BODIES: list[tuple[str, str | bytes, int, str | None]] = [
         400,
         "tool_choice",
     ),
+    ("tools of one name", chat_body(tools=[WEATHER, WEATHER]), 400, "tools"),
     (
         "tools with a response_format",
         chat_body(tools=[WEATHER], response_format={"type": "json_object"}),

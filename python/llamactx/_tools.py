@@ -15,6 +15,7 @@ from typing import Any, Literal
 from llamactx._constraints import closed
 
 __all__ = [
+    "ChatInputError",
     "Tool",
     "ToolChoice",
     "ToolPlan",
@@ -43,6 +44,15 @@ _INSTRUCTIONS = {
 }
 
 
+class ChatInputError(ValueError):
+    """A malformed message, tool or ``tool_choice``: ``param`` says which of the three
+    (``"messages"``, ``"tools"`` or ``"tool_choice"``), for the server's error object."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 def checked_messages(messages: object) -> list[Mapping[str, Any] | tuple[str, str]]:
     """``messages`` as a list, each checked to be a ``(role, content)`` pair of strings or a dict
     with a string ``role``, whose ``tool_calls`` (if any) each name a ``function``. ``TypeError``
@@ -67,7 +77,7 @@ def checked_messages(messages: object) -> list[Mapping[str, Any] | tuple[str, st
 
 def _check_message(index: int, message: Mapping[str, Any]) -> None:
     if not isinstance(message.get("role"), str):
-        raise ValueError(f"messages[{index}] needs a 'role' string: {message!r}")
+        raise ChatInputError("messages", f"messages[{index}] needs a 'role' string: {message!r}")
     calls = message.get("tool_calls")
     if calls is None:
         return
@@ -76,9 +86,10 @@ def _check_message(index: int, message: Mapping[str, Any]) -> None:
     for number, call in enumerate(calls):
         function = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-            raise ValueError(
+            raise ChatInputError(
+                "messages",
                 f'messages[{index}].tool_calls[{number}] must be {{"function": {{"name": ..., "arguments": ...}}}}, '
-                f"got {call!r}"
+                f"got {call!r}",
             )
 
 
@@ -176,7 +187,7 @@ def offered_functions(tools: Sequence[Tool], tool_choice: ToolChoice) -> tuple[s
     functions = _functions(tools)
     names = [function["name"] for function in functions]
     if len(set(names)) != len(names):
-        raise ValueError(f"tool names must be unique, got {names}")
+        raise ChatInputError("tools", f"tool names must be unique, got {names}")
     mode, chosen = _choice(tool_choice, names)
     return mode, [function for function in functions if chosen is None or function["name"] == chosen]
 
@@ -192,10 +203,10 @@ def _function(tool: Tool) -> dict[str, Any]:
         raise TypeError(f'a tool is {{"type": "function", "function": {{"name": ...}}}}, not {type(tool).__name__}')
     function = tool.get("function") if tool.get("type") == "function" else None
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str) or not function["name"]:
-        raise ValueError(f'a tool is {{"type": "function", "function": {{"name": ...}}}}, got {tool!r}')
+        raise ChatInputError("tools", f'a tool is {{"type": "function", "function": {{"name": ...}}}}, got {tool!r}')
     parameters = function.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(parameters, Mapping):
-        raise ValueError(f"the parameters of tool {function['name']!r} must be a JSON Schema object")
+        raise ChatInputError("tools", f"the parameters of tool {function['name']!r} must be a JSON Schema object")
     # Unknown arguments would break the call: objects are closed unless they say otherwise.
     described = {"name": function["name"], "parameters": closed(dict(parameters))}
     if function.get("description"):
@@ -206,7 +217,9 @@ def _function(tool: Tool) -> dict[str, Any]:
 def _choice(tool_choice: ToolChoice, names: list[str]) -> tuple[str, str | None]:
     if isinstance(tool_choice, str):
         if tool_choice not in ("none", "auto", "required"):
-            raise ValueError(f'tool_choice is "none", "auto", "required" or a named function, got {tool_choice!r}')
+            raise ChatInputError(
+                "tool_choice", f'tool_choice is "none", "auto", "required" or a named function, got {tool_choice!r}'
+            )
         return tool_choice, None
     if not isinstance(tool_choice, Mapping):
         raise TypeError(
@@ -215,7 +228,9 @@ def _choice(tool_choice: ToolChoice, names: list[str]) -> tuple[str, str | None]
     function = tool_choice.get("function") if tool_choice.get("type") == "function" else None
     name = function.get("name") if isinstance(function, Mapping) else None
     if name not in names:
-        raise ValueError(f"tool_choice names a function that is not among the tools: {tool_choice!r}")
+        raise ChatInputError(
+            "tool_choice", f"tool_choice names a function that is not among the tools: {tool_choice!r}"
+        )
     return "required", name
 
 
@@ -274,7 +289,7 @@ def _rendered(message: Mapping[str, Any] | tuple[str, str]) -> tuple[str, str]:
         )
         return role, shown
     if "content" not in message:
-        raise ValueError("chat message lacks 'content'")
+        raise ChatInputError("messages", "chat message lacks 'content'")
     content = message["content"]
     if isinstance(content, list):  # OpenAI's text parts
         content = "".join(str(part.get("text", "")) for part in content)

@@ -1,0 +1,556 @@
+"""OpenAI's protocol as this server speaks it: the request bodies it accepts (OpenAI's parameters
+where llama.cpp can honour them, and llama-server's extras: ``top_k``, ``min_p``,
+``repeat_penalty``, ``grammar``), and the shapes of what it answers. A body is parsed and
+checked once, by its pydantic model: anything else, a wrong type or an out-of-range number is
+refused with 400 naming the parameter before it reaches the engine. Answers are ``TypedDict``s,
+plain dicts for speed: each streamed token is one."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, TypedDict, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+
+from llamactx import __version__
+from llamactx._limits import INT32_MAX
+from llamactx._llamactx import Completion, LlamaModel
+
+__all__ = [
+    "PENALTY_WINDOW_MAX",
+    "ApiError",
+    "ChatChoice",
+    "ChatChunkChoice",
+    "ChatLogprobs",
+    "ChatRequest",
+    "CompletionChoice",
+    "CompletionLogprobs",
+    "CompletionRequest",
+    "EmbeddingList",
+    "EmbeddingRequest",
+    "Envelope",
+    "ErrorBody",
+    "Message",
+    "ModelCard",
+    "SamplingBody",
+    "Usage",
+    "chat_logprobs",
+    "completion_logprobs",
+    "parsed",
+    "total_usage",
+]
+
+#: The longest penalty window the engine takes.
+PENALTY_WINDOW_MAX = 2**20
+# OpenAI takes a 64-bit seed; llama.cpp's generator takes 32 bits (the server uses seed mod 2**32).
+SEED_RANGE = {"ge": -(2**63), "lt": 2**64}
+SYSTEM_FINGERPRINT = f"llamactx-{__version__}"
+#: The most choices one request may ask for (prompts times ``n``), as OpenAI bounds ``n``: each is
+#: an engine request holding a sequence's worth of work.
+MAX_CHOICES = 128
+
+T = TypeVar("T")
+NonEmpty = Annotated[T, Field(min_length=1)]
+Count = Annotated[int, Field(ge=1, le=MAX_CHOICES)]
+TokenCount = Annotated[int, Field(ge=0, le=INT32_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+StopStrings = str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=16)]
+
+
+class _Body(BaseModel):
+    """Strict JSON: no unknown fields, no strings for numbers, no infinities."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(_Body):
+    """``response_format.json_schema``: the schema is always enforced, ``strict`` or not."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema the output must match (None: any text)."""
+        if self.json_schema is not None and self.type == "json_schema":
+            return self.json_schema.schema_
+        if self.type == "json_object":
+            return {"type": "object"}
+        return None
+
+
+class SamplingBody(_Body):
+    """What completions and chat share: sampling, stopping and llama-server's extras. The
+    defaults of ``temperature``, ``top_p``, ``top_k`` and ``min_p`` are llama.cpp's."""
+
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Count = 1
+    stop: StopStrings | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 0.8
+    top_p: Probability = 0.95
+    seed: Annotated[int, Field(**SEED_RANGE)] | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    user: str | None = None
+    top_k: Annotated[int, Field(ge=0, le=INT32_MAX)] = 40
+    min_p: Probability = 0.05
+    typical_p: Probability = 1.0
+    repeat_penalty: Annotated[float, Field(ge=0.0, le=10.0)] = 1.0
+    repeat_last_n: Annotated[int, Field(ge=-1, le=PENALTY_WINDOW_MAX)] = 64
+    grammar: str | None = None
+    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self, info: ValidationInfo) -> SamplingBody:
+        """What no one field says: a constraint given once, and ``logit_bias`` keys that are
+        token ids of the model (``n_vocab`` in the validation context)."""
+        if self.response_format is not None:
+            if self.response_format.type == "json_schema" and self.response_format.json_schema is None:
+                raise ApiError(
+                    400, "response_format json_schema needs its json_schema", param="response_format.json_schema"
+                )
+            if self.grammar is not None and self.response_format.type != "text":
+                raise ApiError(400, "give grammar or a JSON response_format, not both", param="response_format")
+        n_vocab = info.context["n_vocab"] if info.context else INT32_MAX
+        for key in self.logit_bias or {}:
+            if not (key.isascii() and key.isdigit()) or int(key) >= n_vocab:
+                raise ApiError(400, f"logit_bias keys are token ids below {n_vocab}, got {key!r}", param="logit_bias")
+        return self
+
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema ``response_format`` asks for (None: any text)."""
+        return None if self.response_format is None else self.response_format.output_schema()
+
+    def stops(self) -> list[str]:
+        """``stop`` as a list."""
+        return [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+
+
+class CompletionRequest(SamplingBody):
+    """``POST /v1/completions``: one choice per prompt and ``n``."""
+
+    prompt: str | NonEmpty[list[str]] | NonEmpty[list[TokenId]] | NonEmpty[list[NonEmpty[list[TokenId]]]]
+    max_tokens: TokenCount | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: Literal[False] = False
+    best_of: Count | None = None
+    suffix: None = None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> CompletionRequest:
+        """``best_of`` no other than ``n``, and at most ``MAX_CHOICES`` choices in all."""
+        if self.best_of not in (None, self.n):
+            raise ApiError(400, "best_of must equal n (choices are not ranked)", param="best_of")
+        if len(self.prompts()) * self.n > MAX_CHOICES:
+            raise ApiError(
+                400,
+                f"the request asks for {len(self.prompts())} prompt(s) times n={self.n} choices; this server takes "
+                f"at most {MAX_CHOICES}",
+                param="n",
+            )
+        return self
+
+    def prompts(self) -> list[str] | list[list[int]]:
+        """The prompts, each a text or token ids."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if isinstance(self.prompt[0], int):
+            return [self.prompt]  # a list of ids is one prompt
+        return self.prompt
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Body):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class Function(_Body):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern="^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: Function
+
+
+class FunctionName(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class ChatRequest(SamplingBody):
+    """``POST /v1/chat/completions``: the reply to ``messages``, formatted with the model's
+    chat template."""
+
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # Accepted and ignored, as by OpenAI without storage or tiers.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _logprobs_asked(self) -> ChatRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return self
+
+
+class EmbeddingRequest(_Body):
+    """``POST /v1/embeddings``."""
+
+    model: str
+    input: str | Annotated[list[str], Field(min_length=1, max_length=2048)]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def parsed(schema: type[Body], data: bytes, n_vocab: int) -> Body:
+    """``data`` as a ``schema`` body (``ApiError`` 400 naming the first problem), its token ids
+    checked against a vocabulary of ``n_vocab``."""
+    try:
+        return schema.model_validate_json(data, context={"n_vocab": n_vocab})
+    except ValidationError as error:
+        raise _invalid(error) from None
+
+
+_TYPE_NAMES = frozenset(["str", "int", "float", "bool", "list", "dict"])
+
+
+def _invalid(error: ValidationError) -> ApiError:
+    """The first problem pydantic found, as OpenAI words it: the parameter and what is wrong."""
+    problem = error.errors(include_url=False)[0]
+    # Without the union members pydantic names ("str", "list[TextPart]"): the client's path.
+    path = [str(part) for part in problem["loc"] if isinstance(part, int) or part.isidentifier()]
+    param = ".".join(part for part in path if part not in _TYPE_NAMES) or None
+    if problem["type"] == "json_invalid":
+        return ApiError(400, f"the body is not valid JSON: {problem['msg']}")
+    if problem["type"] == "model_type":
+        return ApiError(400, "the body must be a JSON object")
+    if problem["type"] == "extra_forbidden":
+        return ApiError(400, f"unknown or unsupported parameter: {param}", param=param)
+    if problem["type"] == "missing":
+        return ApiError(400, f"missing required parameter: {param}", param=param)
+    return ApiError(400, f"invalid value for {param}: {problem['msg']}", param=param)
+
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+class ErrorDetail(TypedDict):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(TypedDict):
+    """OpenAI's error object."""
+
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    """A failure the client should see as ``{"error": {...}}`` with ``status`` (the error's
+    ``type`` follows from it), naming the parameter at fault and OpenAI's ``code`` when there is
+    one; ``retry_after`` seconds, when set, go out as ``Retry-After``."""
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None, retry_after: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+    def body(self) -> ErrorBody:
+        kind = _ERROR_TYPES.get(self.status, "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)} if self.retry_after else {}
+
+
+class ModelCard(TypedDict):
+    """``GET /v1/models/{id}``, and each of ``GET /v1/models``."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class PromptTokensDetails(TypedDict):
+    cached_tokens: int
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class TokenLogprob(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ContentLogprob(TokenLogprob):
+    top_logprobs: list[TokenLogprob]
+
+
+class ChatLogprobs(TypedDict):
+    """``choices[].logprobs`` of a chat completion or chunk."""
+
+    content: list[ContentLogprob]
+    refusal: None
+
+
+class CompletionLogprobs(TypedDict):
+    """``choices[].logprobs`` of a legacy completion or chunk."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(TypedDict):
+    """A choice of ``text_completion``, whole or as a chunk."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class ChatChoice(TypedDict):
+    """A choice of ``chat.completion``: the assistant message (OpenAI's, as the chat's parser
+    returns it)."""
+
+    index: int
+    message: dict[str, Any]
+    logprobs: ChatLogprobs | None
+    finish_reason: str
+
+
+class ChatChunkChoice(TypedDict):
+    """A choice of ``chat.completion.chunk``: what its message gained."""
+
+    index: int
+    delta: dict[str, Any]
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+Choice = CompletionChoice | ChatChoice | ChatChunkChoice
+
+
+class Chunk(TypedDict):
+    """One server-sent event's object."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: Sequence[Choice]
+
+
+class UsageChunk(Chunk):
+    """A chunk of a stream with ``include_usage``: None but in the last."""
+
+    usage: Usage | None
+
+
+class Reply(Chunk):
+    """A whole ``chat.completion`` or ``text_completion``."""
+
+    usage: Usage
+
+
+class Embedding(TypedDict):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(TypedDict):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(TypedDict):
+    """``POST /v1/embeddings``."""
+
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+class Envelope:
+    """What every object of one response shares: its id, object type, model and creation time;
+    and whether its stream ends with usage."""
+
+    def __init__(self, prefix: str, object_type: str, model_id: str, stream_options: StreamOptions | None) -> None:
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.object = object_type
+        self.chunk_object = "chat.completion.chunk" if object_type == "chat.completion" else object_type
+        self.model_id = model_id
+        self.created = int(time.time())
+        self.include_usage = bool(stream_options and stream_options.include_usage)
+
+    def whole(self, choices: Sequence[Choice], usage: Usage) -> Reply:
+        return {**self._chunk(choices, self.object), "usage": usage}
+
+    def event(self, choices: Sequence[Choice], usage: Usage | None = None) -> str:
+        """A server-sent event of ``choices`` (and, with ``include_usage``, ``usage``)."""
+        chunk = self._chunk(choices, self.chunk_object)
+        if self.include_usage:
+            with_usage: UsageChunk = {**chunk, "usage": usage}
+            return event(with_usage)
+        return event(chunk)
+
+    def _chunk(self, choices: Sequence[Choice], object_type: str) -> Chunk:
+        return {
+            "id": self.id,
+            "object": object_type,
+            "created": self.created,
+            "model": self.model_id,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "choices": choices,
+        }
+
+
+def event(value: Chunk | ErrorBody) -> str:
+    """``value`` as a server-sent event."""
+    return f"data: {json.dumps(value, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def usage(prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Usage:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def total_usage(prompts: Sequence[Completion], completions: Sequence[Completion]) -> Usage:
+    """Usage of a response: each prompt counted once (``n`` choices share it), every choice's
+    generated tokens."""
+    return usage(
+        sum(c.prompt_tokens for c in prompts),
+        sum(c.cached_tokens for c in prompts),
+        sum(c.completion_tokens for c in completions),
+    )
+
+
+def _top(entry: Sequence[tuple[int, float]], count: int) -> list[tuple[int, float]]:
+    """The ``count`` most likely tokens: the engine gives the chosen token, then the most
+    likely others."""
+    return sorted(entry, key=lambda pair: -pair[1])[:count]
+
+
+def _text(model: LlamaModel, token: int) -> tuple[str, list[int]]:
+    raw = model.token_to_bytes(token, True)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_logprobs(model: LlamaModel, logprobs: Sequence[Sequence[tuple[int, float]]], top: int) -> ChatLogprobs:
+    """``choices[].logprobs`` of a chat completion (or of one streamed chunk)."""
+
+    def described(token: int, logprob: float) -> TokenLogprob:
+        text, raw = _text(model, token)
+        return {"token": text, "logprob": logprob, "bytes": raw}
+
+    content: list[ContentLogprob] = [
+        {**described(*entry[0]), "top_logprobs": [described(*pair) for pair in _top(entry, top)]} for entry in logprobs
+    ]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(
+    model: LlamaModel, logprobs: Sequence[Sequence[tuple[int, float]]], top: int, text_offset: int
+) -> CompletionLogprobs:
+    """``choices[].logprobs`` of a legacy completion: tokens, their log-probabilities, the
+    ``top`` most likely per position and where each token's text starts."""
+    tokens, offsets = [], []
+    for entry in logprobs:
+        text, _ = _text(model, entry[0][0])
+        tokens.append(text)
+        offsets.append(text_offset)
+        text_offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [entry[0][1] for entry in logprobs],
+        "top_logprobs": [{_text(model, token)[0]: lp for token, lp in _top(entry, top)} for entry in logprobs],
+        "text_offset": offsets,
+    }

@@ -1,0 +1,615 @@
+"""Serving OpenAI's requests with an ``Engine``: a parsed body becomes engine requests (one per
+choice, all submitted or none), their results become OpenAI's objects, whole or streamed, and a
+client that goes away cancels what it asked for. Every exception reaches the client through one
+table, ``ERRORS``."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from llamactx._constraints import constraint_stage
+from llamactx._embedding import embed
+from llamactx._engine import Delta, Engine, Request
+from llamactx._limits import INT32_MAX, RANDOM_SEED
+from llamactx._llamactx import (
+    ChatTemplateError,
+    Completion,
+    EngineBusy,
+    LlamaContext,
+    LlamaCppError,
+    SamplerInitError,
+    SamplingParams,
+    SchemaError,
+    StringToTokenError,
+)
+from llamactx._render import PreparedChat
+from llamactx.server._metrics import ServerMetrics
+from llamactx.server._protocol import (
+    PENALTY_WINDOW_MAX,
+    ApiError,
+    Body,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatRequest,
+    Choice,
+    CompletionChoice,
+    CompletionRequest,
+    EmbeddingList,
+    EmbeddingRequest,
+    Envelope,
+    ModelCard,
+    SamplingBody,
+    chat_logprobs,
+    completion_logprobs,
+    event,
+    parsed,
+    total_usage,
+)
+
+__all__ = ["CLIENT_GONE", "ERRORS", "Serving", "openai_error"]
+
+logger = logging.getLogger("llamactx.server")
+
+#: Seconds a client is told to wait when the engine's queue is full or it is shutting down.
+RETRY_AFTER_SECONDS = 1
+#: A request with no ``max_tokens`` may fill its sequence (it then ends with "length").
+UNLIMITED = INT32_MAX
+#: Not an HTTP status a client sees: the client left before the response (nginx's number).
+CLIENT_GONE = 499
+
+Prompt = TypeVar("Prompt", list[int], PreparedChat)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a client sees of an exception: the status (OpenAI's error ``type`` follows from it),
+    OpenAI's ``code``, and the seconds of ``Retry-After``."""
+
+    status: int
+    code: str | None = None
+    retry_after: int = 0
+
+
+#: Exceptions raised by the engine, as the client sees them: the first row whose type matches.
+#: A 400 is the request's own fault (a value the engine refuses, a constraint that cannot be
+#: compiled or that failed while generating: ``SchemaError`` is a ``ValueError``); it names the
+#: parameter the exception carries (``param``) or else the one the failing step was given. An
+#: exception of no row is a bug: the app logs it and answers 500.
+ERRORS: tuple[tuple[type[Exception], Outcome], ...] = (
+    (EngineBusy, Outcome(503, "server_busy", RETRY_AFTER_SECONDS)),
+    (SamplerInitError, Outcome(400)),
+    (ChatTemplateError, Outcome(400)),  # rendering passed the work limit
+    (StringToTokenError, Outcome(400)),
+    (ValueError, Outcome(400)),
+    (LlamaCppError, Outcome(500)),
+)
+
+
+def openai_error(error: Exception, doing: str, param: str | None = None) -> Exception:
+    """``error`` as the client sees it (``ERRORS``) while ``doing`` (what failed, for the
+    message) on ``param``; ``error`` itself when no row matches."""
+    if isinstance(error, ApiError):
+        return error
+    for kind, outcome in ERRORS:
+        if isinstance(error, kind):
+            named = (getattr(error, "param", None) or param) if outcome.status == 400 else None
+            detail = f"{type(error).__name__}: {error}" if outcome.status == 500 else str(error)
+            return ApiError(
+                outcome.status, f"{doing}: {detail}", param=named, code=outcome.code, retry_after=outcome.retry_after
+            )
+    return error
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", retry_after=RETRY_AFTER_SECONDS)
+
+
+@dataclass
+class _Job:
+    """One choice of a response: its engine request, and whether its prompt counts in usage."""
+
+    request: Request
+    index: int
+    first_of_prompt: bool
+
+
+class _Choices(Protocol):
+    """How one endpoint shows its choices: whole, or as the chunks of a stream (None: no chunk)."""
+
+    def opening(self, job: _Job) -> Choice | None: ...
+
+    def piece(self, job: _Job, delta: Delta, offset: int) -> Choice | None: ...
+
+    def closing(self, job: _Job, completion: Completion) -> Choice: ...
+
+    def whole(self, job: _Job, completion: Completion) -> Choice: ...
+
+
+class Serving:
+    """The endpoints' handlers, sharing the engine, the options and the metrics."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        model_id: str,
+        api_key: str | None,
+        embeddings: LlamaContext | None,
+        max_body_bytes: int,
+    ) -> None:
+        self.engine = engine
+        self.model = engine.model
+        self.n_vocab = engine.model.n_vocab()
+        self.model_id = model_id
+        self.api_key = api_key
+        self.embeddings = embeddings
+        self.embeddings_lock = threading.Lock()
+        self.max_body_bytes = max_body_bytes
+        self.metrics = ServerMetrics(engine)
+        self.created = int(time.time())
+
+    async def health(self, http: HttpRequest) -> Response:
+        if self.engine.closed:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_text(self, http: HttpRequest) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def list_models(self, http: HttpRequest) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def get_model(self, http: HttpRequest) -> Response:
+        if http.path_params["model"] != self.model_id:
+            raise ApiError(404, f"the model {http.path_params['model']!r} does not exist", code="model_not_found")
+        return JSONResponse(self._model_card())
+
+    def _model_card(self) -> ModelCard:
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llamactx"}
+
+    async def completions(self, http: HttpRequest) -> Response:
+        body = await self._body(http, CompletionRequest)
+        top = body.logprobs or 0
+
+        def submit() -> list[_Job]:
+            prompts = [self._prompt_tokens(prompt) for prompt in body.prompts()]
+            return self._submitted(
+                body,
+                prompts,
+                self.engine.submit,
+                max_tokens=UNLIMITED if body.max_tokens is None else body.max_tokens,
+                logprobs=_engine_logprobs(body.logprobs is not None, top),
+                constraint_param=_constraint_param(body),
+            )
+
+        # Tokenizing and compiling constraints take time the event loop cannot give.
+        jobs = await asyncio.to_thread(submit)
+        envelope = Envelope("cmpl", "text_completion", self.model_id, body.stream_options)
+        choices = _CompletionChoices(self, body.logprobs is not None, top)
+        return await self._respond(http, envelope, jobs, body.stream, choices)
+
+    def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
+        try:
+            tokens = self.engine.tokens(prompt)
+        except Exception as error:
+            raise openai_error(error, "the prompt cannot be read", "prompt") from None
+        if not tokens:
+            raise ApiError(400, "the prompt has no tokens", param="prompt")
+        return self._fitting(tokens)
+
+    def _fitting(self, tokens: list[int]) -> list[int]:
+        """``tokens``, if they fit a sequence: checked here, before the engine does, for
+        OpenAI's error code."""
+        limit = self.engine.n_ctx_seq
+        if len(tokens) >= limit:
+            raise ApiError(
+                400,
+                f"the prompt has {len(tokens)} tokens; a request of this server holds at most {limit} "
+                "(prompt and completion)",
+                code="context_length_exceeded",
+            )
+        return tokens
+
+    async def chat(self, http: HttpRequest) -> Response:
+        body = await self._body(http, ChatRequest)
+        limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        top = body.top_logprobs or 0
+
+        def submit() -> tuple[PreparedChat, list[_Job]]:
+            chat = self._prepared_chat(body)
+            jobs = self._submitted(
+                body,
+                [chat],
+                self.engine.submit_prepared,
+                max_tokens=UNLIMITED if limit is None else limit,
+                logprobs=_engine_logprobs(body.logprobs, top),
+                constraint_param="tools" if chat.with_tools else _constraint_param(body),
+            )
+            return chat, jobs
+
+        # Rendering the template and compiling constraints take time the event loop cannot give.
+        chat, jobs = await asyncio.to_thread(submit)
+        envelope = Envelope("chatcmpl", "chat.completion", self.model_id, body.stream_options)
+        return await self._respond(http, envelope, jobs, body.stream, _ChatChoices(self, chat, body.logprobs, top))
+
+    def _prepared_chat(self, body: ChatRequest) -> PreparedChat:
+        """The chat rendered once for all its choices (``Engine.prepare_chat``, which checks the
+        messages and tools: its errors name their parameter, or are the messages' or, for a
+        tool-call constraint that cannot be compiled, the tools')."""
+        messages = [message.model_dump(exclude_none=True) for message in body.messages]
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
+        choice = body.tool_choice or "auto"
+        named = choice if isinstance(choice, str) else choice.model_dump()
+        try:
+            chat = self.engine.prepare_chat(
+                messages, tools=tools, tool_choice=named, parallel_tool_calls=body.parallel_tool_calls
+            )
+        except Exception as error:
+            param = "tools" if isinstance(error, (SchemaError, SamplerInitError)) else "messages"
+            raise openai_error(error, "the chat cannot be rendered", param) from None
+        self._fitting(chat.tokens)
+        return chat
+
+    def _submitted(
+        self,
+        body: SamplingBody,
+        prompts: Sequence[Prompt],
+        submit: Callable[..., Request],
+        *,
+        max_tokens: int,
+        logprobs: int,
+        constraint_param: str,
+    ) -> list[_Job]:
+        """Submits ``body.n`` choices of each prompt with ``submit`` (``Engine.submit`` or
+        ``submit_prepared``): all, or none (a refusal cancels those already queued). The body's
+        constraint is compiled once, and each choice takes a copy. The prompts fit (``_fitting``)
+        and the numbers are in range (the body's model): what the engine can refuse is the
+        constraint (named by ``constraint_param``), or the request when the queue is full. Blocking
+        work: call it off the event loop."""
+        jobs: list[_Job] = []
+        try:
+            stage = constraint_stage(self.model, body.output_schema(), body.grammar)
+            for prompt in prompts:
+                for choice in range(body.n):
+                    request = submit(
+                        prompt,
+                        max_tokens=max_tokens,
+                        stop=body.stops(),
+                        sampling=self._sampling(body, choice),
+                        logprobs=logprobs,
+                        grammar=stage,
+                    )
+                    jobs.append(_Job(request, len(jobs), choice == 0))
+        except BaseException as error:
+            for job in jobs:
+                job.request.cancel()
+            if not isinstance(error, Exception):
+                raise
+            if self.engine.closed:
+                raise _shutting_down() from error
+            raise openai_error(error, "the request cannot be submitted", constraint_param) from error
+        return jobs
+
+    def _sampling(self, body: SamplingBody, choice: int) -> SamplingParams:
+        """The engine's sampling for choice ``choice``: the ``n`` choices draw with successive
+        seeds, so that they differ and a seeded request repeats; seed -1 (mod 2**32) is random,
+        as in llama.cpp, and so is no seed. ``repeat_last_n`` -1 is the whole sequence."""
+        return SamplingParams(
+            temperature=body.temperature,
+            top_k=body.top_k,
+            top_p=body.top_p,
+            min_p=body.min_p,
+            typical_p=body.typical_p,
+            repeat_penalty=body.repeat_penalty,
+            frequency_penalty=body.frequency_penalty,
+            presence_penalty=body.presence_penalty,
+            penalty_last_n=min(self.engine.n_ctx_seq, PENALTY_WINDOW_MAX)
+            if body.repeat_last_n == -1
+            else body.repeat_last_n,
+            logit_bias={int(token): bias for token, bias in (body.logit_bias or {}).items()},
+            seed=_seed(body.seed, choice),
+        )
+
+    async def embeddings_route(self, http: HttpRequest) -> Response:
+        body = await self._body(http, EmbeddingRequest)
+        if self.embeddings is None:
+            raise ApiError(404, "this server computes no embeddings: start it with --embeddings", code="not_found")
+        n_embd = self.model.n_embd()
+        if body.dimensions not in (None, n_embd):
+            raise ApiError(400, f"this model's embeddings have {n_embd} dimensions", param="dimensions")
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        try:
+            vectors, used = await asyncio.to_thread(self._embed, texts)
+        except Exception as error:
+            raise openai_error(error, "the input cannot be embedded", "input") from None
+        answer: EmbeddingList = {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": index, "embedding": _encoded(vector, body.encoding_format)}
+                for index, vector in enumerate(vectors)
+            ],
+            "model": self.model_id,
+            "usage": {"prompt_tokens": used, "total_tokens": used},
+        }
+        return JSONResponse(answer)
+
+    def _embed(self, texts: list[str]) -> tuple[np.ndarray[Any, np.dtype[np.float32]], int]:
+        assert self.embeddings is not None
+        with self.embeddings_lock:  # embed() uses the whole context
+            vectors = embed(self.embeddings, texts)
+        return vectors, sum(len(self.model.str_to_token(text, True)) for text in texts)
+
+    async def _body(self, http: HttpRequest, schema: type[Body]) -> Body:
+        """The body, read up to ``max_body_bytes`` (413 past it), parsed and checked by
+        ``schema``, for this server's model (404 for another)."""
+        declared = http.headers.get("content-length", "")
+        if declared.isascii() and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise ApiError(413, f"the body has {declared} bytes; this server takes at most {self.max_body_bytes}")
+        chunks, size = [], 0
+        async for chunk in http.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise ApiError(413, f"the body is larger than this server takes ({self.max_body_bytes} bytes)")
+            chunks.append(chunk)
+        body = parsed(schema, b"".join(chunks), self.n_vocab)
+        model = getattr(body, "model", self.model_id)
+        if model != self.model_id:
+            raise ApiError(
+                404,
+                f"the model {model!r} does not exist; this server has {self.model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
+        return body
+
+    async def _respond(
+        self, http: HttpRequest, envelope: Envelope, jobs: list[_Job], stream: bool, choices: _Choices
+    ) -> Response:
+        if stream:
+            return StreamingResponse(
+                self._events(envelope, jobs, choices),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Request-Id": envelope.id},
+            )
+        try:
+            completions = await _unless_disconnected(http, [job.request for job in jobs])
+        except Exception as error:
+            raise openai_error(error, "the request failed while generating") from None
+        if completions is None:
+            return Response(status_code=CLIENT_GONE)
+        self._finished(envelope, jobs, completions)
+        whole = [choices.whole(job, completion) for job, completion in zip(jobs, completions, strict=True)]
+        usage = total_usage(_firsts(jobs, completions), completions)
+        return JSONResponse(envelope.whole(whole, usage), headers={"X-Request-Id": envelope.id})
+
+    async def _events(self, envelope: Envelope, jobs: list[_Job], choices: _Choices) -> AsyncIterator[str]:
+        """Server-sent events: a first chunk per choice, its text as generated, its end; then
+        the usage if asked for, then ``[DONE]``. Leaving early (the client went away) cancels
+        every choice."""
+        try:
+            for job in jobs:
+                if (first := choices.opening(job)) is not None:
+                    yield envelope.event([first])
+            offsets = [0] * len(jobs)
+            async for index, delta in _merged(jobs):
+                if (chunk := choices.piece(jobs[index], delta, offsets[index])) is not None:
+                    yield envelope.event([chunk])
+                offsets[index] += len(delta[0])
+            completions = [await job.request for job in jobs]
+            self._finished(envelope, jobs, completions)
+            for job, completion in zip(jobs, completions, strict=True):
+                yield envelope.event([choices.closing(job, completion)])
+            if envelope.include_usage:
+                yield envelope.event([], usage=total_usage(_firsts(jobs, completions), completions))
+            yield "data: [DONE]\n\n"
+        except Exception as error:
+            failure = openai_error(error, "the request failed while generating")
+            if not isinstance(failure, ApiError):
+                raise
+            yield event(failure.body())
+        finally:
+            for job in jobs:
+                job.request.cancel()
+
+    def _finished(self, envelope: Envelope, jobs: list[_Job], completions: list[Completion]) -> None:
+        """Counts and logs a response whose choices all ended; a choice the engine cancelled
+        (it was closed) fails the response."""
+        for job, completion in zip(jobs, completions, strict=True):
+            self.metrics.record(completion, prompt_counted=job.first_of_prompt)
+        if any(completion.finish_reason == "cancelled" for completion in completions):
+            raise _shutting_down()
+        first = completions[0]
+        generated = sum(c.completion_tokens for c in completions)
+        logger.info(
+            "%s done: %d choice(s), prompt %d tokens (%d cached), completion %d tokens, queued %.3f s, "
+            "first token after %.3f s, %.1f tokens/s",
+            envelope.id,
+            len(completions),
+            first.prompt_tokens,
+            first.cached_tokens,
+            generated,
+            first.queue_seconds,
+            first.first_token_seconds or 0.0,
+            first.tokens_per_second,
+            extra={
+                "request_id": envelope.id,
+                "prompt_tokens": first.prompt_tokens,
+                "cached_tokens": first.cached_tokens,
+                "completion_tokens": generated,
+                "queue_seconds": first.queue_seconds,
+                "first_token_seconds": first.first_token_seconds,
+            },
+        )
+
+
+class _CompletionChoices:
+    """``text_completion`` choices: the text, and its log-probabilities when asked for."""
+
+    def __init__(self, serving: Serving, logprobs: bool, top: int) -> None:
+        self.model = serving.model
+        self.logprobs = logprobs
+        self.top = top
+
+    def opening(self, job: _Job) -> Choice | None:
+        return None
+
+    def piece(self, job: _Job, delta: Delta, offset: int) -> CompletionChoice:
+        text, logprobs = delta
+        shown = completion_logprobs(self.model, logprobs, self.top, offset) if self.logprobs else None
+        return {"index": job.index, "text": text, "logprobs": shown, "finish_reason": None}
+
+    def closing(self, job: _Job, completion: Completion) -> CompletionChoice:
+        return {"index": job.index, "text": "", "logprobs": None, "finish_reason": completion.finish_reason}
+
+    def whole(self, job: _Job, completion: Completion) -> CompletionChoice:
+        return {
+            **self.piece(job, (completion.text, completion.logprobs), 0),
+            "finish_reason": completion.finish_reason,
+        }
+
+
+class _ChatChoices:
+    """``chat.completion`` choices: the assistant message (a tool call is only known whole: when
+    streamed, it comes in the last delta), and the log-probabilities when asked for."""
+
+    def __init__(self, serving: Serving, chat: PreparedChat, logprobs: bool, top: int) -> None:
+        self.model = serving.model
+        self.chat = chat
+        self.logprobs = logprobs
+        self.top = top
+
+    def opening(self, job: _Job) -> ChatChunkChoice:
+        return {
+            "index": job.index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+
+    def piece(self, job: _Job, delta: Delta, offset: int) -> ChatChunkChoice | None:
+        if self.chat.with_tools:
+            return None
+        text, logprobs = delta
+        shown = chat_logprobs(self.model, logprobs, self.top) if self.logprobs else None
+        return {"index": job.index, "delta": {"content": text}, "logprobs": shown, "finish_reason": None}
+
+    def closing(self, job: _Job, completion: Completion) -> ChatChunkChoice:
+        message, finish = self._message(completion)
+        delta = _streamed(message) if self.chat.with_tools else {}
+        return {"index": job.index, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def whole(self, job: _Job, completion: Completion) -> ChatChoice:
+        message, finish = self._message(completion)
+        shown = chat_logprobs(self.model, completion.logprobs, self.top) if self.logprobs else None
+        return {"index": job.index, "message": message, "logprobs": shown, "finish_reason": finish}
+
+    def _message(self, completion: Completion) -> tuple[dict[str, Any], str]:
+        """The reply as OpenAI's message, and its finish reason: "tool_calls" for calls that
+        ended the reply."""
+        message = {**self.chat.reply(completion.text), "refusal": None}
+        calls = message.get("tool_calls") and completion.finish_reason == "stop"
+        return message, "tool_calls" if calls else completion.finish_reason
+
+
+def _streamed(message: dict[str, Any]) -> dict[str, Any]:
+    """A whole reply as the last streamed delta: content, or the tool calls with their index."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return {"content": message["content"]}
+    return {"tool_calls": [{"index": index, **call} for index, call in enumerate(calls)]}
+
+
+def _constraint_param(body: SamplingBody) -> str:
+    return "grammar" if body.grammar is not None else "response_format"
+
+
+def _firsts(jobs: list[_Job], completions: list[Completion]) -> list[Completion]:
+    return [completion for job, completion in zip(jobs, completions, strict=True) if job.first_of_prompt]
+
+
+def _engine_logprobs(wanted: bool, top: int) -> int:
+    """What the engine must collect: the chosen token's log-probability needs one alternative
+    asked for even when the client wants none (``top_logprobs: 0``)."""
+    return max(top, 1) if wanted else 0
+
+
+def _seed(seed: int | None, choice: int) -> int | None:
+    if seed is None or (seed := (seed + choice) % 2**32) == RANDOM_SEED:
+        return None
+    return seed
+
+
+def _encoded(vector: np.ndarray[Any, np.dtype[np.float32]], encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return [float(value) for value in vector]
+
+
+async def _merged(jobs: list[_Job]) -> AsyncIterator[tuple[int, Delta]]:
+    """The deltas of all ``jobs`` as they come, tagged with the job's index."""
+    if len(jobs) == 1:
+        async for delta in jobs[0].request.adeltas():
+            yield 0, delta
+        return
+    queue: asyncio.Queue[tuple[int, Delta] | int | Exception] = asyncio.Queue()
+
+    async def pump(job: _Job) -> None:
+        try:
+            async for delta in job.request.adeltas():
+                queue.put_nowait((job.index, delta))
+            queue.put_nowait(job.index)  # its end
+        except Exception as error:  # handed to the reader, who raises it
+            queue.put_nowait(error)
+
+    tasks = [asyncio.ensure_future(pump(job)) for job in jobs]
+    try:
+        running = len(jobs)
+        while running:
+            item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if isinstance(item, int):
+                running -= 1
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _unless_disconnected(http: HttpRequest, requests: list[Request]) -> list[Completion] | None:
+    """The requests' completions, or None (and the requests cancelled) if the client leaves
+    first."""
+
+    async def client_left() -> None:
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+
+    results = asyncio.ensure_future(_gather(requests))
+    left = asyncio.ensure_future(client_left())
+    try:
+        await asyncio.wait({results, left}, return_when=asyncio.FIRST_COMPLETED)
+        if results.done():
+            return results.result()
+        return None
+    finally:
+        left.cancel()
+        if not results.done():
+            results.cancel()
+            for request in requests:
+                request.cancel()
+
+
+async def _gather(requests: list[Request]) -> list[Completion]:
+    return [await request for request in requests]
