@@ -1,7 +1,8 @@
-//! A model's own tool-call format, through the crate's `chat` module (llama.cpp's Jinja
-//! templates and their format analysis): the prompt with the tools as the template shows them,
-//! the grammar (lazy, with its triggers) that keeps a call well-formed, and the parser that
-//! turns the output back into OpenAI's message.
+//! A model's chat template, through the crate's `chat` module (llama.cpp's Jinja engine and its
+//! format analysis): the prompt, with the messages' text marked so that it is tokenized as plain
+//! text, and, for a template with its own tool-call format, the tools as the template shows
+//! them, the grammar (lazy, with its triggers) that keeps a call well-formed, and the parser
+//! that turns the output back into OpenAI's message.
 
 use std::sync::Arc;
 
@@ -17,8 +18,8 @@ use crate::sampler::custom::into_sampler;
 use crate::sampler::{guidance, lazy_grammar, PyLlamaSampler};
 use crate::work_limit;
 
-/// A model's chat templates, parsed once (internal: used by `Engine.submit_chat` and the
-/// server for models whose template formats tool calls itself).
+/// A model's chat templates, parsed once (internal: the renderer of every chat, see
+/// `llamactx._render`).
 #[pyclass(frozen, module = "llamactx", name = "_ChatTemplates")]
 pub struct PyChatTemplates {
     templates: ChatTemplates,
@@ -94,7 +95,11 @@ impl PyChatApplied {
     /// the messages hold (a user cannot forge a turn).
     fn tokens(&self, py: Python<'_>) -> PyResult<Vec<i32>> {
         detached(py, || {
-            let bos = if self.model.add_bos_token() { AddBos::Always } else { AddBos::Never };
+            let bos = if self.model.add_bos_token() {
+                AddBos::Always
+            } else {
+                AddBos::Never
+            };
             let tokens = self.params.tokenize_prompt(&self.model, bos)?;
             Ok(tokens.into_iter().map(|token| token.0).collect())
         })

@@ -14,7 +14,6 @@ mod memory_budget;
 mod outputs;
 mod params;
 mod rollback;
-mod seq_state_cells;
 mod state;
 mod state_layout;
 

@@ -38,7 +38,8 @@ struct Inbox {
     closed: bool,
 }
 
-/// What `stats()` reports, kept current by the scheduler.
+/// What `stats()` reports. The scheduler owns the counting copy and publishes it to
+/// `EngineShared` after each step.
 #[derive(Debug, Default, Clone, Copy)]
 struct Counters {
     running: usize,

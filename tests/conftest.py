@@ -1,37 +1,17 @@
-"""Shared fixtures: the real model (fetched once into the cache) and fresh contexts on it."""
+"""Shared fixtures: the real model (fetched once into the cache) and fresh contexts on it. Helpers
+that are not fixtures live in ``support/``."""
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import synthetic
+from support.decoding import decode_prompt
+from support.prompts import PARIS_PROMPT, TOOL_TEMPLATE
 
 import llamactx
-
-PARIS_PROMPT = "The capital of France is"
-#: A system turn for chats that expect a right answer: without one, SmolLM2's template writes its
-#: own ("You are a helpful AI assistant named SmolLM..."), after which this small model answers
-#: "What is the capital of France?" off the mark.
-HELPFUL = "You are a helpful assistant."
-CHILDREN = Path(__file__).with_name("children")
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def load_script(name: str) -> ModuleType:
-    """``scripts/<name>.py`` as a module (the scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")
@@ -61,32 +41,27 @@ def lora_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthetic.write_lora_for_smollm2(tmp_path_factory.mktemp("adapters") / "lora.gguf")
 
 
+@pytest.fixture(scope="session")
+def engine(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
+    """The engine the chat and tool tests share. Two modules define their own, for options this
+    one lacks: ``test_engine`` (no prefix cache and a small ``n_batch``: outputs equal
+    ``generate``'s) and ``test_server`` (the options of the server it compares with)."""
+    with llamactx.Engine(model, n_ctx=4096, n_seq_max=4) as shared:
+        yield shared
+
+
+@pytest.fixture(scope="session")
+def native(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
+    """An engine whose chat template formats tool calls itself (``TOOL_TEMPLATE``): tools go
+    through llama.cpp's own format."""
+    with llamactx.Engine(model, n_ctx=4096, n_seq_max=2, chat_template=TOOL_TEMPLATE) as engine:
+        yield engine
+
+
 @pytest.fixture
 def ctx(model: llamactx.LlamaModel) -> Iterator[llamactx.LlamaContext]:
     with model.new_context(n_ctx=512, n_batch=512) as context:
         yield context
-
-
-def decode_prompt(ctx: llamactx.LlamaContext, tokens: list[int], seq_id: int = 0) -> None:
-    """Decodes ``tokens`` into ``seq_id`` from position 0, with logits for the last one."""
-    batch = llamactx.LlamaBatch(len(tokens))
-    batch.add_sequence(tokens, seq_id, False)
-    ctx.decode(batch)
-
-
-def run_child(
-    model_path: Path, program: str, case: str, *, stdin: str | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    """Runs ``case`` of ``tests/children/PROGRAM.py`` on the model in a fresh interpreter, so a
-    crash fails one test instead of killing pytest (see ``children/harness.py``)."""
-    return subprocess.run(
-        [sys.executable, str(CHILDREN / f"{program}.py"), str(model_path), case],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 @pytest.fixture

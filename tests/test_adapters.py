@@ -6,9 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.decoding import decode_prompt
+from support.prompts import PARIS_PROMPT
 
 import llamactx
-from conftest import PARIS_PROMPT, decode_prompt
 
 
 def last_logits(ctx: llamactx.LlamaContext, model: llamactx.LlamaModel) -> np.ndarray:

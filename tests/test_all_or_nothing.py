@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.decoding import decode_prompt
 
 import llamactx
-from conftest import decode_prompt
 
 CHILD = Path(__file__).parent / "children" / "abort_in_ubatch.py"
 

@@ -7,8 +7,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-from conftest import load_script
+from support.processes import load_script
 
 FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -mno-avx512f"
 

@@ -5,7 +5,6 @@ control tokens of a benign message, and its text comes back whole."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +46,6 @@ def controls(model: llamactx.LlamaModel) -> set[int]:
 
 def control_count(tokens: list[int], controls: set[int]) -> int:
     return sum(token in controls for token in tokens)
-
-
-@pytest.fixture(scope="module")
-def engine(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
-    with llamactx.Engine(model, n_ctx=2048, n_seq_max=2) as engine:
-        yield engine
 
 
 @pytest.mark.parametrize("place", range(4), ids=["user", "system", "assistant", "tool_call_and_result"])

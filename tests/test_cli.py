@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.prompts import HELPFUL, PARIS_PROMPT
 
 import llamactx
-from conftest import HELPFUL, PARIS_PROMPT
 
 QUESTION = "What is the capital of France?"
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.decoding import decode_prompt
+from support.prompts import PARIS_PROMPT
 
 import llamactx
-from conftest import PARIS_PROMPT, decode_prompt
 
 
 def test_encode_on_an_encoder_model_gives_mean_pooled_embeddings(tiny_bert_path: Path) -> None:

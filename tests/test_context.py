@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.decoding import decode_prompt
+from support.prompts import PARIS_PROMPT
 
 import llamactx
-from conftest import PARIS_PROMPT, decode_prompt
 
 
 def test_greedy_next_token_after_the_capital_of_france_is_paris(

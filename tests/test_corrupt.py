@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 import synthetic
+from support.decoding import decode_prompt
+from support.processes import run_child
+from support.prompts import PARIS_PROMPT
 
 import llamactx
-from conftest import PARIS_PROMPT, decode_prompt, run_child
 
 SEED = 20261129
 

@@ -16,9 +16,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support.processes import load_script
 
 import llamactx
-from conftest import load_script
 from llamactx import _cpu
 
 V2 = _cpu.BASELINE.needs

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.processes import run_child
 
 import llamactx
-from conftest import run_child
 
 N_SEQ = 8
 N_CTX = N_SEQ * 256

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from support.prompts import PARIS_PROMPT
 
 import llamactx
-from conftest import PARIS_PROMPT
 from llamactx import _llamactx
 
 # Every class the native module registers (its one list is in src/errors.rs).

@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.decoding import decode_prompt
+from support.prompts import HELPFUL, PARIS_PROMPT
 
 import llamactx
-from conftest import HELPFUL, PARIS_PROMPT, decode_prompt
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from conftest import CHILDREN
+from support.processes import CHILDREN
 
 EXAMPLES = int(os.environ.get("LLAMACTX_FUZZ_EXAMPLES", "2000"))
 CHILD = CHILDREN / "fuzz.py"

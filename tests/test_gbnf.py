@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from support.decoding import decode_prompt
 
 import llamactx
-from conftest import decode_prompt
 from llamactx import LlamaModel, LlamaSampler
 
 JSON = r"""

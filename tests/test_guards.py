@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from conftest import run_child
+from support.processes import run_child
 
 RAISES = {
     "token_past_the_vocabulary_in_a_decode": "ValueError",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.prompts import HELPFUL, PARIS_PROMPT
 
 import llamactx
-from conftest import HELPFUL, PARIS_PROMPT
 
 MULTIBYTE = "日本語 🙂 café"
 

@@ -6,9 +6,10 @@ import time
 
 import numpy as np
 import pytest
+from support.decoding import decode_prompt
+from support.prompts import PARIS_PROMPT
 
 import llamactx
-from conftest import PARIS_PROMPT, decode_prompt
 
 
 def long_batch(model: llamactx.LlamaModel, n: int = 500) -> llamactx.LlamaBatch:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import CHILDREN
+from support.processes import CHILDREN
 
 
 def test_import_does_not_load_numpy() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import run_child
+from support.processes import run_child
 
 
 def test_sigint_interrupts_a_2048_token_decode_within_250_ms(model_path: Path) -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from conftest import run_child
+from support.processes import run_child
 
 
 @pytest.mark.timeout(700)

@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 
 import pytest
+from support.processes import run_child
 
 import llamactx
-from conftest import run_child
 
 
 def test_model_load_logs_to_the_llamactx_logger(model_path: Path, caplog: pytest.LogCaptureFixture) -> None:

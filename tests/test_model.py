@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.prompts import PARIS_PROMPT
 
 import llamactx
-from conftest import PARIS_PROMPT
 
 
 def test_tokenization_round_trip(model: llamactx.LlamaModel) -> None:

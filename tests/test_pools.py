@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import run_child
+from support.processes import run_child
 
 
 def test_contexts_share_one_persistent_pool_per_thread_count(model_path: Path) -> None:

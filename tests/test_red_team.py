@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic
+from support.processes import run_child
 
 import llamactx
-from conftest import run_child
 
 RAISES = {
     # 1. Sampling that cannot select a token

@@ -19,9 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rpc_serving import free_port, rpc_server, rpc_servers
+from support.decoding import decode_prompt
+from support.processes import CHILDREN
+from support.prompts import PARIS_PROMPT
 
 import llamactx
-from conftest import CHILDREN, PARIS_PROMPT, decode_prompt
 
 PROMPTS = [PARIS_PROMPT, "One, two, three, four,", "The opposite of hot is", "Water boils at"]
 

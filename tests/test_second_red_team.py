@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from conftest import run_child
+from support.processes import run_child
 
 RAISES = {
     # 1. Recursion in constraint compilers

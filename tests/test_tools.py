@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,12 +14,6 @@ import llamactx
 from llamactx._tools import MAX_CALLS, plan, reply_message
 
 ASK = ASK_WEATHER
-
-
-@pytest.fixture(scope="module")
-def engine(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
-    with llamactx.Engine(model, n_ctx=4096, n_seq_max=4) as engine:
-        yield engine
 
 
 def test_the_plan_puts_the_tools_in_the_system_turn_and_results_in_user_turns() -> None:
@@ -164,17 +157,6 @@ def test_tools_refuse_another_constraint(engine: llamactx.Engine) -> None:
         engine.submit_chat(ASK, tools=[WEATHER], json_schema={"type": "object"})
     with pytest.raises(llamactx.SchemaError):
         engine.submit_chat(ASK, tools=[{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}])
-
-
-TEMPLATE = (Path(__file__).parent / "templates" / "chatml_tools.jinja").read_text()
-
-
-@pytest.fixture(scope="module")
-def native(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
-    """An engine whose chat template formats tool calls itself (a ChatML template written for
-    these tests, in the `<tool_call>` style): tools go through llama.cpp's own format."""
-    with llamactx.Engine(model, n_ctx=4096, n_seq_max=2, chat_template=TEMPLATE) as engine:
-        yield engine
 
 
 def test_a_tool_template_renders_the_tools_and_its_lazy_grammar_waits_for_a_call(

@@ -297,7 +297,7 @@ class Engine:
             stop=[*stops, *chat.stops],
             sampling=sampling,
             logprobs=logprobs,
-            json_schema=json_schema if chat.json_schema is None else chat.json_schema,
+            json_schema=json_schema,
             grammar=grammar if chat.sampler is None else chat.sampler,
         )
         request._reply = chat.reply

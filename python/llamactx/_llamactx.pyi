@@ -1032,8 +1032,8 @@ def serve_rpc(
 
 @final
 class _ChatTemplates:
-    """A model's chat templates, parsed once (internal: used by `Engine.submit_chat` and the
-    server for models whose template formats tool calls itself).
+    """A model's chat templates, parsed once (internal: the renderer of every chat, see
+    `llamactx._render`).
     """
 
     def __new__(cls, model: LlamaModel, template: str | None = None) -> _ChatTemplates: ...

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from llamactx._constraints import constraint_stage
 from llamactx._llamactx import ChatTemplateError, LlamaModel, LlamaSampler, _ChatApplied, _ChatTemplates
 from llamactx._tools import Tool, ToolChoice, checked_messages, offered_functions, plan, reply_call, reply_message
 
@@ -31,9 +32,9 @@ _SLOTS = re.compile("\ue000([0-9]+)\ue001")
 @dataclass(frozen=True)
 class PreparedChat:
     """A chat ready to submit (``Engine.prepare_chat``): the prompt's tokens, the reply's
-    constraint (a JSON Schema, or the template's own tool-call grammar as a sampler), extra stop
-    strings the template's format needs, and the parser from the generated text to OpenAI's
-    assistant message."""
+    constraint as a compiled sampler stage (the template's own tool-call grammar, or the JSON
+    reply protocol's schema, which ``json_schema`` then holds), extra stop strings the template's
+    format needs, and the parser from the generated text to OpenAI's assistant message."""
 
     tokens: list[int]
     json_schema: dict[str, Any] | None
@@ -43,8 +44,8 @@ class PreparedChat:
 
     @property
     def with_tools(self) -> bool:
-        """Whether the reply is constrained to the tools' calls (by a schema or a grammar)."""
-        return self.json_schema is not None or self.sampler is not None
+        """Whether the reply is constrained to the tools' calls."""
+        return self.sampler is not None
 
 
 class ChatRenderer:
@@ -77,7 +78,9 @@ class ChatRenderer:
             tokens = templates.apply(json.dumps(turns), "[]", "none", False).tokens()
         else:
             tokens = template_tokens(self.model, planned.messages, add_bos=self.model.add_bos_token())
-        return PreparedChat(tokens, planned.schema, None, [], partial(reply_message, schema=planned.schema))
+        # Compiled once here: each submit of the chat (each choice) starts from a copy.
+        stage = constraint_stage(self.model, planned.schema, None)
+        return PreparedChat(tokens, planned.schema, stage, [], partial(reply_message, schema=planned.schema))
 
     def _parsed(self) -> _ChatTemplates | None:
         """The Jinja templates; None when the model's own does not parse (the built-in matcher

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::state_layout::{self, Memory};
-use super::{seq_state_cells, OpenContext, PyLlamaContext};
+use super::{OpenContext, PyLlamaContext};
 use crate::backend::explained;
 use crate::batch::MAX_POSITION;
 use crate::errors::{Error, ExcClass, Result};
@@ -308,13 +308,12 @@ impl OpenContext {
         // With `PARTIAL_ONLY`, a KV cache without a sliding window writes nothing.
         let has_kv_part = flags & SEQ_FLAGS_ALLOWED == 0 || self.model().n_swa() > 0;
         match self.memory_kind() {
-            Memory::Recurrent => seq_state_cells::check_recurrent_cells(src, MEMORY_AT)?,
-            Memory::Hybrid if !has_kv_part => seq_state_cells::check_recurrent_cells(src, MEMORY_AT)?,
+            Memory::Recurrent => state_layout::check_recurrent_cells(src, MEMORY_AT)?,
+            Memory::Hybrid if !has_kv_part => state_layout::check_recurrent_cells(src, MEMORY_AT)?,
             kind => {
-                seq_state_cells::check_positions(src, n_layer)?;
                 let memory = src.get(MEMORY_AT..).unwrap_or_default();
                 if let (Memory::Hybrid, Some(end)) = (kind, state_layout::kv_part_end(memory, n_layer)?) {
-                    seq_state_cells::check_recurrent_cells(memory, end)?;
+                    state_layout::check_recurrent_cells(memory, end)?;
                 }
             }
         }

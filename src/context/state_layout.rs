@@ -1,11 +1,20 @@
 //! The memory part of states (KV streams, recurrent cells), walked before llama.cpp restores
-//! them [llama.cpp internal].
+//! them [llama.cpp internal]. One walk serves whole states and sequence states, whose memory
+//! part has the same layout after their `io_magic` and sequence id.
 //!
-//! llama.cpp restores a cell that belongs to no sequence as it finds it. In a KV cache the cell
-//! is then masked from every sequence but holds its slot until the cache is cleared; in
-//! recurrent memory a new sequence that takes it starts from its state instead of from zeros.
-//! llama.cpp never writes such a cell, so whole states holding one are refused. A hybrid
-//! model's states put the recurrent part after the KV part; this walk finds where it starts.
+//! What it refuses:
+//! - A cell that belongs to no sequence (whole states). llama.cpp restores it as it finds it.
+//!   In a KV cache the cell is then masked from every sequence but holds its slot until the
+//!   cache is cleared; in recurrent memory a new sequence that takes it starts from its state
+//!   instead of from zeros. llama.cpp never writes such a cell.
+//! - A KV cell at a position outside `0..=MAX_POSITION`. llama.cpp takes positions as they are,
+//!   and a cell at 2**31 - 1 can then never be removed by any range (`seq_rm` covers positions
+//!   below its end, and the largest end is 2**31 - 1), not even by the rollback of a failed
+//!   restore.
+//! - A recurrent sequence state of more than one cell (`check_recurrent_cells`).
+//!
+//! A hybrid model's states put the recurrent part after the KV part; the walk finds where it
+//! starts.
 //!
 //! Layouts. Recurrent memory: a cell count, then each cell's position, sequence count and
 //! sequence ids, then its data. A KV cache: a stream count, then per stream a cell count and,
@@ -13,9 +22,10 @@
 //! ids, then the stream's data: `v_trans`, the layer count, two rotation sizes, each layer's K
 //! rows (type, row size, rows) and the V rows of the layers that have them (type, row size,
 //! rows; or, transposed, type, element size, width, elements). A layout this walk does not
-//! recognise passes to llama.cpp, which checks what it can.
+//! recognise passes to llama.cpp, which checks what it can (and the restore checks positions
+//! afterwards).
 
-use super::seq_state_cells::{data_starts_at, word};
+use crate::batch::MAX_POSITION;
 use crate::errors::{Error, Result};
 
 /// A cell's position and sequence count, before its extension and sequence ids.
@@ -37,7 +47,8 @@ pub enum Memory {
 }
 
 /// `StateError` for a whole state's memory (what follows the architecture name) holding a cell
-/// that belongs to no sequence. `n_layer` is the model's, to recognise the data sections.
+/// that belongs to no sequence or a KV cell at a position out of range. `n_layer` is the
+/// model's, to recognise the data sections.
 pub fn check_owners(memory: &[u8], kind: Memory, n_layer: u32) -> Result<()> {
     let recurrent_at = match kind {
         Memory::Recurrent => Some(0),
@@ -46,11 +57,25 @@ pub fn check_owners(memory: &[u8], kind: Memory, n_layer: u32) -> Result<()> {
     };
     let recurrent_owned = recurrent_at
         .and_then(|at| cells_end(memory, at + 4, word(memory, at), 0))
-        .is_none_or(|(_, owned)| owned);
+        .is_none_or(|run| run.owned);
     if recurrent_owned {
         Ok(())
     } else {
         Err(ownerless())
+    }
+}
+
+/// `StateError` for a recurrent part, at `at` of `state`, holding more than one cell. A
+/// recurrent sequence is one cell (its state), and a sequence state llama.cpp writes holds 0 or
+/// 1; it restores any other count into that one cell and then asserts that each position got a
+/// cell of its own (`llama-memory-recurrent.cpp:1051`). The part starts with the cell count.
+pub fn check_recurrent_cells(state: &[u8], at: usize) -> Result<()> {
+    match word(state, at) {
+        Some(cells) if cells > 1 => Err(Error::state(
+            "Cells",
+            format!("the sequence state holds {cells} cells; a recurrent model's sequence is one"),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -61,8 +86,15 @@ fn ownerless() -> Error {
     )
 }
 
+fn out_of_range(position: i32) -> Error {
+    Error::state(
+        "Positions",
+        format!("the state puts a cell at position {position}, outside 0..={MAX_POSITION}"),
+    )
+}
+
 /// Where the KV part of `memory` ends (`None` for a layout the walk does not recognise);
-/// `StateError` for a cell that belongs to no sequence.
+/// `StateError` for a cell that belongs to no sequence or sits at a position out of range.
 pub fn kv_part_end(memory: &[u8], n_layer: u32) -> Result<Option<usize>> {
     let Some(n_stream) = word(memory, 0) else {
         return Ok(None);
@@ -75,18 +107,21 @@ pub fn kv_part_end(memory: &[u8], n_layer: u32) -> Result<Option<usize>> {
             at += 4;
             continue;
         }
-        let Some((data_at, owned)) = [0, EXTENSION_BYTES]
+        let Some(run) = [0, EXTENSION_BYTES]
             .into_iter()
             .filter_map(|extension| cells_end(memory, at + 4, cells, extension))
-            .find(|&(end, _)| data_starts_at(memory, end, n_layer))
+            .find(|run| data_starts_at(memory, run.end, n_layer))
         else {
             return Ok(None);
         };
-        if !owned {
+        if let Some(position) = run.out_of_range {
+            return Err(out_of_range(position));
+        }
+        if !run.owned {
             return Err(ownerless());
         }
         let last = stream + 1 == n_stream;
-        let Some(next) = data_end(memory, data_at, cells, n_layer, last) else {
+        let Some(next) = data_end(memory, run.end, cells, n_layer, last) else {
             return Ok(None);
         };
         at = next;
@@ -94,11 +129,25 @@ pub fn kv_part_end(memory: &[u8], n_layer: u32) -> Result<Option<usize>> {
     Ok(Some(at))
 }
 
-/// Where `cells` cells starting at `at` end, and whether each names a sequence; `None` past
-/// the end of the state.
-fn cells_end(state: &[u8], mut at: usize, cells: Option<u32>, extension: usize) -> Option<(usize, bool)> {
+/// A run of cells as the walk read it.
+struct CellRun {
+    /// Where it ends.
+    end: usize,
+    /// Whether every cell names a sequence.
+    owned: bool,
+    /// The first position outside `0..=MAX_POSITION`, if any.
+    out_of_range: Option<i32>,
+}
+
+/// The run of `cells` cells starting at `at`; `None` past the end of the state.
+fn cells_end(state: &[u8], mut at: usize, cells: Option<u32>, extension: usize) -> Option<CellRun> {
     let mut owned = true;
+    let mut out_of_range = None;
     for _ in 0..cells? {
+        let position = word(state, at)?.cast_signed();
+        if !(0..=MAX_POSITION).contains(&position) {
+            out_of_range = out_of_range.or(Some(position));
+        }
         let n_seq_id = usize::try_from(word(state, at + 4)?).ok()?;
         owned &= n_seq_id > 0;
         at = at
@@ -108,7 +157,21 @@ fn cells_end(state: &[u8], mut at: usize, cells: Option<u32>, extension: usize) 
             return None;
         }
     }
-    Some((at, owned))
+    Some(CellRun {
+        end: at,
+        owned,
+        out_of_range,
+    })
+}
+
+fn word(state: &[u8], at: usize) -> Option<u32> {
+    let bytes = state.get(at..at.checked_add(4)?)?;
+    Some(u32::from_le_bytes(bytes.try_into().ok()?))
+}
+
+/// Whether a stream's data plausibly starts at `at`: `v_trans` then at most `n_layer` layers.
+fn data_starts_at(state: &[u8], at: usize, n_layer: u32) -> bool {
+    matches!((word(state, at), word(state, at + 4)), (Some(0 | 1), Some(layers)) if layers <= n_layer)
 }
 
 /// Where a stream's data starting at `at` ends: tried with V rows in every layer and in none
@@ -126,7 +189,7 @@ fn data_end(state: &[u8], at: usize, cells: Option<u32>, n_layer: u32, last: boo
         let next_has_data = [0, EXTENSION_BYTES]
             .into_iter()
             .filter_map(|extension| cells_end(state, end + 4, next_cells, extension))
-            .any(|(data_at, _)| data_starts_at(state, data_at, n_layer));
+            .any(|run| data_starts_at(state, run.end, n_layer));
         (last || next_is_empty || next_has_data).then_some(end)
     })
 }
@@ -212,6 +275,38 @@ mod tests {
         assert_eq!(kv_part_end(&hybrid(1), LAYERS).unwrap(), Some(kv.len()));
         assert!(check_owners(&hybrid(1), Memory::Hybrid, LAYERS).is_ok());
         assert!(check_owners(&hybrid(0)[..kv.len() + 12], Memory::Hybrid, LAYERS).is_err());
+    }
+
+    #[test]
+    fn finds_positions_out_of_range_with_and_without_the_extension() {
+        // Extension words that do not also read as cells without one (the walk tries both).
+        let with_extension = |positions: &[i32]| -> Vec<u8> {
+            let mut words = vec![1, u32::try_from(positions.len()).unwrap()];
+            for &position in positions {
+                words.extend([position.cast_unsigned(), 1, 9, 9, 100_000, 0]);
+            }
+            words.extend([0, LAYERS, 0, 0]);
+            words.iter().flat_map(|word| word.to_le_bytes()).collect()
+        };
+        for positions in [[0, 1], [0, MAX_POSITION]] {
+            let cells: Vec<(i32, &[u32])> = positions.iter().map(|&position| (position, &[0u32][..])).collect();
+            assert!(kv_part_end(&state(&[stream(&cells)]), LAYERS).is_ok());
+            assert!(kv_part_end(&with_extension(&positions), LAYERS).is_ok());
+        }
+        for position in [i32::MAX, -1] {
+            let cells: Vec<(i32, &[u32])> = vec![(0, &[0]), (position, &[0])];
+            assert!(kv_part_end(&state(&[stream(&cells)]), LAYERS).is_err());
+            assert!(kv_part_end(&with_extension(&[0, position]), LAYERS).is_err());
+            assert!(check_owners(&state(&[stream(&cells)]), Memory::Kv, LAYERS).is_err());
+        }
+    }
+
+    #[test]
+    fn a_recurrent_sequence_state_is_one_cell() {
+        let cells = |count: u32| count.to_le_bytes().to_vec();
+        assert!(check_recurrent_cells(&cells(0), 0).is_ok());
+        assert!(check_recurrent_cells(&cells(1), 0).is_ok());
+        assert!(check_recurrent_cells(&cells(2), 0).is_err());
     }
 
     #[test]

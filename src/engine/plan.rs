@@ -25,6 +25,18 @@ pub fn admissions(
     admitted
 }
 
+/// The waiting requests this step takes out of the queue, from each one's KV cells and whether
+/// it was cancelled: the indices of the cancelled ones (wherever they wait, so that they hold
+/// no place in line), and how many of the others, from the front, start now (`admissions`).
+pub fn queue_exits(waiting: &[(usize, bool)], free_seqs: usize, reserved: usize, n_ctx: usize) -> (Vec<usize>, usize) {
+    let cancelled = (0..waiting.len()).filter(|&index| waiting[index].1).collect();
+    let kept = waiting
+        .iter()
+        .filter(|(_, cancelled)| !cancelled)
+        .map(|&(cells, _)| cells);
+    (cancelled, admissions(kept, free_seqs, reserved, n_ctx))
+}
+
 /// The prompt chunks of one decode, as `(request, tokens)`, from `reading`: the requests whose
 /// prompts are being read, oldest first, with the prompt tokens each has left. Each reads its
 /// next `n_batch` tokens (as `prefill` reads a prompt) while they fit in `room`; the first that
@@ -75,6 +87,26 @@ mod tests {
         // Exactly full fits; no overflow near usize::MAX.
         assert_eq!(admissions([70], 8, 30, 100), 1);
         assert_eq!(admissions([usize::MAX, 1], 8, 1, 100), 0);
+    }
+
+    #[test]
+    fn cancelled_requests_leave_the_queue_wherever_they_wait_and_block_nobody() {
+        // A cancelled request at the front that would not fit: the next ones start.
+        assert_eq!(
+            queue_exits(&[(500, true), (20, false), (30, false)], 8, 0, 100),
+            (vec![0], 2)
+        );
+        // Cancelled ones behind a request that waits still leave.
+        assert_eq!(
+            queue_exits(&[(200, false), (10, true), (10, false)], 8, 0, 100),
+            (vec![1], 0)
+        );
+        // A cancelled request takes no free sequence.
+        assert_eq!(
+            queue_exits(&[(1, true), (1, false), (1, false)], 1, 0, 100),
+            (vec![0], 1)
+        );
+        assert_eq!(queue_exits(&[], 8, 0, 100), (vec![], 0));
     }
 
     #[test]

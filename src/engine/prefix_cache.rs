@@ -27,7 +27,6 @@ pub struct PrefixCache {
     enabled: bool,
     /// The tokens each free slot holds in the KV cache, by sequence id.
     slots: Vec<Vec<LlamaToken>>,
-    pub hits: u64,
 }
 
 fn shared_start(held: &[LlamaToken], prompt: &[LlamaToken]) -> usize {
@@ -40,7 +39,6 @@ impl PrefixCache {
         Self {
             enabled,
             slots: vec![Vec::new(); n_seq],
-            hits: 0,
         }
     }
 
@@ -85,14 +83,6 @@ impl PrefixCache {
                 copy_from: None,
             }),
         }
-    }
-
-    /// Records that slot `seq` was taken by a request that found `reused` prompt tokens there.
-    pub fn taken(&mut self, seq: i32, reused: usize) {
-        if reused > 0 {
-            self.hits += 1;
-        }
-        self.forget(seq);
     }
 
     /// Keeps the tokens a finished sequence leaves in its slot (when reuse is on).

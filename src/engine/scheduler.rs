@@ -10,7 +10,6 @@
 //! `prefix_cache.rs` (which sequence a prompt starts in, and what it reuses), from each request's
 //! `Phase`; this file acts on those decisions: it decodes, samples, emits and ends requests.
 
-use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,7 +21,7 @@ use super::logprobs::top_logprobs;
 use super::plan;
 use super::prefix_cache::{Placement, PrefixCache};
 use super::request::{PyCompletion, RequestShared, TokenLogprobs};
-use super::{EngineShared, Inbox};
+use super::{Counters, EngineShared, Inbox};
 use crate::batch::BatchState;
 use crate::context::OpenContext;
 use crate::errors::{Error, Result};
@@ -168,8 +167,8 @@ pub struct Scheduler {
     n_batch: usize,
     n_ctx: usize,
     n_ctx_seq: usize,
-    tokens_generated: u64,
-    prompt_tokens_computed: u64,
+    /// Every counter `stats()` reports, counted here only.
+    counters: Counters,
 }
 
 impl Scheduler {
@@ -194,8 +193,7 @@ impl Scheduler {
             n_batch,
             n_ctx,
             n_ctx_seq,
-            tokens_generated: 0,
-            prompt_tokens_computed: 0,
+            counters: Counters::default(),
         }
     }
 
@@ -265,15 +263,19 @@ impl Scheduler {
     /// Moves the cancelled waiting requests to `cancelled`, then those at the front that fit
     /// (a free slot, and the KV cells they may need) to `admitted`: first come first served.
     fn take_jobs(&self, inbox: &mut Inbox, admitted: &mut Vec<Job>, cancelled: &mut Vec<Job>) {
-        let (gone, kept): (VecDeque<Job>, VecDeque<Job>) =
-            inbox.waiting.drain(..).partition(|job| job.request.cancelled());
-        inbox.waiting = kept;
-        cancelled.extend(gone);
         let cells = |job: &Job| job.cells(self.n_ctx_seq);
+        let waiting: Vec<(usize, bool)> = inbox
+            .waiting
+            .iter()
+            .map(|job| (cells(job), job.request.cancelled()))
+            .collect();
         let reserved: usize = self.running.iter().map(|running| cells(&running.job)).sum::<usize>()
             + admitted.iter().map(cells).sum::<usize>();
         let free = self.free_seqs.len().saturating_sub(admitted.len());
-        let starting = plan::admissions(inbox.waiting.iter().map(cells), free, reserved, self.n_ctx);
+        let (gone, starting) = plan::queue_exits(&waiting, free, reserved, self.n_ctx);
+        for index in gone.into_iter().rev() {
+            cancelled.extend(inbox.waiting.remove(index));
+        }
         admitted.extend(inbox.waiting.drain(..starting));
     }
 
@@ -295,7 +297,10 @@ impl Scheduler {
             // Reading the whole prompt is always possible; the slot was emptied for it.
             Err(_) => 0,
         };
-        self.cache.taken(placement.seq, reused);
+        self.cache.forget(placement.seq);
+        if reused > 0 {
+            self.counters.prefix_cache_hits += 1;
+        }
         let n_vocab = self.native.model().n_vocab();
         let sampling = job.sampling.build(n_vocab);
         let (sampler, greedy) = match job.grammar.take() {
@@ -416,7 +421,7 @@ impl Scheduler {
             self.fail(rows.iter().map(|&(index, _)| index), err);
             return;
         }
-        self.tokens_generated += rows.len() as u64;
+        self.counters.tokens_generated += rows.len() as u64;
         self.prepare_constraints(&rows);
         for (index, row) in rows {
             let running = &mut self.running[index];
@@ -477,14 +482,14 @@ impl Scheduler {
         }
         self.native.decode(&mut self.batch)?;
         for &(index, chunk) in chunks {
-            self.prompt_tokens_computed += chunk as u64;
+            self.counters.prompt_tokens_computed += chunk as u64;
             let running = &mut self.running[index];
             let read = &running.job.prompt[running.kv_len()..running.kv_len() + chunk];
             running.kv_tokens.extend_from_slice(read);
         }
         self.prepare_constraints(&rows);
         for (index, row) in rows {
-            self.tokens_generated += 1;
+            self.counters.tokens_generated += 1;
             Self::sample_or_fail(&self.native, &mut self.running[index], row);
         }
         Ok(())
@@ -589,7 +594,7 @@ impl Scheduler {
             self.free_seqs.push(running.seq);
             ended.push(running);
         }
-        self.count(step_started);
+        self.publish_counters(step_started);
         for mut running in ended {
             match std::mem::replace(&mut running.phase, Phase::Reading) {
                 Phase::Ended(End::Finished(finish)) => running.job.request.complete(running.completion(finish.name())),
@@ -601,15 +606,12 @@ impl Scheduler {
         }
     }
 
-    fn count(&self, step_started: Instant) {
-        let mut counters = self.shared.counters();
-        counters.running = self.running.len();
-        counters.kv_cells_used = self.running.iter().map(|running| running.kv_len()).sum();
-        counters.tokens_generated = self.tokens_generated;
-        counters.kv_cells_cached = self.cache.cells();
-        counters.prefix_cache_hits = self.cache.hits;
-        counters.prompt_tokens_computed = self.prompt_tokens_computed;
-        counters.busy_seconds += step_started.elapsed().as_secs_f64();
+    fn publish_counters(&mut self, step_started: Instant) {
+        self.counters.running = self.running.len();
+        self.counters.kv_cells_used = self.running.iter().map(|running| running.kv_len()).sum();
+        self.counters.kv_cells_cached = self.cache.cells();
+        self.counters.busy_seconds += step_started.elapsed().as_secs_f64();
+        *self.shared.counters() = self.counters;
     }
 }
 

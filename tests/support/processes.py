@@ -1,0 +1,38 @@
+"""Programs the tests run in child processes (``tests/children/``) or load (``scripts/``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+CHILDREN = Path(__file__).resolve().parents[1] / "children"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def run_child(
+    model_path: Path, program: str, case: str, *, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``case`` of ``tests/children/PROGRAM.py`` on the model in a fresh interpreter, so a
+    crash fails one test instead of killing pytest (see ``children/harness.py``)."""
+    return subprocess.run(
+        [sys.executable, str(CHILDREN / f"{program}.py"), str(model_path), case],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,14 @@
+"""Prompts whose answers on the real model (SmolLM2-135M-Instruct) the tests know, and a chat
+template."""
+
+from pathlib import Path
+
+#: Greedy continues it with " Paris".
+PARIS_PROMPT = "The capital of France is"
+#: A system turn for chats that expect a right answer: without one, SmolLM2's template writes its
+#: own ("You are a helpful AI assistant named SmolLM..."), after which this small model answers
+#: "What is the capital of France?" off the mark.
+HELPFUL = "You are a helpful assistant."
+#: A ChatML chat template written for the tests, with a tool-call format of its own (the
+#: ``<tool_call>`` style), so that tools go through llama.cpp's format analysis.
+TOOL_TEMPLATE = (Path(__file__).resolve().parents[1] / "templates" / "chatml_tools.jinja").read_text()
