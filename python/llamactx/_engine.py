@@ -22,7 +22,7 @@ from llamactx._llamactx import (
     _Waker,
 )
 from llamactx._render import ChatRenderer, Message, PreparedChat
-from llamactx._tools import Tool, ToolChoice, reply_message
+from llamactx._tools import ChatInputError, Tool, ToolChoice, reply_message
 
 __all__ = ["Delta", "Engine", "Request"]
 
@@ -289,7 +289,9 @@ class Engine:
         parsing the reply with the chat's parser. Each call starts from a copy of the chat's
         constraint."""
         if chat.with_tools and (json_schema is not None or grammar is not None):
-            raise ValueError("tools constrain the reply themselves: give json_schema or grammar without tools")
+            raise ChatInputError(
+                "tools", "tools constrain the reply themselves: give json_schema or grammar without tools"
+            )
         stops = [stop] if isinstance(stop, str) else list(stop)
         request = self.submit(
             chat.tokens,

@@ -15,7 +15,16 @@ from typing import Any
 
 from llamactx._constraints import constraint_stage
 from llamactx._llamactx import ChatTemplateError, LlamaModel, LlamaSampler, _ChatApplied, _ChatTemplates
-from llamactx._tools import Tool, ToolChoice, checked_messages, offered_functions, plan, reply_call, reply_message
+from llamactx._tools import (
+    ChatInputError,
+    Tool,
+    ToolChoice,
+    checked_messages,
+    offered_functions,
+    plan,
+    reply_call,
+    reply_message,
+)
 
 __all__ = ["ChatRenderer", "Message", "PreparedChat", "template_tokens"]
 
@@ -121,7 +130,7 @@ def _openai_message(message: Message) -> dict[str, Any]:
         role, content = message
         return {"role": role, "content": content}
     if "content" not in message and not message.get("tool_calls"):
-        raise ValueError("chat message lacks 'content'")
+        raise ChatInputError("messages", "chat message lacks 'content'")
     out = dict(message)
     if out.get("role") == "developer":
         out["role"] = "system"
