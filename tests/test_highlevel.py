@@ -80,6 +80,18 @@ def test_embed_many_equals_one_by_one(embedder: llamactx.LlamaContext, model: ll
     np.testing.assert_allclose(together, one_by_one, atol=1e-4)
 
 
+def test_embed_takes_token_ids_as_they_are(embedder: llamactx.LlamaContext, model: llamactx.LlamaModel) -> None:
+    texts = ["The cat sat on the mat.", "Stocks fell."]
+    ids = [model.str_to_token(text, True) for text in texts]
+    np.testing.assert_allclose(llamactx.embed(embedder, ids), llamactx.embed(embedder, texts), atol=1e-5)
+    mixed = llamactx.embed(embedder, [texts[0], ids[1]])
+    np.testing.assert_allclose(mixed, llamactx.embed(embedder, texts), atol=1e-5)
+    with pytest.raises(ValueError, match=f"token id {model.n_vocab()} is outside the vocabulary"):
+        llamactx.embed(embedder, [[1, model.n_vocab()]])
+    with pytest.raises(ValueError, match="has no tokens"):
+        llamactx.embed(embedder, [[]])
+
+
 def test_embeddings_of_paraphrases_are_closer(embedder: llamactx.LlamaContext) -> None:
     a, b, c = llamactx.embed(embedder, ["The cat sat on the mat.", "A cat was sitting on the mat.", "Stocks fell."])
     assert a @ b > a @ c

@@ -86,6 +86,66 @@ def test_models_lists_and_retrieves_the_served_model(server: Server) -> None:
         api.models.retrieve("gpt-4o")
 
 
+def test_openais_routes_are_served_without_v1_too(server: Server, keyed_server: Server) -> None:
+    options: dict[str, Any] = {"model": MODEL_ID, "messages": QUESTION, "temperature": 0, "max_tokens": 8}
+    with_v1 = client(server).chat.completions.create(**options)
+    without = openai.OpenAI(base_url=server.url, api_key="unused")
+    _clients.append(without)
+    assert without.chat.completions.create(**options).choices[0].message.content == with_v1.choices[0].message.content
+    whole = client(server).completions.create(model=MODEL_ID, prompt=PROMPTS[0], temperature=0, max_tokens=4)
+    root = without.completions.create(model=MODEL_ID, prompt=PROMPTS[0], temperature=0, max_tokens=4)
+    assert root.choices[0].text == whole.choices[0].text
+    assert [card.id for card in without.models.list().data] == [MODEL_ID]
+    assert without.models.retrieve(MODEL_ID).id == MODEL_ID
+    keyed_root = openai.OpenAI(base_url=keyed_server.url, api_key=API_KEY)
+    _clients.append(keyed_root)
+    embedded = [
+        api.embeddings.create(model=MODEL_ID, input="hello", encoding_format="float").data[0].embedding
+        for api in (keyed_root, client(keyed_server, api_key=API_KEY))
+    ]
+    assert embedded[0] == embedded[1]
+    route = 'llamactx_requests_total{route="/chat/completions",status="200"}'
+    assert server.metrics()[route] == 1
+
+
+def test_any_model_name_or_none_is_the_served_model_unless_strict(engine: llamactx.Engine) -> None:
+    apps = {
+        strict: create_app(engine, model_id="local", model_aliases=["gpt-4o-mini", "local"], strict_model=strict)
+        for strict in (False, True)
+    }
+    request: dict[str, Any] = {"prompt": PROMPTS[0], "temperature": 0, "max_tokens": 2}
+
+    async def call(strict: bool) -> dict[str, Any]:
+        async with (
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=apps[strict]), base_url="http://test/v1") as http,
+            openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http) as api,
+        ):
+            seen: dict[str, Any] = {"listed": [card.id for card in (await api.models.list()).data]}
+            for name in ("local", "gpt-4o-mini", "gpt-4o"):
+                try:
+                    seen[name] = (await api.completions.create(model=name, **request)).model
+                except openai.NotFoundError as error:
+                    seen[name] = error.code
+            nameless = (await http.post("/completions", json=request)).json()
+            seen["nameless"] = nameless["model"] if "model" in nameless else nameless["error"]["param"]
+            return seen
+
+    served = {"listed": ["local", "gpt-4o-mini"], "local": "local", "gpt-4o-mini": "local"}
+    assert asyncio.run(call(False)) == {**served, "gpt-4o": "local", "nameless": "local"}
+    assert asyncio.run(call(True)) == {**served, "gpt-4o": "model_not_found", "nameless": "model"}
+
+
+def test_serve_takes_model_aliases_and_strict_model(model_path: Path) -> None:
+    options = ("--parallel", "1", "--ctx", "512", "--model-id", "local", "--model-alias", "a", "--model-alias", "b")
+    with running_server(model_path, *options, "--strict-model") as strict:
+        api = client(strict, max_retries=0)
+        assert [card.id for card in api.models.list().data] == ["local", "a", "b"]
+        assert api.completions.create(model="b", prompt="Hi", max_tokens=1).model == "local"
+        with pytest.raises(openai.NotFoundError) as refused:
+            api.completions.create(model="gpt-4o", prompt="Hi", max_tokens=1)
+        assert refused.value.code == "model_not_found"
+
+
 def test_chat_equals_the_engine_and_counts_usage(server: Server, engine: llamactx.Engine) -> None:
     reply = client(server).chat.completions.create(model=MODEL_ID, messages=QUESTION, temperature=0, max_tokens=32)
     expected = greedy_chat(engine, QUESTION)
@@ -106,7 +166,7 @@ def test_streamed_chat_equals_the_whole_reply_and_ends_with_usage(server: Server
     options: dict[str, Any] = {"model": MODEL_ID, "messages": QUESTION, "temperature": 0, "max_tokens": 32}
     whole = api.chat.completions.create(**options)
     chunks = list(api.chat.completions.create(**options, stream=True, stream_options={"include_usage": True}))
-    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].choices[0].delta.model_dump(exclude_unset=True) == {"role": "assistant"}  # no content: OpenAI's
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
     assert text == whole.choices[0].message.content
     assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == whole.choices[0].finish_reason
@@ -274,6 +334,17 @@ def test_embeddings_float_and_base64_equal_embed(keyed_server: Server, model: ll
     assert as_floats.usage.prompt_tokens == sum(len(model.str_to_token(text, True)) for text in texts)
     default_client = api.embeddings.create(model=MODEL_ID, input=texts[1])  # the client asks for base64
     np.testing.assert_allclose(default_client.data[0].embedding, expected[1], rtol=1e-5, atol=1e-6)
+    # Token ids, one input or several, as OpenAI's API takes them: the texts' own tokens.
+    ids = [model.str_to_token(text, True) for text in texts]
+    as_ids = api.embeddings.create(model=MODEL_ID, input=ids, encoding_format="float")
+    np.testing.assert_allclose([item.embedding for item in as_ids.data], expected, rtol=1e-5, atol=1e-6)
+    assert as_ids.usage.prompt_tokens == as_floats.usage.prompt_tokens
+    one = api.embeddings.create(model=MODEL_ID, input=ids[1], encoding_format="float")
+    np.testing.assert_allclose(one.data[0].embedding, expected[1], rtol=1e-5, atol=1e-6)
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.embeddings.create(model=MODEL_ID, input=[1, model.n_vocab()])
+    assert "outside the vocabulary" in refused.value.message
+    assert refused.value.param == "input"
 
 
 def test_the_api_key_is_required_except_for_health(keyed_server: Server) -> None:
@@ -328,6 +399,22 @@ def test_response_format_json_schema_returns_the_engines_valid_json(server: Serv
     person = json.loads(expected.text)
     assert set(person) == {"name", "age"}
     assert isinstance(person["age"], int)
+
+
+def test_a_nameless_json_schema_and_a_json_object_schema_constrain_as_json_schema_does(
+    server: Server, engine: llamactx.Engine
+) -> None:
+    expected = greedy_chat(engine, ASK_PERSON, max_tokens=64, json_schema=PERSON).text
+    formats: list[Any] = [
+        {"type": "json_schema", "json_schema": {"schema": PERSON}},
+        {"type": "json_object", "schema": PERSON},  # llama-server's extension
+    ]
+    for response_format in formats:
+        reply = client(server).chat.completions.create(
+            model=MODEL_ID, messages=ASK_PERSON, temperature=0, max_tokens=64, response_format=response_format
+        )
+        assert reply.choices[0].message.content == expected
+    jsonschema.validate(json.loads(expected), PERSON)
 
 
 def test_response_format_json_object_streams_a_json_object(server: Server) -> None:
@@ -412,6 +499,7 @@ def test_a_named_tool_choice_and_a_streamed_call(server: Server) -> None:
     assert calls
     assert {call.function.name for call in calls} == {"get_time"}
     chunks = list(api.chat.completions.create(**options, tools=[WEATHER], stream=True))
+    assert chunks[0].choices[0].delta.model_dump(exclude_unset=True) == {"role": "assistant"}
     streamed = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
     assert len(streamed) == 1
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
@@ -513,7 +601,22 @@ HOSTILE_BODIES: list[tuple[str, str | bytes, int, str | None]] = [
     ),
     ("top_logprobs without logprobs", chat_body(top_logprobs=2), 400, "top_logprobs"),
     ("top_logprobs too many", chat_body(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
-    ("unknown model", chat_body(model="gpt-4o"), 404, "model"),
+    ("any model name is the served model", chat_body(model="gpt-4o"), 200, None),
+    ("no model is the served model", json.dumps({"messages": QUESTION, "max_tokens": 4}), 200, None),
+    ("a message that is not an object", chat_body(messages=[123]), 400, "messages.0"),
+    ("a tool that is not an object", chat_body(tools=["get_weather"]), 400, "tools.0"),
+    (
+        "json_schema without a name",
+        chat_body(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "integer"}}}),
+        200,
+        None,
+    ),
+    (
+        "a schema with a type other than json_object",
+        chat_body(response_format={"type": "text", "schema": {"type": "integer"}}),
+        400,
+        "response_format.schema",
+    ),
     ("nested depth", '{"model": ' + "[" * 100_000 + "]" * 100_000 + "}", 400, None),
     ("NUL in content", chat_body(messages=[{"role": "user", "content": "a\u0000b"}]), 400, "messages"),
 ]
@@ -553,11 +656,14 @@ def test_hostile_completion_bodies_get_400(server: Server) -> None:
         assert response.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_a_prompt_longer_than_a_sequence_is_400(server: Server) -> None:
+def test_a_prompt_longer_than_a_sequence_is_400_with_its_numbers(server: Server, engine: llamactx.Engine) -> None:
     prompt = "word " * 600  # a sequence holds 4096 / 8 = 512 tokens
     with pytest.raises(openai.BadRequestError) as refused:
         client(server).completions.create(model=MODEL_ID, prompt=prompt, max_tokens=1)
     assert refused.value.code == "context_length_exceeded"
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["n_prompt_tokens"] == len(engine.tokens(prompt))
+    assert refused.value.body["n_ctx"] == 512
 
 
 def test_oversized_bodies_are_413_and_the_server_lives_on(server: Server) -> None:

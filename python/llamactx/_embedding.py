@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["embed", "embedding_context"]
+__all__ = ["embed", "embedding_context", "input_tokens"]
 
 
 def _pack(lengths: list[int], max_tokens: int, max_sequences: int) -> list[list[int]]:
@@ -28,8 +28,12 @@ def _pack(lengths: list[int], max_tokens: int, max_sequences: int) -> list[list[
     return groups
 
 
-def embed(ctx: LlamaContext, texts: Sequence[str], *, normalize: bool = True) -> npt.NDArray[np.float32]:
-    """Embeds ``texts``: a new float32 array of shape ``(len(texts), n_embd)``.
+def embed(
+    ctx: LlamaContext, texts: Sequence[str | Sequence[int]], *, normalize: bool = True
+) -> npt.NDArray[np.float32]:
+    """Embeds ``texts``: a new float32 array of shape ``(len(texts), n_embd)``. Each is a text
+    (tokenized with the model's BOS) or the token ids to embed as they are (``ValueError`` for an
+    id outside the vocabulary).
 
     ``ctx`` must be made with ``embeddings=True``. With a pooling type (MEAN, CLS, LAST) the
     model's pooled vector is used; without one (``LlamaPoolingType.NONE``) the token vectors
@@ -42,11 +46,11 @@ def embed(ctx: LlamaContext, texts: Sequence[str], *, normalize: bool = True) ->
 
     model = ctx.model
     pooled = ctx.pooling_type() not in (LlamaPoolingType.NONE, LlamaPoolingType.UNSPECIFIED)
-    token_lists = [model.str_to_token(text, True) for text in texts]
+    token_lists = [input_tokens(model, text) for text in texts]
     n_ubatch = ctx.n_ubatch()
     for text, tokens in zip(texts, token_lists, strict=True):
         if not tokens:
-            raise ValueError(f"text {text!r} has no tokens")
+            raise ValueError(f"input {text!r} has no tokens")
         if len(tokens) > n_ubatch:
             raise ValueError(f"a text has {len(tokens)} tokens, more than n_ubatch ({n_ubatch})")
     out = np.empty((len(texts), model.n_embd()), dtype=np.float32)
@@ -70,6 +74,18 @@ def embed(ctx: LlamaContext, texts: Sequence[str], *, normalize: bool = True) ->
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         out /= np.where(norms == 0, 1, norms)
     return out
+
+
+def input_tokens(model: LlamaModel, text: str | Sequence[int]) -> list[int]:
+    """The tokens ``embed`` decodes for one input: a text's with BOS, or the ids given."""
+    if isinstance(text, str):
+        return model.str_to_token(text, True)
+    tokens = [int(token) for token in text]
+    n_vocab = model.n_vocab()
+    outside = next((token for token in tokens if not 0 <= token < n_vocab), None)
+    if outside is not None:
+        raise ValueError(f"token id {outside} is outside the vocabulary (0..{n_vocab - 1})")
+    return tokens
 
 
 def embedding_context(model: LlamaModel, n_seq: int, n_ubatch: int, threads: int | None) -> LlamaContext:

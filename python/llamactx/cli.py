@@ -402,7 +402,20 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--embeddings", action="store_true", help="serve /v1/embeddings")
     serve.add_argument("--max-waiting", type=NON_NEGATIVE, default=1024, metavar="N", help="queue length before 503")
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of earlier prompts")
-    serve.add_argument("--model-id", help="the model name clients use (default: the file name without .gguf)")
+    serve.add_argument("--model-id", help="the model's name in responses (default: the file name without .gguf)")
+    serve.add_argument(
+        "--model-alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name /v1/models lists for the model (repeatable)",
+    )
+    serve.add_argument(
+        "--strict-model",
+        action="store_true",
+        help="refuse requests without model or naming another than the model id or an alias "
+        "(default: any name, or none, is the served model)",
+    )
     serve.add_argument(
         "--flash-attn",
         type=_flash_attn_type,

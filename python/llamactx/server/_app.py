@@ -6,7 +6,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +30,27 @@ logger = logging.getLogger("llamactx.server")
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 #: The one route open without the API key.
 HEALTH = "/health"
+#: Where OpenAI's routes are served: under ``/v1``, and at the root for clients whose base URL
+#: has no ``/v1`` (as llama-server serves them).
+OPENAI_PREFIXES = ("/v1", "")
 
 
 def _routes(serving: Serving) -> list[Route]:
+    openai_routes = [
+        ("/models", serving.list_models, "GET"),
+        ("/models/{model:path}", serving.get_model, "GET"),
+        ("/completions", serving.completions, "POST"),
+        ("/chat/completions", serving.chat, "POST"),
+        ("/embeddings", serving.embeddings_route, "POST"),
+    ]
     return [
         Route(HEALTH, serving.health, methods=["GET"]),
         Route("/metrics", serving.metrics_text, methods=["GET"]),
-        Route("/v1/models", serving.list_models, methods=["GET"]),
-        Route("/v1/models/{model:path}", serving.get_model, methods=["GET"]),
-        Route("/v1/completions", serving.completions, methods=["POST"]),
-        Route("/v1/chat/completions", serving.chat, methods=["POST"]),
-        Route("/v1/embeddings", serving.embeddings_route, methods=["POST"]),
+        *(
+            Route(prefix + path, handler, methods=[method])
+            for prefix in OPENAI_PREFIXES
+            for path, handler, method in openai_routes
+        ),
     ]
 
 
@@ -114,16 +124,20 @@ def create_app(
     engine: Engine,
     *,
     model_id: str | None = None,
+    model_aliases: Sequence[str] = (),
+    strict_model: bool = False,
     api_key: str | None = None,
     embeddings: LlamaContext | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> Starlette:
     """An ASGI application serving OpenAI's API with ``engine``: ``/v1/models``,
     ``/v1/completions``, ``/v1/chat/completions`` (streamed as server-sent events or not),
-    ``/v1/embeddings``, ``/health`` and ``/metrics`` (Prometheus).
+    ``/v1/embeddings`` (each also without ``/v1``), ``/health`` and ``/metrics`` (Prometheus).
 
-    ``model_id`` is the name clients pass as ``model`` (default: the model's file name, without
-    ``.gguf``);
+    ``model_id`` is the model's name in responses and ``/v1/models`` (default: the model's file
+    name, without ``.gguf``), which also lists ``model_aliases``; requests may name any model, or
+    none, unless ``strict_model``: then only ``model_id`` and the aliases (404 otherwise, 400
+    without ``model``);
     ``api_key``, when set, is required as ``Authorization: Bearer KEY`` everywhere but
     ``/health``; ``embeddings``, a context made with ``embeddings=True``, serves
     ``/v1/embeddings``; bodies over ``max_body_bytes`` get 413. The app does not own the engine:
@@ -131,7 +145,15 @@ def create_app(
     """
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
-    serving = Serving(engine, model_id or _default_model_id(engine), api_key, embeddings, max_body_bytes)
+    serving = Serving(
+        engine,
+        model_id or _default_model_id(engine),
+        model_aliases,
+        strict_model,
+        api_key,
+        embeddings,
+        max_body_bytes,
+    )
     routes = _routes(serving)
     handlers: dict[Any, Callable[[HttpRequest, Exception], Awaitable[Response]]] = {
         ApiError: _api_error,

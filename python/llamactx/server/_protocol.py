@@ -29,6 +29,7 @@ __all__ = [
     "CompletionChoice",
     "CompletionLogprobs",
     "CompletionRequest",
+    "ContextLengthExceeded",
     "EmbeddingList",
     "EmbeddingRequest",
     "Envelope",
@@ -73,24 +74,38 @@ class StreamOptions(_Body):
 
 
 class JsonSchemaFormat(_Body):
-    """``response_format.json_schema``: the schema is always enforced, ``strict`` or not."""
+    """``response_format.json_schema``: the schema is always enforced, ``strict`` or not. OpenAI
+    requires ``name``; it names nothing here, so clients that leave it out are served too."""
 
-    name: Annotated[str, Field(min_length=1, max_length=64)]
+    name: Annotated[str, Field(min_length=1, max_length=64)] = "response"
     description: str | None = None
     schema_: dict[str, Any] = Field(alias="schema")
     strict: bool | None = None
 
 
 class ResponseFormat(_Body):
+    """``response_format``; ``schema`` with ``json_object`` is llama-server's extension."""
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+
+    @model_validator(mode="after")
+    def _complete(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ApiError(
+                400, "response_format json_schema needs its json_schema", param="response_format.json_schema"
+            )
+        if self.schema_ is not None and self.type != "json_object":
+            raise ApiError(400, "response_format's schema goes with type json_object", param="response_format.schema")
+        return self
 
     def output_schema(self) -> dict[str, Any] | None:
         """The JSON Schema the output must match (None: any text)."""
         if self.json_schema is not None and self.type == "json_schema":
             return self.json_schema.schema_
         if self.type == "json_object":
-            return {"type": "object"}
+            return {"type": "object"} if self.schema_ is None else self.schema_
         return None
 
 
@@ -98,7 +113,7 @@ class SamplingBody(_Body):
     """What completions and chat share: sampling, stopping and llama-server's extras. The
     defaults of ``temperature``, ``top_p``, ``top_k`` and ``min_p`` are llama.cpp's."""
 
-    model: str
+    model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Count = 1
@@ -122,13 +137,8 @@ class SamplingBody(_Body):
     def _consistent(self, info: ValidationInfo) -> SamplingBody:
         """What no one field says: a constraint given once, and ``logit_bias`` keys that are
         token ids of the model (``n_vocab`` in the validation context)."""
-        if self.response_format is not None:
-            if self.response_format.type == "json_schema" and self.response_format.json_schema is None:
-                raise ApiError(
-                    400, "response_format json_schema needs its json_schema", param="response_format.json_schema"
-                )
-            if self.grammar is not None and self.response_format.type != "text":
-                raise ApiError(400, "give grammar or a JSON response_format, not both", param="response_format")
+        if self.response_format is not None and self.grammar is not None and self.response_format.type != "text":
+            raise ApiError(400, "give grammar or a JSON response_format, not both", param="response_format")
         n_vocab = info.context["n_vocab"] if info.context else INT32_MAX
         for key in self.logit_bias or {}:
             if not (key.isascii() and key.isdigit()) or int(key) >= n_vocab:
@@ -249,8 +259,13 @@ class ChatRequest(SamplingBody):
 class EmbeddingRequest(_Body):
     """``POST /v1/embeddings``."""
 
-    model: str
-    input: str | Annotated[list[str], Field(min_length=1, max_length=2048)]
+    model: str | None = None
+    input: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=2048)]
+        | NonEmpty[list[TokenId]]
+        | Annotated[list[NonEmpty[list[TokenId]]], Field(min_length=1, max_length=2048)]
+    )
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
     user: str | None = None
@@ -280,7 +295,9 @@ def _invalid(error: ValidationError) -> ApiError:
     if problem["type"] == "json_invalid":
         return ApiError(400, f"the body is not valid JSON: {problem['msg']}")
     if problem["type"] == "model_type":
-        return ApiError(400, "the body must be a JSON object")
+        if param is None:
+            return ApiError(400, "the body must be a JSON object")
+        return ApiError(400, f"invalid value for {param}: expected a JSON object", param=param)
     if problem["type"] == "extra_forbidden":
         return ApiError(400, f"unknown or unsupported parameter: {param}", param=param)
     if problem["type"] == "missing":
@@ -304,6 +321,13 @@ class ErrorDetail(TypedDict):
     type: str
     param: str | None
     code: str | None
+
+
+class ContextLengthDetail(ErrorDetail):
+    """The error object of ``context_length_exceeded``, with llama-server's numbers."""
+
+    n_prompt_tokens: int
+    n_ctx: int
 
 
 class ErrorBody(TypedDict):
@@ -333,6 +357,30 @@ class ApiError(Exception):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)} if self.retry_after else {}
+
+
+class ContextLengthExceeded(ApiError):
+    """A prompt of ``n_prompt_tokens`` that cannot fit the ``n_ctx`` tokens a request holds
+    (prompt and completion): OpenAI's code, and llama-server's numbers in the error object for
+    clients that trim the prompt to fit."""
+
+    def __init__(self, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(
+            400,
+            f"the prompt has {n_prompt_tokens} tokens; a request of this server holds at most {n_ctx} "
+            "(prompt and completion)",
+            code="context_length_exceeded",
+        )
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+    def body(self) -> ErrorBody:
+        detail: ContextLengthDetail = {
+            **super().body()["error"],
+            "n_prompt_tokens": self.n_prompt_tokens,
+            "n_ctx": self.n_ctx,
+        }
+        return {"error": detail}
 
 
 class ModelCard(TypedDict):

@@ -97,7 +97,14 @@ def serve(model: LlamaModel, arguments: argparse.Namespace, embeddings: LlamaCon
 def _serve_until_stopped(
     engine: Engine, sock: socket.socket, arguments: argparse.Namespace, embeddings: LlamaContext | None
 ) -> None:
-    app = create_app(engine, model_id=arguments.model_id, api_key=arguments.api_key, embeddings=embeddings)
+    app = create_app(
+        engine,
+        model_id=arguments.model_id,
+        model_aliases=arguments.model_alias,
+        strict_model=arguments.strict_model,
+        api_key=arguments.api_key,
+        embeddings=embeddings,
+    )
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"llamactx serve: listening on http://{shown}:{port}", file=sys.stderr, flush=True)

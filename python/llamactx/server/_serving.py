@@ -20,7 +20,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from llamactx._constraints import constraint_stage
-from llamactx._embedding import embed
+from llamactx._embedding import embed, input_tokens
 from llamactx._engine import Delta, Engine, Request
 from llamactx._limits import INT32_MAX, RANDOM_SEED
 from llamactx._llamactx import (
@@ -46,6 +46,7 @@ from llamactx.server._protocol import (
     Choice,
     CompletionChoice,
     CompletionRequest,
+    ContextLengthExceeded,
     EmbeddingList,
     EmbeddingRequest,
     Envelope,
@@ -144,6 +145,8 @@ class Serving:
         self,
         engine: Engine,
         model_id: str,
+        model_aliases: Sequence[str],
+        strict_model: bool,
         api_key: str | None,
         embeddings: LlamaContext | None,
         max_body_bytes: int,
@@ -152,6 +155,9 @@ class Serving:
         self.model = engine.model
         self.n_vocab = engine.model.n_vocab()
         self.model_id = model_id
+        # The names /v1/models lists, in order, each once.
+        self.model_names = tuple(dict.fromkeys([model_id, *model_aliases]))
+        self.strict_model = strict_model
         self.api_key = api_key
         self.embeddings = embeddings
         self.embeddings_lock = threading.Lock()
@@ -168,15 +174,16 @@ class Serving:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def list_models(self, http: HttpRequest) -> Response:
-        return JSONResponse({"object": "list", "data": [self._model_card()]})
+        return JSONResponse({"object": "list", "data": [self._model_card(name) for name in self.model_names]})
 
     async def get_model(self, http: HttpRequest) -> Response:
-        if http.path_params["model"] != self.model_id:
-            raise ApiError(404, f"the model {http.path_params['model']!r} does not exist", code="model_not_found")
-        return JSONResponse(self._model_card())
+        name = http.path_params["model"]
+        if name not in self.model_names:
+            raise ApiError(404, f"the model {name!r} does not exist", code="model_not_found")
+        return JSONResponse(self._model_card(name))
 
-    def _model_card(self) -> ModelCard:
-        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llamactx"}
+    def _model_card(self, name: str) -> ModelCard:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "llamactx"}
 
     async def completions(self, http: HttpRequest) -> Response:
         body = await self._body(http, CompletionRequest)
@@ -211,14 +218,8 @@ class Serving:
     def _fitting(self, tokens: list[int]) -> list[int]:
         """``tokens``, if they fit a sequence: checked here, before the engine does, for
         OpenAI's error code."""
-        limit = self.engine.n_ctx_seq
-        if len(tokens) >= limit:
-            raise ApiError(
-                400,
-                f"the prompt has {len(tokens)} tokens; a request of this server holds at most {limit} "
-                "(prompt and completion)",
-                code="context_length_exceeded",
-            )
+        if len(tokens) >= self.engine.n_ctx_seq:
+            raise ContextLengthExceeded(len(tokens), self.engine.n_ctx_seq)
         return tokens
 
     async def chat(self, http: HttpRequest) -> Response:
@@ -328,9 +329,11 @@ class Serving:
         n_embd = self.model.n_embd()
         if body.dimensions not in (None, n_embd):
             raise ApiError(400, f"this model's embeddings have {n_embd} dimensions", param="dimensions")
-        texts = [body.input] if isinstance(body.input, str) else body.input
+        given = [body.input] if isinstance(body.input, str) else body.input
+        ids = [item for item in given if isinstance(item, int)]  # one input, as token ids
+        inputs: list[str | list[int]] = [ids] if ids else [item for item in given if not isinstance(item, int)]
         try:
-            vectors, used = await asyncio.to_thread(self._embed, texts)
+            vectors, used = await asyncio.to_thread(self._embed, inputs)
         except Exception as error:
             raise openai_error(error, "the input cannot be embedded", "input") from None
         answer: EmbeddingList = {
@@ -344,15 +347,15 @@ class Serving:
         }
         return JSONResponse(answer)
 
-    def _embed(self, texts: list[str]) -> tuple[np.ndarray[Any, np.dtype[np.float32]], int]:
+    def _embed(self, inputs: list[str | list[int]]) -> tuple[np.ndarray[Any, np.dtype[np.float32]], int]:
         assert self.embeddings is not None
         with self.embeddings_lock:  # embed() uses the whole context
-            vectors = embed(self.embeddings, texts)
-        return vectors, sum(len(self.model.str_to_token(text, True)) for text in texts)
+            vectors = embed(self.embeddings, inputs)
+        return vectors, sum(len(input_tokens(self.model, one)) for one in inputs)
 
     async def _body(self, http: HttpRequest, schema: type[Body]) -> Body:
         """The body, read up to ``max_body_bytes`` (413 past it), parsed and checked by
-        ``schema``, for this server's model (404 for another)."""
+        ``schema``, for this server's model (``_check_model``)."""
         declared = http.headers.get("content-length", "")
         if declared.isascii() and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise ApiError(413, f"the body has {declared} bytes; this server takes at most {self.max_body_bytes}")
@@ -363,15 +366,23 @@ class Serving:
                 raise ApiError(413, f"the body is larger than this server takes ({self.max_body_bytes} bytes)")
             chunks.append(chunk)
         body = parsed(schema, b"".join(chunks), self.n_vocab)
-        model = getattr(body, "model", self.model_id)
-        if model != self.model_id:
+        self._check_model(getattr(body, "model", None))
+        return body
+
+    def _check_model(self, model: str | None) -> None:
+        """Any ``model``, or none, names the one model served, as with llama-server; with
+        ``strict_model`` only its id and aliases do (404 for another name, 400 for none)."""
+        if not self.strict_model:
+            return
+        if model is None:
+            raise ApiError(400, "missing required parameter: model", param="model")
+        if model not in self.model_names:
             raise ApiError(
                 404,
-                f"the model {model!r} does not exist; this server has {self.model_id!r}",
+                f"the model {model!r} does not exist; this server has {', '.join(map(repr, self.model_names))}",
                 param="model",
                 code="model_not_found",
             )
-        return body
 
     async def _respond(
         self, http: HttpRequest, envelope: Envelope, jobs: list[_Job], stream: bool, choices: _Choices
@@ -492,7 +503,7 @@ class _ChatChoices:
     def opening(self, job: _Job) -> ChatChunkChoice:
         return {
             "index": job.index,
-            "delta": {"role": "assistant", "content": ""},
+            "delta": {"role": "assistant"},  # no content yet, as OpenAI's first chunk
             "logprobs": None,
             "finish_reason": None,
         }
