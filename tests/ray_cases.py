@@ -113,6 +113,26 @@ def test_rows_set_their_own_length_and_sampling(cluster: None, model: llamactx.L
         ]
 
 
+def test_missing_row_settings_take_the_defaults(model: llamactx.LlamaModel, model_path: Path) -> None:
+    """Ray hands numpy batches: a setting column with a missing value is float, the value NaN."""
+    predictor = llamactx.ray.Predictor(model_path=str(model_path), max_tokens=5, n_ctx=1024, threads=2)
+    prompt = "The capital of France is"
+    batch = {
+        "prompt": np.array([prompt, prompt], dtype=object),
+        "max_tokens": np.array([3.0, np.nan]),
+        "temperature": np.array([np.nan, 0.0]),
+        "top_k": np.array([np.nan, 40.0]),  # an integer setting, as a float
+    }
+    try:
+        done = predictor(batch)
+    finally:
+        predictor.engine.close()
+    assert list(done["completion_tokens"]) == [3, 5]
+    assert list(done["error"]) == [None, None]
+    with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ) as ctx:
+        assert list(done["generated_text"]) == [llamactx.generate(ctx, prompt, max_tokens=limit) for limit in (3, 5)]
+
+
 def test_chat_and_embedding_rows(cluster: None, model: llamactx.LlamaModel, model_path: Path) -> None:
     question = [
         {"role": "system", "content": "You are a helpful assistant."},

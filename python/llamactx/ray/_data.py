@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,6 +23,8 @@ Batch = dict[str, npt.NDArray[Any]]
 
 # Columns that, when the dataset has them, set a row's sampling (SamplingParams' names).
 SAMPLING_COLUMNS = ("temperature", "top_k", "top_p", "min_p", "seed")
+#: Those that hold integers (Ray hands a column with a missing value as floats).
+INTEGER_COLUMNS = frozenset({"max_tokens", "top_k", "seed"})
 # Enough for any batch Ray Data hands one actor: every row waits in the engine at once.
 MAX_WAITING = 1 << 20
 
@@ -55,7 +58,8 @@ class Predictor:
     output equals ``generate`` on a context of the same options; ``context_options``, further
     ``new_context`` keywords such as ``flash_attn_type``); each row may set ``max_tokens`` and sampling
     (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``) in columns of those names,
-    else ``sampling`` applies (greedy when None). They add ``generated_text``,
+    else ``sampling`` applies (greedy when None); a missing value (None, or NaN in a column
+    Ray made float) is the default. They add ``generated_text``,
     ``prompt_tokens``, ``completion_tokens``, ``finish_reason`` and ``error``. "embed" reads
     ``text_column`` and adds ``embedding`` (float32, normalised; NaN for a failed row) and
     ``error``. A row that fails (a prompt too long for a sequence, a malformed message) has its
@@ -151,11 +155,11 @@ class Predictor:
         return self.engine.submit(value, max_tokens=max_tokens, stop=self.stop, sampling=sampling)
 
     def _max_tokens(self, batch: Batch, row: int) -> int:
-        value = _python(batch["max_tokens"][row]) if "max_tokens" in batch else None
-        return self.max_tokens if value is None else int(value)
+        value = _setting(batch, "max_tokens", row)
+        return self.max_tokens if value is None else value
 
     def _sampling(self, batch: Batch, row: int) -> SamplingParams | None:
-        values = {name: _python(batch[name][row]) for name in SAMPLING_COLUMNS if name in batch}
+        values = {name: _setting(batch, name, row) for name in SAMPLING_COLUMNS}
         chosen = {name: value for name, value in values.items() if value is not None}
         return SamplingParams(**chosen) if chosen else self.sampling
 
@@ -177,6 +181,15 @@ class Predictor:
         engine: Engine | None = getattr(self, "engine", None)
         if engine is not None:
             engine.close()
+
+
+def _setting(batch: Batch, name: str, row: int) -> Any:
+    """Row ``row``'s value of the setting column ``name``; None (the default) where the batch has
+    no such column or the row's value is missing (None, or NaN in a column numpy made float)."""
+    value = _python(batch[name][row]) if name in batch else None
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return int(value) if name in INTEGER_COLUMNS else value
 
 
 def _python(value: Any) -> Any:
