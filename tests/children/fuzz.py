@@ -42,6 +42,8 @@ bf16_ctx = model.new_context(n_ctx=256, n_batch=32, cache_type_k="bf16", n_threa
 batches = [llamactx.LlamaBatch(32, 2), llamactx.LlamaBatch(4, 1)]
 # A small engine: requests with hostile arguments, while the context above is used.
 engine = llamactx.Engine(model, n_ctx=256, n_seq_max=2, n_batch=32, n_threads=1, n_threads_batch=1, max_waiting=4)
+# For `embed`: texts and token ids, as the server's /v1/embeddings takes them.
+embedder = llamactx._embedding.embedding_context(model, 2, 32, 1)
 
 hostile_ints = st.sampled_from([-(2**63), -(2**31) - 1, -(2**31), -2, -1, 2**31 - 1, 2**31, 2**32, 2**40, 2**63 - 1])
 small_ints = st.integers(-3, 40)
@@ -258,6 +260,16 @@ def structured_request(schema: Any, tool_list: list[Any], choice: Any, messages:
     if max_tokens > 8:
         request.cancel()
     request.message(timeout=120)
+
+
+def prepared_chat(tool_list: list[Any], choice: Any, messages: list[Any], choices: int, schema: Any) -> None:
+    """A chat rendered once and submitted as several choices (as the server does), with a
+    constraint of its own that the tools may forbid; the requests are cancelled."""
+    chat = engine.prepare_chat(messages, tools=tool_list, tool_choice=choice)
+    requests = [engine.submit_prepared(chat, max_tokens=4, json_schema=schema) for _ in range(choices % 3 + 1)]
+    for request in requests:
+        request.cancel()
+        chat.reply(request.result(timeout=120).text)
 
 
 def template_chat(template: str, messages: list[Any], tool_list: list[Any], choice: str, parallel: bool) -> None:
@@ -572,6 +584,14 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
     "template_chat": (
         template_chat,
         st.tuples(templates, chat_messages, tools, st.sampled_from(["auto", "none", "required", "x"]), st.booleans()),
+    ),
+    "prepared_chat": (
+        prepared_chat,
+        st.tuples(tools, tool_choices, chat_messages, small_ints, st.none() | st.sampled_from([{"type": "integer"}])),
+    ),
+    "embed_inputs": (
+        lambda inputs: llamactx.embed(embedder, inputs),
+        st.tuples(st.lists(st.one_of(token_lists, st.text(max_size=20)), max_size=3)),
     ),
     "engine_tokens": (lambda prompt: engine.tokens(prompt), st.tuples(st.one_of(token_lists, st.text(max_size=20)))),
     "engine_chat_tokens": (
