@@ -129,7 +129,12 @@ def corpus_outcomes(model: llamactx.LlamaModel, corpus: list[dict[str, Any]], ma
             outcomes["compiled"] += 1
             requests.append((entry, request))
         for entry, request in requests:
-            completion = request.result()
+            try:
+                completion = request.result()
+            except llamactx.SchemaError:  # the finished value broke a keyword llguidance left to the check
+                outcomes["finished"] += 1
+                outcomes["refused_after_generating"] += 1
+                continue
             if completion.finish_reason == "stop":
                 outcomes["finished"] += 1
                 outcomes["valid" if valid(completion.text, entry["schema"]) else "invalid"] += 1

@@ -33,6 +33,7 @@ N_SEQ = 8
 N_CTX = 4096
 MAX_TOKENS = 12
 TOO_LONG = "word " * 2000  # more tokens than a sequence's N_CTX / N_SEQ cells
+ALIAS = "gpt-4o-mini"
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +175,7 @@ def served(cluster: None, model_path: Path) -> Iterator[str]:
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(
-        llamactx.ray.app(model_path, num_replicas=2, n_seq_max=2, n_ctx=2048),
+        llamactx.ray.app(model_path, num_replicas=2, n_seq_max=2, n_ctx=2048, model_aliases=[ALIAS], strict_model=True),
         name="llamactx",
         route_prefix="/",
     )
@@ -185,6 +186,10 @@ def served(cluster: None, model_path: Path) -> Iterator[str]:
 def test_serve_answers_the_openai_client(served: str, model: llamactx.LlamaModel) -> None:
     with openai.OpenAI(base_url=served, api_key="unused", max_retries=0, timeout=120) as client:
         answer_as_the_local_model(client, model)
+        # create_app's model options pass through: the alias is listed, other names refused.
+        assert [card.id for card in client.models.list()] == [MODEL_ID, ALIAS]
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="gpt-3.5-turbo", messages=[{"role": "user", "content": "hi"}])
 
 
 def answer_as_the_local_model(client: openai.OpenAI, model: llamactx.LlamaModel) -> None:

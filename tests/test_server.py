@@ -417,6 +417,30 @@ def test_a_nameless_json_schema_and_a_json_object_schema_constrain_as_json_schem
     jsonschema.validate(json.loads(expected), PERSON)
 
 
+def test_a_value_breaking_a_keyword_llguidance_leaves_to_the_check_is_a_400_naming_it(server: Server) -> None:
+    """Three items of two values repeat one, which ``uniqueItems`` refuses: llguidance cannot
+    hold it while generating, so the finished value is validated and refused, whole or streamed."""
+    repeating = {"type": "array", "items": {"enum": ["red", "blue"]}, "minItems": 3, "maxItems": 3, "uniqueItems": True}
+    response_format: Any = {"type": "json_schema", "json_schema": {"schema": repeating}}
+    with pytest.raises(openai.BadRequestError) as raised:
+        client(server).chat.completions.create(
+            model=MODEL_ID, messages=QUESTION, temperature=0, max_tokens=32, response_format=response_format
+        )
+    error = raised.value.body
+    assert isinstance(error, dict)
+    assert error["param"] == "response_format"
+    assert "'uniqueItems' at $" in error["message"]
+    body = {"messages": QUESTION, "max_tokens": 32, "response_format": response_format, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as response:
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert response.status_code == 200  # the stream began before the value was finished
+    assert "[DONE]" not in events
+    last = json.loads(events[-1])
+    assert "'uniqueItems' at $" in last["error"]["message"]
+    streamed = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[1:-1])
+    assert len(json.loads(streamed)) == 3
+
+
 def test_response_format_json_object_streams_a_json_object(server: Server) -> None:
     chunks = client(server).chat.completions.create(
         model=MODEL_ID,
@@ -576,7 +600,12 @@ HOSTILE_BODIES: list[tuple[str, str | bytes, int, str | None]] = [
     ("grammar that does not parse", chat_body(grammar="root ::= ("), 400, "grammar"),
     (
         "schema llguidance cannot compile",
-        chat_body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}),
+        chat_body(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 3}},
+            }
+        ),
         400,
         "response_format",
     ),

@@ -107,18 +107,25 @@ def test_every_corpus_schema_generates_valid_json_or_raises_schema_error(model: 
                 continue
             requests.append((entry, request))
         for entry, request in requests:
-            completion = request.result()
+            try:
+                completion = request.result()
+            except SchemaError as error:  # the value broke a keyword llguidance left to the check
+                outcomes[f"refused after generating ({error.kind})"] += 1
+                continue
             if completion.finish_reason != "stop":
                 outcomes["length"] += 1
                 continue
             validate(json.loads(completion.text), entry["schema"])
             outcomes["valid"] += 1
     assert sum(outcomes.values()) == len(CORPUS)
-    # Measured: 185 valid, 23 refused (uniqueItems, contains, not, dependentRequired, oneOf
-    # that overlaps, min/maxProperties over optional keys, the two unsatisfiable ones), the
-    # rest cut by max_tokens (a small model repeating digits).
-    assert outcomes["valid"] >= 170, outcomes
-    assert outcomes["schema_error"] <= 25, outcomes
+    assert set(outcomes) <= {"valid", "length", "schema_error", "refused after generating (Unsatisfied)"}, outcomes
+    # Measured: 194 valid; 3 refused before decoding (the unsatisfiable ones: bounds that cross);
+    # 5 refused after generating, by the check of a keyword llguidance leaves to it (a small
+    # model repeats an item under uniqueItems); the rest cut by max_tokens (repeated digits).
+    # Before the check, uniqueItems, contains, not, dependentRequired, oneOf and
+    # min/maxProperties over optional keys were refused too: 23 refused, 185 valid.
+    assert outcomes["valid"] >= 185, outcomes
+    assert outcomes["schema_error"] <= 3, outcomes
 
 
 @pytest.mark.parametrize(
@@ -126,7 +133,6 @@ def test_every_corpus_schema_generates_valid_json_or_raises_schema_error(model: 
     [
         ('{"type": "string", "pattern": "(?<=a)b"}', "Unsupported"),
         ('{"type": "integer", "minimum": 5, "maximum": 3}', "Unsupported"),
-        ('{"type": "array", "uniqueItems": true}', "Unsupported"),
         ("{not json", "InvalidJson"),
         ("[1, 2]", "InvalidSchema"),
         ('{"$ref": "#/$defs/missing"}', "Unsupported"),

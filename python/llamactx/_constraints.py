@@ -7,13 +7,16 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from llamactx._llamactx import LlamaModel, LlamaSampler
+from llamactx._schema_check import OutputCheck
 
 __all__ = [
     "LARK_MARKER",
+    "Constraint",
     "JsonSchema",
+    "Stage",
     "closed",
     "constrained",
     "constraint",
@@ -90,38 +93,61 @@ def _is_typed_dict(cls: type) -> bool:
     return issubclass(cls, dict) and hasattr(cls, "__required_keys__")
 
 
+class Constraint(NamedTuple):
+    """The one constraint given: ``spec`` is ``(kind, text)`` ("json_schema", "lark" for a
+    grammar marked ``%llguidance``, or "gbnf"), a sampler given as the grammar itself, or None;
+    ``check`` validates a JSON Schema's finished output (``OutputCheck``)."""
+
+    spec: tuple[str, str] | LlamaSampler | None
+    check: OutputCheck | None = None
+
+
+class Stage(NamedTuple):
+    """A constraint compiled: the sampler stage (None without a constraint) and its check."""
+
+    sampler: LlamaSampler | None
+    check: OutputCheck | None = None
+
+
 def constraint(
-    json_schema: JsonSchema | None, grammar: str | LlamaSampler | None
-) -> tuple[str, str] | LlamaSampler | None:
-    """``(kind, text)`` of the one constraint given: "json_schema", "lark" (a grammar marked
-    ``%llguidance``) or "gbnf"; a sampler given as the grammar itself; None for none."""
+    json_schema: JsonSchema | None, grammar: str | LlamaSampler | None, *, checked: bool = True
+) -> Constraint:
+    """The constraint of ``json_schema`` or ``grammar``. ``checked``: llguidance enforces what it
+    can of a JSON Schema, and the check the rest; without, llguidance must enforce all of it
+    (``SchemaError`` otherwise)."""
     if json_schema is not None and grammar is not None:
         raise ValueError("give json_schema or grammar, not both")
     if json_schema is not None:
-        return "json_schema", schema_text(json_schema)
+        text = schema_text(json_schema)
+        check = OutputCheck.of(text) if checked else None
+        return Constraint(("json_schema", text if check is None else check.constraint_text), check)
     if isinstance(grammar, str):
-        return ("lark" if grammar.lstrip().startswith(LARK_MARKER) else "gbnf"), grammar
-    return grammar
+        return Constraint(("lark" if grammar.lstrip().startswith(LARK_MARKER) else "gbnf", grammar))
+    return Constraint(grammar)
 
 
 def constraint_stage(
-    model: LlamaModel, json_schema: JsonSchema | None, grammar: str | LlamaSampler | None
-) -> LlamaSampler | None:
+    model: LlamaModel,
+    json_schema: JsonSchema | None,
+    grammar: str | LlamaSampler | None,
+    *,
+    checked: bool = True,
+) -> Stage:
     """The sampler stage that masks what the constraint cannot take (compiled once here, then
-    copied by each user); None without a constraint."""
-    spec = constraint(json_schema, grammar)
+    copied by each user), with its check (``constraint``)."""
+    spec, check = constraint(json_schema, grammar, checked=checked)
     if spec is None or isinstance(spec, LlamaSampler):
-        return spec
+        return Stage(spec)
     kind, text = spec
-    return LlamaSampler.llguidance(model, kind, text)
+    return Stage(LlamaSampler.llguidance(model, kind, text), check)
 
 
 def constrained(
     model: LlamaModel, sampler: LlamaSampler | None, json_schema: JsonSchema | None, grammar: str | None
-) -> LlamaSampler | None:
+) -> Stage:
     """``sampler`` (greedy when None) behind the constraint, which masks the candidates first;
     ``sampler`` itself when there is no constraint."""
-    stage = constraint_stage(model, json_schema, grammar)
+    stage, check = constraint_stage(model, json_schema, grammar)
     if stage is None:
-        return sampler
-    return LlamaSampler.chain([stage, sampler if sampler is not None else LlamaSampler.greedy()])
+        return Stage(sampler)
+    return Stage(LlamaSampler.chain([stage, sampler if sampler is not None else LlamaSampler.greedy()]), check)

@@ -22,6 +22,7 @@ from llamactx._llamactx import (
     _Waker,
 )
 from llamactx._render import ChatRenderer, Message, PreparedChat
+from llamactx._schema_check import OutputCheck
 from llamactx._tools import ChatInputError, Tool, ToolChoice, reply_message
 
 __all__ = ["Delta", "Engine", "Request"]
@@ -77,10 +78,13 @@ class Request:
     """One submitted request. Iterate it (``for`` or ``async for``) for the text as it is
     generated; ``result()`` or ``await request`` gives the ``Completion``. A failure inside the
     engine is raised by both. Ctrl-C while waiting raises ``KeyboardInterrupt`` and cancels the
-    request; so does cancelling the asyncio task that awaits it."""
+    request; so does cancelling the asyncio task that awaits it. With a JSON Schema, a finished
+    value that breaks it (a keyword llguidance cannot enforce while generating) raises
+    ``SchemaError`` from both, after the last piece."""
 
-    def __init__(self, core: _RequestCore) -> None:
+    def __init__(self, core: _RequestCore, check: OutputCheck | None = None) -> None:
         self._core = core
+        self._check = check
         self._reply: Callable[[str], dict[str, Any]] = partial(reply_message, schema=None)
 
     def __iter__(self) -> Iterator[str]:
@@ -100,6 +104,7 @@ class Request:
         (empty unless ``logprobs`` was asked for)."""
         while (delta := self._core.next_piece()) is not None:
             yield delta
+        self._check_end()
 
     async def adeltas(self) -> AsyncIterator[Delta]:
         """``deltas()`` for ``async for``."""
@@ -107,6 +112,7 @@ class Request:
         while True:
             kind, delta = self._core.poll()
             if kind == "end":
+                self._check_end()
                 return
             if delta is not None:
                 yield delta
@@ -124,7 +130,7 @@ class Request:
         """The ``Completion``, waiting up to ``timeout`` seconds (``TimeoutError`` after). In a
         forked child, waiting for a request that had not ended (by ``result``, ``await`` or
         iteration) raises ``ValueError``: its engine thread stayed in the parent."""
-        return self._core.result(timeout)
+        return self._checked(self._core.result(timeout))
 
     def __await__(self) -> Generator[Any, None, Completion]:
         return self._result().__await__()
@@ -133,6 +139,18 @@ class Request:
         waker = _waker_for(self._core, pieces=False)
         while (completion := self._core.result_now()) is None:
             await self._wait(waker, end_only=True)
+        return self._checked(completion)
+
+    def _check_end(self) -> None:
+        """After the last piece (a failure was raised instead of the end): the check of the
+        finished value."""
+        if self._check is not None and (completion := self._core.result_now()) is not None:
+            self._checked(completion)
+
+    def _checked(self, completion: Completion) -> Completion:
+        """``completion``, once a JSON Schema's check passed its complete value."""
+        if self._check is not None and completion.finish_reason == "stop":
+            self._check.validate(completion.text)
         return completion
 
     def message(self, timeout: float | None = None) -> dict[str, Any]:
@@ -217,8 +235,8 @@ class Engine:
         llguidance cannot compile, ``SamplerInitError`` for GBNF llama.cpp cannot parse,
         ``EngineBusy`` when ``max_waiting`` requests wait."""
         stops = [stop] if isinstance(stop, str) else list(stop)
-        spec = constraint(json_schema, grammar)
-        return Request(self._core.submit(self.tokens(prompt), max_tokens, stops, sampling, logprobs, spec))
+        spec, check = constraint(json_schema, grammar)
+        return Request(self._core.submit(self.tokens(prompt), max_tokens, stops, sampling, logprobs, spec), check)
 
     def submit_chat(
         self,

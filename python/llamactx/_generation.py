@@ -7,6 +7,7 @@ from collections.abc import Callable, Generator, Sequence
 
 from llamactx._constraints import JsonSchema, constrained
 from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler, _SequenceSteps
+from llamactx._schema_check import OutputCheck
 
 __all__ = ["continue_sequence", "generate", "generate_batch", "prefill", "stream"]
 
@@ -111,13 +112,37 @@ def stream(
     ``grammar`` (GBNF; llguidance's Lark when it starts with ``%llguidance``) constrains the
     output, masking the candidates before ``sampler`` sees them; it may only end where the
     constraint is complete. ``SchemaError`` for a schema llguidance cannot compile,
-    ``SamplerInitError`` for GBNF llama.cpp cannot parse, before anything is decoded.
+    ``SamplerInitError`` for GBNF llama.cpp cannot parse, before anything is decoded; and, after
+    the last piece, for a value that breaks a keyword of the schema llguidance cannot enforce
+    while generating (``uniqueItems``, ``not``, ...: every finished value is validated).
     """
     tokens = _prompt_tokens(ctx, prompt, max_tokens)
-    sampler = constrained(ctx.model, sampler, json_schema, grammar) or LlamaSampler.greedy()
+    constrained_sampler, check = constrained(ctx.model, sampler, json_schema, grammar)
     ctx.clear_kv_cache_seq(seq_id)
     prefill(ctx, tokens, seq_id, progress=progress)
-    return (yield from continue_sequence(ctx, tokens, max_tokens=max_tokens, sampler=sampler, stop=stop, seq_id=seq_id))
+    generation = continue_sequence(
+        ctx,
+        tokens,
+        max_tokens=max_tokens,
+        sampler=constrained_sampler or LlamaSampler.greedy(),
+        stop=stop,
+        seq_id=seq_id,
+    )
+    return (yield from generation if check is None else _checked(generation, check))
+
+
+def _checked(generation: Generator[str, None, str], check: OutputCheck) -> Generator[str, None, str]:
+    """``generation``'s pieces, then ``check`` of their whole text if it ended complete."""
+    pieces: list[str] = []
+    while True:
+        try:
+            piece = next(generation)
+        except StopIteration as end:
+            if end.value == "stop":
+                check.validate("".join(pieces))
+            return str(end.value)
+        pieces.append(piece)
+        yield piece
 
 
 def generate(
@@ -154,6 +179,7 @@ class _Sequence:
         self.sampler = sampler
         self.steps = steps
         self.pieces: list[str] = []
+        self.finish: str | None = None
 
 
 def _common_prefix(token_lists: Sequence[list[int]]) -> int:
@@ -200,6 +226,7 @@ def _take(sequence: _Sequence, token: int) -> bool:
     piece, finish = sequence.steps.take(token, len(sequence.tokens))
     sequence.pieces.append(piece)
     if finish is not None:
+        sequence.finish = finish
         return False
     sequence.tokens.append(token)
     return True
@@ -243,11 +270,12 @@ def generate_batch(
     Up to ``ctx.n_seq_max()`` prompts run together (more are done in groups). Each sequence
     samples with its own copy of ``sampler`` (greedy when None). The whole KV cache of ``ctx``
     is cleared. With greedy sampling the results equal ``generate`` called on each prompt.
-    ``json_schema`` and ``grammar`` constrain every output, as in ``stream``.
+    ``json_schema`` and ``grammar`` constrain every output, as in ``stream``; ``SchemaError``
+    when a finished value breaks a keyword of the schema that llguidance cannot enforce.
     """
     model = ctx.model
     token_lists = [_prompt_tokens(ctx, prompt, max_tokens) for prompt in prompts]
-    sampler = constrained(model, sampler, json_schema, grammar)
+    sampler, check = constrained(model, sampler, json_schema, grammar)
     results: list[str] = []
     n_seq = ctx.n_seq_max()
     for start in range(0, len(token_lists), n_seq):
@@ -262,4 +290,8 @@ def generate_batch(
         ]
         _generate_group(ctx, group, max_tokens)
         results += ["".join(s.pieces) for s in group]
+        if check is not None:
+            for sequence, text in zip(group, results[start:], strict=True):
+                if sequence.finish == "stop":
+                    check.validate(text)
     return results

@@ -56,6 +56,7 @@ __all__ = [
     "_ChatApplied",
     "_ChatTemplates",
     "_EngineCore",
+    "_Regex",
     "_RequestCore",
     "_SequenceSteps",
     "_Waker",
@@ -927,6 +928,17 @@ class Completion:
     @property
     def tokens_per_second(self) -> float:
         """Sampled tokens per second, from the first token to the last."""
+
+@final
+class _Regex:
+    """A pattern compiled by the `regex` crate: ECMA-262's syntax less look-around and
+    back-references (which llguidance refuses too).
+    """
+
+    def __init__(self, pattern: str) -> None:
+        """`ValueError` for a pattern the `regex` crate cannot compile within its size limit."""
+    def search(self, text: str) -> bool:
+        """Whether the pattern matches anywhere in `text` (JSON Schema's `pattern` is unanchored)."""
 
 @final
 class _Waker:

@@ -88,7 +88,8 @@ class ChatRenderer:
         else:
             tokens = template_tokens(self.model, planned.messages, add_bos=self.model.add_bos_token())
         # Compiled once here: each submit of the chat (each choice) starts from a copy.
-        stage = constraint_stage(self.model, planned.schema, None)
+        # A tool's arguments are parsed from the reply, not validated: llguidance holds all of them.
+        stage = constraint_stage(self.model, planned.schema, None, checked=False).sampler
         return PreparedChat(tokens, planned.schema, stage, [], partial(reply_message, schema=planned.schema))
 
     def _parsed(self) -> _ChatTemplates | None:

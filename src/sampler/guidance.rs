@@ -28,10 +28,18 @@ mod vocabulary;
 /// (translated to Lark, `gbnf.rs`, so that its work per step is bounded).
 pub const KINDS: [&str; 4] = ["json_schema", "lark", "regex", "gbnf"];
 
-/// The JSON layout a schema's output takes unless the schema's own `x-guidance` says otherwise:
-/// no optional whitespace (a small model can otherwise fill its budget with newlines), and the
-/// separators models write themselves.
+/// The JSON layout a schema's output takes unless the schema's own `x-guidance` sets one of
+/// `LAYOUT_KEYS`: no optional whitespace (a small model can otherwise fill its budget with
+/// newlines), and the separators models write themselves.
 const JSON_LAYOUT: &str = r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
+/// The `x-guidance` options that choose the layout; the others (`lenient`, `coerce_one_of`, ...)
+/// keep `JSON_LAYOUT`.
+const LAYOUT_KEYS: [&str; 4] = [
+    "whitespace_flexible",
+    "whitespace_pattern",
+    "item_separator",
+    "key_separator",
+];
 
 /// `SchemaError` (a `ValueError`) of kind `kind`.
 pub fn schema_error(kind: &'static str, message: impl Into<String>) -> Error {
@@ -165,9 +173,16 @@ fn grammar(kind: &str, data: &str, gbnf_root: &str) -> Result<TopLevelGrammar> {
 fn with_layout(schema: Value) -> Result<Value> {
     match schema {
         Value::Object(mut fields) => {
-            if !fields.contains_key("x-guidance") {
-                let layout = serde_json::from_str(JSON_LAYOUT).map_err(|err| Error::Panic(err.to_string()))?;
-                fields.insert("x-guidance".to_owned(), layout);
+            let options = fields
+                .entry("x-guidance")
+                .or_insert_with(|| Value::Object(serde_json::Map::new()));
+            // Options that are not an object are left for llguidance to refuse.
+            if let Value::Object(options) = options {
+                if !LAYOUT_KEYS.iter().any(|key| options.contains_key(*key)) {
+                    let layout: serde_json::Map<String, Value> =
+                        serde_json::from_str(JSON_LAYOUT).map_err(|err| Error::Panic(err.to_string()))?;
+                    options.extend(layout);
+                }
             }
             Ok(Value::Object(fields))
         }
@@ -312,6 +327,10 @@ mod tests {
         assert_eq!(schema["x-guidance"], layout);
         let own = serde_json::json!({"type": "object", "x-guidance": {"whitespace_flexible": true}});
         assert_eq!(with_layout(own.clone()).unwrap(), own);
+        let lenient = with_layout(serde_json::json!({"x-guidance": {"lenient": true}})).unwrap();
+        let mut expected = layout.clone();
+        expected["lenient"] = Value::Bool(true);
+        assert_eq!(lenient["x-guidance"], expected);
         assert_eq!(with_layout(Value::Bool(true)).unwrap(), Value::Bool(true));
         assert!(with_layout(serde_json::json!([1])).is_err());
     }

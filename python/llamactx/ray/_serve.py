@@ -61,6 +61,8 @@ def app(
     num_cpus: float = 1,
     rpc_servers: Sequence[str] | None = None,
     model_id: str | None = None,
+    model_aliases: Sequence[str] = (),
+    strict_model: bool = False,
     api_key: str | None = None,
     name: str = "llamactx",
 ) -> Application:
@@ -77,7 +79,8 @@ def app(
     ``n_seq_max`` ongoing requests per replica unless it says otherwise. Serve's health check
     fails for a replica whose engine stopped, which Serve then replaces. Each replica reserves
     ``num_cpus`` CPUs and computes with that many threads unless ``threads`` says otherwise;
-    ``context_options`` are further ``new_context`` keywords for the engine's context.
+    ``context_options`` are further ``new_context`` keywords for the engine's context;
+    ``model_id``, ``model_aliases``, ``strict_model`` and ``api_key`` are ``create_app``'s.
     """
     engine_options = {
         "n_ctx": n_ctx,
@@ -88,7 +91,12 @@ def app(
         **(context_options or {}),
         "rpc_servers": list(rpc_servers) if rpc_servers else None,
     }
-    app_options = {"model_id": model_id or Path(model_path).name.removesuffix(".gguf"), "api_key": api_key}
+    app_options = {
+        "model_id": model_id or Path(model_path).name.removesuffix(".gguf"),
+        "model_aliases": list(model_aliases),
+        "strict_model": strict_model,
+        "api_key": api_key,
+    }
     scaling: dict[str, Any]
     if autoscaling_config is not None:
         scaling = {"autoscaling_config": {"target_ongoing_requests": n_seq_max, **autoscaling_config}}

@@ -1,4 +1,5 @@
-"""An OpenAI-compatible HTTP server on the ``Engine`` (install ``llamactx[server]``).
+"""An OpenAI-compatible HTTP server on the ``Engine``, which also speaks Anthropic's Messages API
+(install ``llamactx[server]``).
 
 ``create_app(engine)`` returns the ASGI application; ``llamactx serve`` runs it with uvicorn.
 """

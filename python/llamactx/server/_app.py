@@ -1,5 +1,6 @@
-"""The ASGI application: OpenAI's routes on ``Serving``'s handlers, the API key and the request
-metrics around them, and every failure as OpenAI's error object with its status."""
+"""The ASGI application: OpenAI's and Anthropic's routes on ``Serving``'s handlers, the API key
+and the request metrics around them, and every failure as OpenAI's error object with its status
+(Anthropic's on Anthropic's routes)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llamactx._engine import Engine
 from llamactx._llamactx import LlamaContext
+from llamactx.server._anthropic import Messages
+from llamactx.server._anthropic_protocol import anthropic_error
 from llamactx.server._protocol import ApiError
+from llamactx.server._responses import Responses
 from llamactx.server._serving import CLIENT_GONE, Serving
 
 __all__ = ["create_app"]
@@ -33,19 +37,29 @@ HEALTH = "/health"
 #: Where OpenAI's routes are served: under ``/v1``, and at the root for clients whose base URL
 #: has no ``/v1`` (as llama-server serves them).
 OPENAI_PREFIXES = ("/v1", "")
+#: Anthropic's Messages API: its errors have Anthropic's shape, and its API key may also come as
+#: ``x-api-key`` (as Anthropic's clients send it).
+ANTHROPIC_ROUTES = "/v1/messages"
 
 
 def _routes(serving: Serving) -> list[Route]:
+    responses = Responses(serving)
     openai_routes = [
         ("/models", serving.list_models, "GET"),
         ("/models/{model:path}", serving.get_model, "GET"),
         ("/completions", serving.completions, "POST"),
         ("/chat/completions", serving.chat, "POST"),
         ("/embeddings", serving.embeddings_route, "POST"),
+        ("/responses", responses.create, "POST"),
+        ("/responses/{response_id}", responses.retrieve, "GET"),
+        ("/responses/{response_id}", responses.delete, "DELETE"),
     ]
+    messages = Messages(serving)
     return [
         Route(HEALTH, serving.health, methods=["GET"]),
         Route("/metrics", serving.metrics_text, methods=["GET"]),
+        Route(ANTHROPIC_ROUTES, messages.create, methods=["POST"]),
+        Route(f"{ANTHROPIC_ROUTES}/count_tokens", messages.count_tokens, methods=["POST"]),
         *(
             Route(prefix + path, handler, methods=[method])
             for prefix in OPENAI_PREFIXES
@@ -67,7 +81,7 @@ class _Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"].removeprefix(scope.get("root_path", ""))  # as mounted in another app
+        path = _route_path(scope)
         route = path if path in self.names else "other"
         started = time.perf_counter()
         status = 0
@@ -79,9 +93,10 @@ class _Guard:
             await send(message)
 
         try:
-            if route != HEALTH and not self._authorized(scope):
-                error = ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key")
-                await _error_response(error)(scope, receive, tracked)
+            if route != HEALTH and not self._authorized(scope, path):
+                how = "x-api-key: KEY or Authorization: Bearer KEY" if _anthropic(path) else "Authorization: Bearer KEY"
+                error = ApiError(401, f"a valid API key is required ({how})", code="invalid_api_key")
+                await _error_response(error, scope)(scope, receive, tracked)
             else:
                 await self.app(scope, receive, tracked)
         finally:
@@ -89,35 +104,44 @@ class _Guard:
             metrics.requests.labels(route, str(status or CLIENT_GONE)).inc()
             metrics.duration.labels(route).observe(time.perf_counter() - started)
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _authorized(self, scope: Scope, path: str) -> bool:
         key = self.serving.api_key
         if key is None:
             return True
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                return hmac.compare_digest(value, b"Bearer " + key.encode())
-        return False
+        accepted = {b"authorization": b"Bearer " + key.encode()}
+        if _anthropic(path):
+            accepted[b"x-api-key"] = key.encode()
+        return any(hmac.compare_digest(value, accepted[name]) for name, value in scope["headers"] if name in accepted)
 
 
-def _error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+def _route_path(scope: Scope) -> str:
+    return str(scope["path"]).removeprefix(scope.get("root_path", ""))  # as mounted in another app
+
+
+def _anthropic(path: str) -> bool:
+    return path == ANTHROPIC_ROUTES or path.startswith(f"{ANTHROPIC_ROUTES}/")
+
+
+def _error_response(error: ApiError, scope: Scope) -> JSONResponse:
+    body = anthropic_error(error) if _anthropic(_route_path(scope)) else error.body()
+    return JSONResponse(body, status_code=error.status, headers=error.headers())
 
 
 async def _api_error(http: HttpRequest, error: Exception) -> Response:
     assert isinstance(error, ApiError)
-    return _error_response(error)
+    return _error_response(error, http.scope)
 
 
 async def _http_error(http: HttpRequest, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
     if error.status_code == 404:
-        return _error_response(ApiError(404, f"no route {http.method} {http.url.path}", code="not_found"))
-    return _error_response(ApiError(error.status_code, str(error.detail)))
+        return _error_response(ApiError(404, f"no route {http.method} {http.url.path}", code="not_found"), http.scope)
+    return _error_response(ApiError(error.status_code, str(error.detail)), http.scope)
 
 
 async def _unexpected(http: HttpRequest, error: Exception) -> Response:
     logger.exception("unexpected failure in %s %s", http.method, http.url.path)
-    return _error_response(ApiError(500, f"internal error: {type(error).__name__}"))
+    return _error_response(ApiError(500, f"internal error: {type(error).__name__}"), http.scope)
 
 
 def create_app(
@@ -132,14 +156,18 @@ def create_app(
 ) -> Starlette:
     """An ASGI application serving OpenAI's API with ``engine``: ``/v1/models``,
     ``/v1/completions``, ``/v1/chat/completions`` (streamed as server-sent events or not),
-    ``/v1/embeddings`` (each also without ``/v1``), ``/health`` and ``/metrics`` (Prometheus).
+    ``/v1/embeddings``, ``/v1/responses`` (the Responses API, streamed or not; the last
+    ``MAX_STORED_RESPONSES`` responses are kept in memory for ``previous_response_id`` and
+    ``GET``/``DELETE /v1/responses/{id}``) (each also without ``/v1``), Anthropic's Messages
+    API (``/v1/messages``, streamed or not, and ``/v1/messages/count_tokens``; errors there are
+    Anthropic's error objects), ``/health`` and ``/metrics`` (Prometheus).
 
     ``model_id`` is the model's name in responses and ``/v1/models`` (default: the model's file
     name, without ``.gguf``), which also lists ``model_aliases``; requests may name any model, or
     none, unless ``strict_model``: then only ``model_id`` and the aliases (404 otherwise, 400
     without ``model``);
-    ``api_key``, when set, is required as ``Authorization: Bearer KEY`` everywhere but
-    ``/health``; ``embeddings``, a context made with ``embeddings=True``, serves
+    ``api_key``, when set, is required as ``Authorization: Bearer KEY`` (or, on Anthropic's routes,
+    ``x-api-key: KEY``) everywhere but ``/health``; ``embeddings``, a context made with ``embeddings=True``, serves
     ``/v1/embeddings``; bodies over ``max_body_bytes`` get 413. The app does not own the engine:
     close it when the app is done. Mount it in another Starlette or FastAPI app as any ASGI app.
     """

@@ -34,7 +34,9 @@ from llamactx._llamactx import (
     SchemaError,
     StringToTokenError,
 )
-from llamactx._render import PreparedChat
+from llamactx._render import Message, PreparedChat
+from llamactx._schema_check import OutputCheck
+from llamactx._tools import Tool, ToolChoice
 from llamactx.server._metrics import ServerMetrics
 from llamactx.server._protocol import (
     PENALTY_WINDOW_MAX,
@@ -59,7 +61,7 @@ from llamactx.server._protocol import (
     total_usage,
 )
 
-__all__ = ["CLIENT_GONE", "ERRORS", "Serving", "openai_error"]
+__all__ = ["CLIENT_GONE", "ERRORS", "Serving", "event_stream", "openai_error"]
 
 logger = logging.getLogger("llamactx.server")
 
@@ -119,11 +121,21 @@ def _shutting_down() -> ApiError:
 
 @dataclass
 class _Job:
-    """One choice of a response: its engine request, and whether its prompt counts in usage."""
+    """One choice of a response: its engine request, whether its prompt counts in usage, and the
+    check of its JSON Schema's finished value, with the parameter that gave the schema."""
 
     request: Request
     index: int
     first_of_prompt: bool
+    check: OutputCheck | None = None
+    schema_param: str | None = None
+
+
+class _Identified(Protocol):
+    """A response as its log line names it."""
+
+    @property
+    def id(self) -> str: ...
 
 
 class _Choices(Protocol):
@@ -245,20 +257,35 @@ class Serving:
         return await self._respond(http, envelope, jobs, body.stream, _ChatChoices(self, chat, body.logprobs, top))
 
     def _prepared_chat(self, body: ChatRequest) -> PreparedChat:
-        """The chat rendered once for all its choices (``Engine.prepare_chat``, which checks the
-        messages and tools: its errors name their parameter, or are the messages' or, for a
-        tool-call constraint that cannot be compiled, the tools')."""
+        """The chat of ``body`` (``_rendered_chat``)."""
         messages = [message.model_dump(exclude_none=True) for message in body.messages]
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
         choice = body.tool_choice or "auto"
         named = choice if isinstance(choice, str) else choice.model_dump()
+        return self._rendered_chat(messages, tools, named, body.parallel_tool_calls)
+
+    def _rendered_chat(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Tool],
+        tool_choice: ToolChoice,
+        parallel_tool_calls: bool,
+        messages_param: str = "messages",
+    ) -> PreparedChat:
+        """The chat rendered once for all its choices (``Engine.prepare_chat``, which checks the
+        messages and tools: its errors name their parameter, or are the messages' or, for a
+        tool-call constraint that cannot be compiled, the tools'). The messages are
+        ``messages_param`` of the body (the Responses API's ``input``)."""
         try:
             chat = self.engine.prepare_chat(
-                messages, tools=tools, tool_choice=named, parallel_tool_calls=body.parallel_tool_calls
+                messages, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls
             )
         except Exception as error:
-            param = "tools" if isinstance(error, (SchemaError, SamplerInitError)) else "messages"
-            raise openai_error(error, "the chat cannot be rendered", param) from None
+            param = "tools" if isinstance(error, (SchemaError, SamplerInitError)) else messages_param
+            failure = openai_error(error, "the chat cannot be rendered", param)
+            if isinstance(failure, ApiError) and failure.param == "messages":
+                failure.param = messages_param  # as the engine names them
+            raise failure from None
         self._fitting(chat.tokens)
         return chat
 
@@ -280,7 +307,7 @@ class Serving:
         work: call it off the event loop."""
         jobs: list[_Job] = []
         try:
-            stage = constraint_stage(self.model, body.output_schema(), body.grammar)
+            stage, check = constraint_stage(self.model, body.output_schema(), body.grammar)
             for prompt in prompts:
                 for choice in range(body.n):
                     request = submit(
@@ -291,7 +318,7 @@ class Serving:
                         logprobs=logprobs,
                         grammar=stage,
                     )
-                    jobs.append(_Job(request, len(jobs), choice == 0))
+                    jobs.append(_Job(request, len(jobs), choice == 0, check, constraint_param))
         except BaseException as error:
             for job in jobs:
                 job.request.cancel()
@@ -388,18 +415,10 @@ class Serving:
         self, http: HttpRequest, envelope: Envelope, jobs: list[_Job], stream: bool, choices: _Choices
     ) -> Response:
         if stream:
-            return StreamingResponse(
-                self._events(envelope, jobs, choices),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Request-Id": envelope.id},
-            )
-        try:
-            completions = await _unless_disconnected(http, [job.request for job in jobs])
-        except Exception as error:
-            raise openai_error(error, "the request failed while generating") from None
+            return event_stream(self._events(envelope, jobs, choices), {"X-Request-Id": envelope.id})
+        completions = await self._completed(http, envelope, jobs)
         if completions is None:
             return Response(status_code=CLIENT_GONE)
-        self._finished(envelope, jobs, completions)
         whole = [choices.whole(job, completion) for job, completion in zip(jobs, completions, strict=True)]
         usage = total_usage(_firsts(jobs, completions), completions)
         return JSONResponse(envelope.whole(whole, usage), headers={"X-Request-Id": envelope.id})
@@ -433,13 +452,30 @@ class Serving:
             for job in jobs:
                 job.request.cancel()
 
-    def _finished(self, envelope: Envelope, jobs: list[_Job], completions: list[Completion]) -> None:
+    async def _completed(self, http: HttpRequest, envelope: _Identified, jobs: list[_Job]) -> list[Completion] | None:
+        """The jobs' completions, counted and logged (``_finished``); None (the jobs cancelled)
+        if the client leaves first."""
+        try:
+            completions = await _unless_disconnected(http, [job.request for job in jobs])
+        except Exception as error:
+            raise openai_error(error, "the request failed while generating") from None
+        if completions is not None:
+            self._finished(envelope, jobs, completions)
+        return completions
+
+    def _finished(self, envelope: _Identified, jobs: list[_Job], completions: list[Completion]) -> None:
         """Counts and logs a response whose choices all ended; a choice the engine cancelled
         (it was closed) fails the response."""
         for job, completion in zip(jobs, completions, strict=True):
             self.metrics.record(completion, prompt_counted=job.first_of_prompt)
         if any(completion.finish_reason == "cancelled" for completion in completions):
             raise _shutting_down()
+        for job, completion in zip(jobs, completions, strict=True):
+            if job.check is not None and completion.finish_reason == "stop":
+                try:
+                    job.check.validate(completion.text)
+                except SchemaError as error:
+                    raise openai_error(error, "the output breaks the schema", job.schema_param) from None
         first = completions[0]
         generated = sum(c.completion_tokens for c in completions)
         logger.info(
@@ -539,6 +575,15 @@ def _streamed(message: dict[str, Any]) -> dict[str, Any]:
     if not calls:
         return {"content": message["content"]}
     return {"tool_calls": [{"index": index, **call} for index, call in enumerate(calls)]}
+
+
+def event_stream(events: AsyncIterator[str], headers: dict[str, str]) -> StreamingResponse:
+    """Server-sent ``events``, unbuffered by proxies, with ``headers`` (the request's id)."""
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
+    )
 
 
 def _constraint_param(body: SamplingBody) -> str:

@@ -1,0 +1,135 @@
+"""Anthropic's Messages API (``/v1/messages``) on ``Serving``: a request's conversation becomes the
+chat that ``Engine.prepare_chat`` renders, and its reply becomes content blocks, whole or as
+Anthropic's stream of events, through the chat endpoint's submission, error table and metrics.
+The app gives these routes' errors Anthropic's shape (``anthropic_error``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+
+from llamactx._llamactx import Completion, LlamaModel
+from llamactx._render import PreparedChat
+from llamactx.server._anthropic_protocol import (
+    CountTokensRequest,
+    InputTokens,
+    MessageDraft,
+    MessageObject,
+    MessagesRequest,
+    anthropic_error,
+    block_events,
+    content_blocks,
+    event,
+)
+from llamactx.server._protocol import ApiError, ContextLengthExceeded
+from llamactx.server._serving import CLIENT_GONE, Serving, _Job, _merged, event_stream, openai_error
+
+__all__ = ["Messages"]
+
+
+class Messages:
+    """The handlers of ``/v1/messages`` and ``/v1/messages/count_tokens``, on ``serving``'s
+    engine and checks."""
+
+    def __init__(self, serving: Serving) -> None:
+        self.serving = serving
+
+    async def create(self, http: HttpRequest) -> Response:
+        serving = self.serving
+        body = await serving._body(http, MessagesRequest)
+        sampling = body.sampling()
+
+        def submit() -> tuple[PreparedChat, list[_Job]]:
+            chat = serving._rendered_chat(*body.chat_inputs())
+            jobs = serving._submitted(
+                sampling,
+                [chat],
+                serving.engine.submit_prepared,
+                max_tokens=body.max_tokens,
+                logprobs=0,
+                constraint_param="tools",  # the only constraint a message has
+            )
+            return chat, jobs
+
+        # Rendering the template and compiling constraints take time the event loop cannot give.
+        chat, jobs = await asyncio.to_thread(submit)
+        draft = MessageDraft(serving.model_id, body.max_tokens)
+        stops = body.stop_sequences or []
+        if body.stream:
+            return event_stream(self._events(draft, chat, stops, jobs), {"request-id": draft.id})
+        completions = await serving._completed(http, draft, jobs)
+        if completions is None:
+            return Response(status_code=CLIENT_GONE)
+        (completion,) = completions
+        return JSONResponse(self._message(draft, chat, stops, completion), headers={"request-id": draft.id})
+
+    async def count_tokens(self, http: HttpRequest) -> Response:
+        body = await self.serving._body(http, CountTokensRequest)
+        try:
+            chat = await asyncio.to_thread(self.serving._rendered_chat, *body.chat_inputs())
+        except ContextLengthExceeded as error:  # too long to answer, not to count
+            counted: InputTokens = {"input_tokens": error.n_prompt_tokens}
+        else:
+            counted = {"input_tokens": len(chat.tokens)}
+        return JSONResponse(counted)
+
+    def _message(
+        self, draft: MessageDraft, chat: PreparedChat, stops: Sequence[str], completion: Completion
+    ) -> MessageObject:
+        content = content_blocks(chat.reply(completion.text))
+        return draft.finished(content, completion, _matched_stop(self.serving.model, completion, stops))
+
+    async def _events(
+        self, draft: MessageDraft, chat: PreparedChat, stops: Sequence[str], jobs: list[_Job]
+    ) -> AsyncIterator[str]:
+        """Anthropic's stream: the message started; its text as generated, in one text block
+        opened by the first text (a reply that may call tools is only known whole, so its blocks
+        come at its end); its stop reason and usage; the message stopped. A failure is an
+        ``error`` event. Leaving early (the client went away) cancels the request."""
+        texts = not chat.with_tools
+        opened = False
+        try:
+            yield event("message_start", message=draft.started(len(chat.tokens)))
+            async for _, (text, _logprobs) in _merged(jobs):
+                if texts and text:
+                    if not opened:
+                        yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+                        opened = True
+                    yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+            completions = [await job.request for job in jobs]
+            self.serving._finished(draft, jobs, completions)
+            (completion,) = completions
+            message = self._message(draft, chat, stops, completion)
+            if opened:
+                yield event("content_block_stop", index=0)
+            elif not texts:
+                for index, block in enumerate(message["content"]):
+                    for line in block_events(index, block):
+                        yield line
+            delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+            yield event("message_delta", delta=delta, usage=message["usage"])
+            yield event("message_stop")
+        except Exception as error:
+            failure = openai_error(error, "the request failed while generating")
+            if not isinstance(failure, ApiError):
+                raise
+            yield event("error", error=anthropic_error(failure)["error"])
+        finally:
+            for job in jobs:
+                job.request.cancel()
+
+
+def _matched_stop(model: LlamaModel, completion: Completion, stops: Sequence[str]) -> str | None:
+    """The stop sequence that ended ``completion``, whose finish reason says only "stop". A
+    reply that ended without an end-of-generation token (``completion_tokens`` counts it,
+    ``tokens`` does not) ended on a stop string, and its text ends where the first one found
+    begins: the one of ``stops`` that its tokens' text goes on with (None: the template's own)."""
+    if completion.finish_reason != "stop" or completion.completion_tokens > len(completion.tokens):
+        return None
+    # The engine's text: each token's bytes (special tokens as none), invalid UTF-8 replaced.
+    generated = b"".join(model.token_to_bytes(token, False) for token in completion.tokens)
+    rest = generated.decode("utf-8", errors="replace")[len(completion.text) :]
+    return next((stop for stop in stops if rest.startswith(stop)), None)

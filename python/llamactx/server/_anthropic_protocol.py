@@ -1,0 +1,468 @@
+"""Anthropic's Messages API as this server speaks it: the request bodies (``POST /v1/messages`` and
+``/v1/messages/count_tokens``), their conversation as the chat messages, tools and tool choice
+that ``Engine.prepare_chat`` takes, and the shapes of the message, its stream of events and
+Anthropic's error object. A body is checked once, by its pydantic model, as the OpenAI routes'
+are: a wrong type, an unknown field or a block this server cannot read (an image, a document) is
+a 400 naming its path. ``cache_control``, ``metadata`` and ``thinking`` are accepted and
+ignored: the prefix cache reuses a repeated prompt unasked, and the reply has no thinking
+blocks (the model reasons as its chat template makes it)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, NamedTuple, TypedDict
+
+from pydantic import Discriminator, Field, Tag, model_validator
+
+from llamactx._limits import INT32_MAX
+from llamactx._llamactx import Completion
+from llamactx._tools import ToolChoice
+from llamactx.server._protocol import ApiError, NonEmpty, Probability, SamplingBody, _Body
+
+__all__ = [
+    "ChatInputs",
+    "ContentBlock",
+    "CountTokensRequest",
+    "ErrorObject",
+    "InputTokens",
+    "MessageDraft",
+    "MessageObject",
+    "MessagesRequest",
+    "anthropic_error",
+    "block_events",
+    "content_blocks",
+    "event",
+]
+
+#: Anthropic's error types where they differ from OpenAI's for the same status.
+RENAMED_ERRORS = {"server_error": "api_error"}
+#: OpenAI's ``tool_choice`` for Anthropic's choices without a name.
+CHAT_CHOICES: dict[str, Literal["none", "auto", "required"]] = {"auto": "auto", "any": "required", "none": "none"}
+#: What a tool result's text starts with when the tool failed (``is_error``).
+ERROR_PREFIX = "Error: "
+#: The most stop sequences a request may give, as the chat endpoint's ``stop``.
+MAX_STOP_SEQUENCES = 16
+
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "model_context_window_exceeded"]
+
+
+def _text_or_blocks(value: Any) -> str:
+    return "str" if isinstance(value, str) else "list"
+
+
+def _tagged(key: str) -> Callable[[Any], str | None]:
+    """The discriminator of a union by ``key`` (a block's ``type``, a message's ``role``): tags
+    are not identifiers, so that an error's path names only the fields."""
+
+    def tag(value: Any) -> str | None:
+        return f"{key}={value.get(key)}" if isinstance(value, dict) else None
+
+    return tag
+
+
+class CacheControl(_Body):
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class TextBlock(_Body):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+    citations: None = None
+
+
+def _text(content: str | list[TextBlock]) -> str | list[dict[str, str]]:
+    """A text, or text blocks as OpenAI's text parts (the renderer reads them as chat's)."""
+    return content if isinstance(content, str) else [{"type": "text", "text": block.text} for block in content]
+
+
+class ToolUseBlock(_Body):
+    """A call of an earlier reply."""
+
+    type: Literal["tool_use"]
+    id: Annotated[str, Field(min_length=1)]
+    name: str
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+    def chat_call(self) -> dict[str, Any]:
+        """The call as OpenAI's ``tool_calls`` entry."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": json.dumps(self.input)}}
+
+
+class ToolResultBlock(_Body):
+    """What the tool of call ``tool_use_id`` returned."""
+
+    type: Literal["tool_result"]
+    tool_use_id: Annotated[str, Field(min_length=1)]
+    content: Annotated[
+        Annotated[str, Tag("str")] | Annotated[list[TextBlock], Tag("list")], Discriminator(_text_or_blocks)
+    ] = ""
+    is_error: bool = False
+    cache_control: CacheControl | None = None
+
+    def chat_message(self) -> dict[str, Any]:
+        """The result as OpenAI's ``tool`` message: a chat template has no error flag, so an
+        error's text says it."""
+        content = _text(self.content)
+        if self.is_error and isinstance(content, str):
+            content = ERROR_PREFIX + content
+        elif self.is_error:
+            content = [{"type": "text", "text": ERROR_PREFIX}, *content]
+        return {"role": "tool", "tool_call_id": self.tool_use_id, "content": content}
+
+
+#: A text, or text blocks.
+Text = Annotated[
+    Annotated[str, Tag("str")] | Annotated[NonEmpty[list[TextBlock]], Tag("list")], Discriminator(_text_or_blocks)
+]
+
+
+_NO_MEDIA = "this server reads text: no images or documents"
+UserBlock = Annotated[
+    Annotated[TextBlock, Tag("type=text")] | Annotated[ToolResultBlock, Tag("type=tool_result")],
+    Discriminator(
+        _tagged("type"),
+        custom_error_type="content_block",
+        custom_error_message=f"a user message's content blocks are of type text or tool_result ({_NO_MEDIA})",
+    ),
+]
+AssistantBlock = Annotated[
+    Annotated[TextBlock, Tag("type=text")] | Annotated[ToolUseBlock, Tag("type=tool_use")],
+    Discriminator(
+        _tagged("type"),
+        custom_error_type="content_block",
+        custom_error_message=f"an assistant message's content blocks are of type text or tool_use ({_NO_MEDIA})",
+    ),
+]
+
+
+class UserMessage(_Body):
+    role: Literal["user"]
+    content: Annotated[
+        Annotated[str, Tag("str")] | Annotated[NonEmpty[list[UserBlock]], Tag("list")], Discriminator(_text_or_blocks)
+    ]
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The turn as OpenAI's messages, in order: each tool result a ``tool`` message, the text
+        blocks between them user messages of text parts."""
+        if isinstance(self.content, str):
+            return [{"role": "user", "content": self.content}]
+        messages: list[dict[str, Any]] = []
+        for block in self.content:
+            if isinstance(block, ToolResultBlock):
+                messages.append(block.chat_message())
+            elif messages and messages[-1]["role"] == "user":
+                messages[-1]["content"] += _text([block])
+            else:
+                messages.append({"role": "user", "content": _text([block])})
+        return messages
+
+
+class AssistantMessage(_Body):
+    """An earlier reply. A last one is a turn of its own: the reply follows it, it does not
+    continue it."""
+
+    role: Literal["assistant"]
+    content: Annotated[
+        Annotated[str, Tag("str")] | Annotated[NonEmpty[list[AssistantBlock]], Tag("list")],
+        Discriminator(_text_or_blocks),
+    ]
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The turn as OpenAI's assistant message: its text parts (None without any) and its
+        calls."""
+        if isinstance(self.content, str):
+            return [{"role": "assistant", "content": self.content}]
+        texts = _text([block for block in self.content if isinstance(block, TextBlock)])
+        calls = [block.chat_call() for block in self.content if isinstance(block, ToolUseBlock)]
+        message: dict[str, Any] = {"role": "assistant", "content": texts or None}
+        if calls:
+            message["tool_calls"] = calls
+        return [message]
+
+
+InputMessage = Annotated[
+    Annotated[UserMessage, Tag("role=user")] | Annotated[AssistantMessage, Tag("role=assistant")],
+    Discriminator(
+        _tagged("role"),
+        custom_error_type="message",
+        custom_error_message='a message is an object of role "user" or "assistant" (the system prompt is `system`)',
+    ),
+]
+
+
+class Tool(_Body):
+    """A tool the reply may call (Anthropic's client tools; its server tools are refused). The
+    schema is enforced, ``strict`` or not."""
+
+    type: Literal["custom"] | None = None  # first: a server tool's error is its type
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern="^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    input_schema: dict[str, Any]
+    cache_control: CacheControl | None = None
+    strict: bool | None = None
+
+    def chat_tool(self) -> dict[str, Any]:
+        """The tool as OpenAI's function tool."""
+        function = {"name": self.name, "description": self.description, "parameters": self.input_schema}
+        return {"type": "function", "function": {key: value for key, value in function.items() if value is not None}}
+
+
+class ToolChoiceBody(_Body):
+    """``tool_choice``: "auto", "any" (a call is required), "tool" (the one ``name``d) or "none";
+    ``disable_parallel_tool_use`` allows one call at most."""
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> ToolChoiceBody:
+        if (self.type == "tool") != (self.name is not None):
+            raise ApiError(400, 'tool_choice has a name when, and only when, its type is "tool"', param="tool_choice")
+        return self
+
+    def chat_choice(self) -> ToolChoice:
+        """The choice as OpenAI's ``tool_choice``."""
+        if self.type == "tool":
+            return {"type": "function", "function": {"name": self.name}}
+        return CHAT_CHOICES[self.type]
+
+
+class Thinking(_Body):
+    """Accepted and ignored (see the module's note)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: Annotated[int, Field(ge=0)] | None = None
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class Metadata(_Body):
+    user_id: str | None = None
+
+
+class ChatInputs(NamedTuple):
+    """What ``Engine.prepare_chat`` takes."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    tool_choice: ToolChoice
+    parallel_tool_calls: bool
+
+
+class _Conversation(_Body):
+    """What both routes read: the conversation, its system prompt and tools."""
+
+    model: str | None = None
+    messages: NonEmpty[list[InputMessage]]
+    system: Text | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: ToolChoiceBody | None = None
+    thinking: Thinking | None = None
+
+    def chat_inputs(self) -> ChatInputs:
+        """The conversation as OpenAI's chat: ``system`` is the first message, ``tool_use``
+        blocks the assistant's ``tool_calls`` and ``tool_result`` blocks ``tool`` messages."""
+        system = [] if self.system is None else [{"role": "system", "content": _text(self.system)}]
+        messages = [*system, *(chat for message in self.messages for chat in message.chat_messages())]
+        choice = self.tool_choice
+        return ChatInputs(
+            messages,
+            [tool.chat_tool() for tool in self.tools or ()],
+            "auto" if choice is None else choice.chat_choice(),
+            choice is None or not choice.disable_parallel_tool_use,
+        )
+
+
+class MessagesRequest(_Conversation):
+    """``POST /v1/messages``: the reply to ``messages``, formatted with the model's chat
+    template. Sampling values left out are llama.cpp's, as for the chat endpoint."""
+
+    max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)]
+    stop_sequences: (
+        Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)] | None
+    ) = None
+    temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
+    stream: bool = False
+    metadata: Metadata | None = None
+
+    def sampling(self) -> SamplingBody:
+        """The sampling and stop strings of the chat endpoint's body with these values."""
+        given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "stop": self.stop_sequences}
+        return SamplingBody.model_validate({name: value for name, value in given.items() if value is not None})
+
+
+class CountTokensRequest(_Conversation):
+    """``POST /v1/messages/count_tokens``: the tokens of the prompt ``/v1/messages`` would read."""
+
+
+class TextContent(TypedDict):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseContent(TypedDict):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+ContentBlock = TextContent | ToolUseContent
+
+
+class MessageUsage(TypedDict):
+    """Prompt tokens computed (``input_tokens``) and reused (``cache_read_input_tokens``), as
+    Anthropic counts them apart; none are written to a cache on request."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+
+
+class MessageObject(TypedDict):
+    """The reply: whole, or as ``message_start`` opens it (no content or stop reason yet)."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[ContentBlock]
+    stop_reason: StopReason | None
+    stop_sequence: str | None
+    usage: MessageUsage
+
+
+class InputTokens(TypedDict):
+    """``POST /v1/messages/count_tokens``."""
+
+    input_tokens: int
+
+
+class ErrorDetail(TypedDict):
+    type: str
+    message: str
+
+
+class ErrorObject(TypedDict):
+    """Anthropic's error object."""
+
+    type: Literal["error"]
+    error: ErrorDetail
+
+
+def content_blocks(reply: dict[str, Any]) -> list[ContentBlock]:
+    """OpenAI's assistant message (the chat's parsed reply) as content blocks: its text, if
+    any, then its calls."""
+    blocks: list[ContentBlock] = [{"type": "text", "text": reply["content"]}] if reply.get("content") else []
+    for call in reply.get("tool_calls") or ():
+        function = call["function"]
+        blocks.append({"type": "tool_use", "id": call["id"], "name": function["name"], "input": _input(function)})
+    return blocks
+
+
+def _input(function: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments as an object: the constraint makes them one; a template's own parser
+    that does not (a call cut short) gives ``{}``, as llama-server does."""
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return {}
+    return arguments if isinstance(arguments, dict) else {}
+
+
+class MessageDraft:
+    """What every object of one reply shares: its id and model, and the limit its stop reason
+    is judged by."""
+
+    def __init__(self, model_id: str, max_tokens: int) -> None:
+        self.id = f"msg_{uuid.uuid4().hex}"
+        self.model_id = model_id
+        self.max_tokens = max_tokens
+
+    def started(self, prompt_tokens: int) -> MessageObject:
+        """The message as ``message_start`` gives it: no content yet, and every prompt token
+        counted as computed (the final usage says how many were reused)."""
+        return self._message([], None, None, _usage(prompt_tokens, 0, 0))
+
+    def finished(self, content: list[ContentBlock], completion: Completion, stop_sequence: str | None) -> MessageObject:
+        """The whole message: ``content``, why ``completion`` ended (``stop_sequence``, the one
+        that ended it, if any) and its usage."""
+        reason = self._stop_reason(content, completion, stop_sequence)
+        usage = _usage(completion.prompt_tokens, completion.cached_tokens, completion.completion_tokens)
+        return self._message(content, reason, stop_sequence if reason == "stop_sequence" else None, usage)
+
+    def _stop_reason(
+        self, content: list[ContentBlock], completion: Completion, stop_sequence: str | None
+    ) -> StopReason:
+        """A reply cut short ends at ``max_tokens`` or else at the end of its sequence; one that
+        ended otherwise with calls ends with them, as OpenAI's "tool_calls"."""
+        if completion.finish_reason == "length":
+            return "max_tokens" if completion.completion_tokens >= self.max_tokens else "model_context_window_exceeded"
+        if any(block["type"] == "tool_use" for block in content):
+            return "tool_use"
+        return "end_turn" if stop_sequence is None else "stop_sequence"
+
+    def _message(
+        self, content: list[ContentBlock], reason: StopReason | None, stop_sequence: str | None, usage: MessageUsage
+    ) -> MessageObject:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model_id,
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": stop_sequence,
+            "usage": usage,
+        }
+
+
+def _usage(prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> MessageUsage:
+    return {
+        "input_tokens": prompt_tokens - cached_tokens,
+        "output_tokens": completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
+    }
+
+
+def event(name: str, **data: Any) -> str:
+    """A server-sent event of Anthropic's stream: its name, and its data, whose ``type`` is the
+    name."""
+    return f"event: {name}\ndata: {json.dumps({'type': name, **data}, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def block_events(index: int, block: ContentBlock) -> list[str]:
+    """A whole content block as the events of a stream: started empty, its text or its input
+    (as JSON) in one delta, stopped."""
+    if block["type"] == "text":
+        opened: dict[str, Any] = {"type": "text", "text": ""}
+        delta = {"type": "text_delta", "text": block["text"]}
+    else:
+        opened = {**block, "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+    return [
+        event("content_block_start", index=index, content_block=opened),
+        event("content_block_delta", index=index, delta=delta),
+        event("content_block_stop", index=index),
+    ]
+
+
+def anthropic_error(error: ApiError) -> ErrorObject:
+    """``error`` as Anthropic's error object: its type follows from the status as OpenAI's does
+    (``ApiError.body``), by Anthropic's name where it differs; the message starts with the
+    parameter at fault when it does not name it (Anthropic's object has no ``param``)."""
+    kind = error.body()["error"]["type"]
+    kind = "request_too_large" if error.status == 413 else RENAMED_ERRORS.get(kind, kind)
+    message = error.message
+    if error.param is not None and error.param not in message:
+        message = f"{error.param}: {message}"
+    return {"type": "error", "error": {"type": kind, "message": message}}

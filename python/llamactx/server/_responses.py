@@ -1,0 +1,231 @@
+"""OpenAI's Responses API (``/v1/responses``) on ``Serving``: a request's input items become the
+chat that ``Engine.prepare_chat`` renders, and its reply becomes output items, whole or as the
+Responses stream of events, through the chat endpoint's submission, error table and metrics.
+Responses are kept, bounded, in memory, so that a follow-up names its predecessor
+(``previous_response_id``) instead of sending the conversation again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+
+from llamactx._llamactx import Completion
+from llamactx._render import PreparedChat
+from llamactx.server._protocol import ApiError
+from llamactx.server._responses_protocol import (
+    InputItem,
+    OutputItem,
+    ResponseDraft,
+    ResponseEvents,
+    ResponseObject,
+    ResponseRequest,
+    chat_messages,
+    conversation_items,
+    message_item,
+    output_items,
+)
+from llamactx.server._serving import CLIENT_GONE, UNLIMITED, Serving, _Job, _merged, event_stream, openai_error
+
+__all__ = ["MAX_STORED_BYTES", "MAX_STORED_RESPONSES", "ResponseStore", "Responses", "StoredResponse"]
+
+#: The most responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}``; the
+#: oldest goes first.
+MAX_STORED_RESPONSES = 1024
+#: The most bytes they hold in all (each counted as its response's and its whole conversation's
+#: JSON); the oldest goes first.
+MAX_STORED_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A response as answered, and its conversation for a follow-up to continue: the input items
+    (after its predecessor's conversation, without the instructions, which OpenAI does not carry
+    over) and then its output."""
+
+    response: ResponseObject
+    conversation: tuple[InputItem, ...]
+
+    def size(self) -> int:
+        """The bytes it counts for in the store: its JSON. A conversation shares its earlier
+        items with its predecessor's, so this overcounts what it holds."""
+        held = len(json.dumps(self.response, ensure_ascii=False))
+        return held + sum(len(item.model_dump_json()) for item in self.conversation)
+
+
+class ResponseStore:
+    """The last responses kept, by id: at most ``max_responses`` of at most ``max_bytes`` in all
+    (``StoredResponse.size``), the oldest evicted first. Used from the event loop only."""
+
+    def __init__(self, max_responses: int = MAX_STORED_RESPONSES, max_bytes: int = MAX_STORED_BYTES) -> None:
+        self.max_responses = max_responses
+        self.max_bytes = max_bytes
+        self._responses: OrderedDict[str, tuple[StoredResponse, int]] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._responses)
+
+    def put(self, stored: StoredResponse) -> None:
+        """Keeps ``stored``, evicting the oldest responses past the bounds (``stored`` itself when
+        it alone is over ``max_bytes``)."""
+        size = stored.size()
+        self.delete(stored.response["id"])
+        self._responses[stored.response["id"]] = (stored, size)
+        self._bytes += size
+        while self._responses and (len(self._responses) > self.max_responses or self._bytes > self.max_bytes):
+            _, (_, evicted) = self._responses.popitem(last=False)
+            self._bytes -= evicted
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        kept = self._responses.get(response_id)
+        return None if kept is None else kept[0]
+
+    def delete(self, response_id: str) -> bool:
+        """Forgets the response; False if it was not kept."""
+        kept = self._responses.pop(response_id, None)
+        if kept is None:
+            return False
+        self._bytes -= kept[1]
+        return True
+
+
+class Responses:
+    """The handlers of ``/v1/responses``, on ``serving``'s engine and checks, with ``store``."""
+
+    def __init__(self, serving: Serving, store: ResponseStore | None = None) -> None:
+        self.serving = serving
+        self.store = ResponseStore() if store is None else store
+
+    async def create(self, http: HttpRequest) -> Response:
+        serving = self.serving
+        body = await serving._body(http, ResponseRequest)
+        conversation = [*self._continued(body.previous_response_id), *body.input_items()]
+        sampling = body.sampling()
+
+        def submit() -> tuple[PreparedChat, list[_Job]]:
+            chat = serving._rendered_chat(
+                chat_messages(body.instructions, conversation),
+                body.chat_tools(),
+                body.chat_tool_choice(),
+                body.parallel_tool_calls is not False,
+                messages_param="input",
+            )
+            jobs = serving._submitted(
+                sampling,
+                [chat],
+                serving.engine.submit_prepared,
+                max_tokens=UNLIMITED if body.max_output_tokens is None else body.max_output_tokens,
+                logprobs=0,
+                constraint_param="tools" if chat.with_tools else "text.format",
+            )
+            return chat, jobs
+
+        # Rendering the template and compiling constraints take time the event loop cannot give.
+        chat, jobs = await asyncio.to_thread(submit)
+        draft = ResponseDraft(body, sampling, serving.model_id)
+        if body.stream:
+            return event_stream(self._events(draft, chat, jobs, conversation), {"X-Request-Id": draft.id})
+        completions = await serving._completed(http, draft, jobs)
+        if completions is None:
+            return Response(status_code=CLIENT_GONE)
+        (completion,) = completions
+        output = output_items(chat.reply(completion.text), draft.message_id, _message_status(completion))
+        return JSONResponse(self._answered(draft, conversation, output, completion), headers={"X-Request-Id": draft.id})
+
+    async def retrieve(self, http: HttpRequest) -> Response:
+        return JSONResponse(self._stored(http.path_params["response_id"]).response)
+
+    async def delete(self, http: HttpRequest) -> Response:
+        response_id = http.path_params["response_id"]
+        if not self.store.delete(response_id):
+            raise _not_stored(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    def _stored(self, response_id: str) -> StoredResponse:
+        stored = self.store.get(response_id)
+        if stored is None:
+            raise _not_stored(response_id)
+        return stored
+
+    def _continued(self, response_id: str | None) -> tuple[InputItem, ...]:
+        """The conversation that ``previous_response_id`` continues (none without one)."""
+        if response_id is None:
+            return ()
+        stored = self.store.get(response_id)
+        if stored is None:
+            raise ApiError(
+                400,
+                f"the previous response {response_id!r} is not stored here (unknown, deleted, evicted or made "
+                "with store: false)",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        return stored.conversation
+
+    def _answered(
+        self, draft: ResponseDraft, conversation: list[InputItem], output: list[OutputItem], completion: Completion
+    ) -> ResponseObject:
+        """The finished response, kept unless the request said ``store: false``."""
+        response = draft.finished(output, completion)
+        if draft.body.store is not False:
+            self.store.put(StoredResponse(response, (*conversation, *conversation_items(output))))
+        return response
+
+    async def _events(
+        self, draft: ResponseDraft, chat: PreparedChat, jobs: list[_Job], conversation: list[InputItem]
+    ) -> AsyncIterator[str]:
+        """The Responses stream: the response created and in progress, its output items as
+        they are generated (a reply that may call tools is only known whole, so its items come at
+        its end), then the response completed or incomplete; a failure is an ``error`` event and
+        the response failed. Leaving early (the client went away) cancels the request."""
+        events = ResponseEvents()
+        texts = not chat.with_tools
+        try:
+            started = draft.snapshot("in_progress", [])
+            yield events.event("response.created", response=started)
+            yield events.event("response.in_progress", response=started)
+            if texts:
+                for line in events.message_opened(0, draft.message_id):
+                    yield line
+            async for _, (text, _logprobs) in _merged(jobs):
+                if texts and text:
+                    yield events.text_delta(0, draft.message_id, text)
+            completions = [await job.request for job in jobs]
+            self.serving._finished(draft, jobs, completions)
+            (completion,) = completions
+            status = _message_status(completion)
+            if texts:
+                message = message_item(draft.message_id, completion.text, status)
+                output: list[OutputItem] = [message]
+                closing = events.message_closed(0, message)
+            else:
+                output = output_items(chat.reply(completion.text), draft.message_id, status)
+                closing = [line for index, item in enumerate(output) for line in events.item(index, item)]
+            for line in closing:
+                yield line
+            response = self._answered(draft, conversation, output, completion)
+            yield events.event(f"response.{response['status']}", response=response)
+        except Exception as error:
+            failure = openai_error(error, "the response failed while generating")
+            if not isinstance(failure, ApiError):
+                raise
+            for line in events.failed(draft, failure):
+                yield line
+        finally:
+            for job in jobs:
+                job.request.cancel()
+
+
+def _message_status(completion: Completion) -> str:
+    """A reply's message status: "incomplete" when it was cut."""
+    return "incomplete" if completion.finish_reason == "length" else "completed"
+
+
+def _not_stored(response_id: str) -> ApiError:
+    return ApiError(404, f"no response {response_id!r} is stored here", code="not_found")
