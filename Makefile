@@ -38,6 +38,7 @@ bench: build model bench-peers wheel-venv ## llamactx vs llama.cpp's tools (buil
 	$(PY) benches/compare.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/wheel.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" --wheel-python $(WHEEL_VENV)/bin/python --rounds 11
 	$(PY) benches/server.py --peer-python $(PEERS_VENV)/bin/python
+	$(PY) benches/server_suite.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/structured.py --peer-python $(PEERS_VENV)/bin/python
 	$(PEERS_VENV)/bin/python benches/forged_turns.py "$$($(PY) -c 'import llamactx; print(llamactx.default_model_path())')"
 	$(PY) benches/rpc.py
@@ -60,7 +61,7 @@ test-wheel: wheel-venv model ## install the wheel into a bare venv (no Rust need
 wheel-venv: wheel ## the wheel installed into a bare venv, WHEEL_VENV
 	rm -rf $(WHEEL_VENV)
 	python3 -m venv $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/python -m pip install --quiet "$$(ls dist/llamactx-*.whl)[server,ray]" pytest pytest-timeout hypothesis gguf openai httpx "jsonschema[format-nongpl]"
+	$(WHEEL_VENV)/bin/python -m pip install --quiet "$$(ls dist/llamactx-*.whl)[server,ray]" pytest pytest-timeout hypothesis gguf openai anthropic httpx "jsonschema[format-nongpl]"
 	cd / && $(CURDIR)/$(WHEEL_VENV)/bin/python -c "import llamactx, sys; assert '$(WHEEL_VENV)/lib' in llamactx.__file__, llamactx.__file__"
 
 lint: build ## rustfmt, clippy, ruff, mypy --strict and actionlint

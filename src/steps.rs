@@ -136,7 +136,8 @@ pub struct Steps {
     text: TextStream,
     max_tokens: usize,
     generated: usize,
-    /// Cells the sequence may use: a token sampled once they are all taken is the last.
+    /// Tokens the sequence may hold, prompt and completion, as OpenAI and llama-server count a
+    /// context: the token that makes `n_ctx` is the last (it is never decoded).
     n_ctx: usize,
 }
 
@@ -162,7 +163,7 @@ impl Steps {
         if stopped {
             return (piece, Some(Finish::Stop));
         }
-        if self.generated >= self.max_tokens || kv_len >= self.n_ctx {
+        if self.generated >= self.max_tokens || kv_len + 1 >= self.n_ctx {
             piece.push_str(&self.text.finish());
             return (piece, Some(Finish::Length));
         }
@@ -204,7 +205,14 @@ impl PySequenceSteps {
 
 #[cfg(test)]
 mod tests {
-    use super::TextStream;
+    use super::{Finish, Steps, TextStream};
+
+    #[test]
+    fn prompt_and_completion_hold_at_most_n_ctx_tokens() {
+        let mut steps = Steps::new(vec![], 100, 8);
+        assert!(steps.take(b"a", false, 6).1.is_none()); // the 7th token: decoded next
+        assert!(matches!(steps.take(b"b", false, 7).1, Some(Finish::Length))); // the 8th: the last
+    }
 
     #[test]
     fn characters_split_across_tokens_come_out_whole() {
