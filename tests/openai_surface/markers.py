@@ -17,4 +17,3 @@ SERVER = "llama-server" if os.environ.get(PEER_PYTHON) else "llamactx"
 def llamactx_lacks(reason: str) -> pytest.MarkDecorator:
     """A feature llamactx deliberately lacks (or does not have yet): fails there, on purpose."""
     return pytest.mark.xfail(SERVER == "llamactx", reason=f"llamactx lacks {reason}", strict=True)
-
