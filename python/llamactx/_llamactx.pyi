@@ -935,7 +935,7 @@ class _Regex:
     back-references (which llguidance refuses too).
     """
 
-    def __init__(self, pattern: str) -> None:
+    def __new__(cls, pattern: str) -> _Regex:
         """`ValueError` for a pattern the `regex` crate cannot compile within its size limit."""
     def search(self, text: str) -> bool:
         """Whether the pattern matches anywhere in `text` (JSON Schema's `pattern` is unanchored)."""
