@@ -1,6 +1,7 @@
 """Constraints on what is generated: JSON Schemas (dicts, JSON text, pydantic models,
-dataclasses, TypedDicts) and grammars, as the sampler stages that enforce them. A leaf module:
-every generation path imports it, and it imports none of them."""
+dataclasses, TypedDicts) and grammars, as the sampler stages that enforce them, with the check
+of what a schema asks that llguidance cannot enforce (``OutputCheck``). A leaf module: every
+generation path imports it, and it imports none of them."""
 
 from __future__ import annotations
 
