@@ -2,6 +2,7 @@
 //! (continuous batching). Python submits token ids and reads pieces; scheduling, decoding and
 //! sampling run on the engine's own thread, without the GIL.
 
+mod draft;
 mod logprobs;
 mod plan;
 mod prefix_cache;
@@ -27,6 +28,7 @@ use crate::model::PyLlamaModel;
 use crate::sampler::params::PySamplingParams;
 use crate::sampler::{guidance, PyLlamaSampler, SendSampler};
 use crate::tokens::check_vocab;
+use draft::NgramConfig;
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
 use scheduler::{Job, Scheduler};
@@ -48,6 +50,8 @@ struct Counters {
     prefix_cache_hits: u64,
     tokens_generated: u64,
     prompt_tokens_computed: u64,
+    drafted_tokens: u64,
+    accepted_tokens: u64,
     busy_seconds: f64,
 }
 
@@ -142,12 +146,13 @@ impl PyEngineCore {
 #[pymethods]
 impl PyEngineCore {
     #[new]
-    #[pyo3(signature = (model, max_waiting, prefix_cache, **options))]
+    #[pyo3(signature = (model, max_waiting, prefix_cache, ngram, **options))]
     fn new(
         py: Python<'_>,
         model: &Bound<'_, PyLlamaModel>,
         max_waiting: usize,
         prefix_cache: bool,
+        ngram: Option<(u16, u16)>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let options = ContextOptions::from_kwargs(options)?;
@@ -161,6 +166,15 @@ impl PyEngineCore {
             return Err(
                 Error::value("an engine runs decoder-only models; this model has an encoder (T5-style)").into(),
             );
+        }
+        let ngram = ngram.map(|(size_ngram, size_mgram)| NgramConfig { size_ngram, size_mgram });
+        if ngram.is_some() && (native_model.is_recurrent() || native_model.is_hybrid()) {
+            // Rejected drafts leave the KV cache by cutting their cells, which a recurrent
+            // state cannot undo.
+            return Err(Error::value(
+                "speculative decoding needs a model whose KV cache can be cut; this one is recurrent",
+            )
+            .into());
         }
         let native = detached(py, || {
             let native = OpenContext::open(Arc::clone(&native_model), &options)?;
@@ -183,7 +197,7 @@ impl PyEngineCore {
         let scheduled = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("llamactx-engine".to_owned())
-            .spawn(move || Scheduler::new(native, scheduled, batch, prefix_cache).run())
+            .spawn(move || Scheduler::new(native, scheduled, batch, prefix_cache, ngram).run())
             .map_err(|err| Error::Runtime(format!("could not start the engine thread: {err}")))?;
         Ok(Self {
             shared,
@@ -268,7 +282,8 @@ impl PyEngineCore {
     }
 
     /// Counts of now: running and waiting requests, KV cells used by running requests, kept
-    /// for prefix reuse and in total, prefix cache hits, tokens generated, and generated tokens per second of engine work.
+    /// for prefix reuse and in total, prefix cache hits, tokens generated, speculative tokens
+    /// drafted and accepted, and generated tokens per second of engine work.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let waiting = self.shared.inbox().waiting.len();
         let counters = *self.shared.counters();
@@ -282,6 +297,8 @@ impl PyEngineCore {
         stats.set_item("prefix_cache_hits", counters.prefix_cache_hits)?;
         stats.set_item("tokens_generated", counters.tokens_generated)?;
         stats.set_item("prompt_tokens_computed", counters.prompt_tokens_computed)?;
+        stats.set_item("drafted_tokens", counters.drafted_tokens)?;
+        stats.set_item("accepted_tokens", counters.accepted_tokens)?;
         let per_second = if counters.busy_seconds > 0.0 {
             // A rate for display: the precision lost past 2**52 tokens does not matter.
             #[allow(clippy::cast_precision_loss)]

@@ -15,7 +15,7 @@ _load_extension()
 
 from llamactx._chat import ChatSession, chat
 from llamactx._embedding import embed
-from llamactx._engine import Delta, Engine, Request
+from llamactx._engine import Delta, Engine, NgramDraft, Request
 from llamactx._enums import LlamaAttentionType, LlamaFlashAttnType, LlamaPoolingType
 from llamactx._generation import continue_sequence, generate, generate_batch, prefill, stream
 from llamactx._llamactx import (
@@ -101,6 +101,7 @@ __all__ = [
     "LlamaTokenDataArray",
     "LoadSessionError",
     "NewLlamaChatMessageError",
+    "NgramDraft",
     "PerfContextData",
     "PreparedChat",
     "Request",

@@ -8,6 +8,7 @@ import asyncio
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -25,7 +26,7 @@ from llamactx._render import ChatRenderer, Message, PreparedChat
 from llamactx._schema_check import OutputCheck
 from llamactx._tools import ChatInputError, Tool, ToolChoice, reply_message
 
-__all__ = ["Delta", "Engine", "Request"]
+__all__ = ["Delta", "Engine", "NgramDraft", "Request"]
 
 #: A piece of generated text and, per token sampled for it, ``(token, logprob)`` of that token
 #: then of the most likely others.
@@ -72,6 +73,30 @@ def _waker_for(core: _RequestCore, *, pieces: bool) -> _LoopWaker:
         waker = _wakers[loop] = _LoopWaker(loop)
     waker.watch(core, pieces=pieces)
     return waker
+
+
+#: The longest n-gram and draft ``NgramDraft`` takes.
+MAX_NGRAM = 256
+
+
+@dataclass(frozen=True)
+class NgramDraft:
+    """Speculative decoding by n-gram lookup, for ``Engine(speculative=...)``: where the last
+    ``size_ngram`` tokens of a request (its prompt and output so far) occurred before, the up
+    to ``size_mgram`` tokens that followed them then are proposed, and the engine verifies them
+    all in one decode. No second model; it pays where the output repeats its input (code
+    edits, quotes, extraction, answers from a given document). The output is the same as
+    without it: each token is still sampled by the request's own sampler. How many tokens a
+    request drafts adapts to how many were accepted. (llama.cpp's ``ngram-simple``.)"""
+
+    size_ngram: int = 3
+    size_mgram: int = 16
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.size_ngram <= MAX_NGRAM:
+            raise ValueError(f"size_ngram must be in 1..={MAX_NGRAM}, got {self.size_ngram}")
+        if not self.size_ngram <= self.size_mgram <= MAX_NGRAM:
+            raise ValueError(f"size_mgram must be in size_ngram..={MAX_NGRAM}, got {self.size_mgram}")
 
 
 class Request:
@@ -189,7 +214,9 @@ class Engine:
     chat's next turn) reads only the rest; a running request's cells are copied when it shares
     more. Without it, a request's output equals ``generate`` on a context of the same options,
     token for token (reused cells were computed in other chunks, which can change a near-tie).
-    ``close()`` (or leaving a ``with`` block, or the
+    With ``speculative`` (an ``NgramDraft``), requests draft tokens from their own text and
+    verify them in one decode: the same output in fewer decodes (``Completion.drafted_tokens``
+    and ``accepted_tokens`` say how many). ``close()`` (or leaving a ``with`` block, or the
     interpreter's exit) ends every request still waiting or running as "cancelled".
     """
 
@@ -200,14 +227,18 @@ class Engine:
         max_waiting: int = 1024,
         prefix_cache: bool = True,
         chat_template: str | None = None,
+        speculative: NgramDraft | None = None,
         **options: Any,
     ) -> None:
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
+        if speculative is not None and not isinstance(speculative, NgramDraft):
+            raise TypeError(f"speculative must be an NgramDraft or None, got {type(speculative).__name__}")
         options.setdefault("n_ctx", 4096)
         options.setdefault("n_seq_max", 8)
         self.model = model
-        self._core = _EngineCore(model, max_waiting, prefix_cache, **options)
+        ngram = None if speculative is None else (speculative.size_ngram, speculative.size_mgram)
+        self._core = _EngineCore(model, max_waiting, prefix_cache, ngram, **options)
         self._renderer = ChatRenderer(model, chat_template)
         # Python joins non-daemon threads before it runs `atexit` handlers: a thread waiting
         # on a request would keep the interpreter from exiting. This hook runs before that.
@@ -342,8 +373,8 @@ class Engine:
 
     def stats(self) -> dict[str, float]:
         """Running and waiting requests, KV cells used by running requests, kept for reuse and in
-        total, prefix-cache hits, tokens generated and prompt tokens computed, and generated
-        tokens per second of engine work."""
+        total, prefix-cache hits, tokens generated and prompt tokens computed, speculative
+        tokens drafted and accepted, and generated tokens per second of engine work."""
         return self._core.stats()
 
     def close(self) -> None:

@@ -920,6 +920,12 @@ class Completion:
     def completion_tokens(self) -> int:
         """Tokens sampled (an end-of-generation token included)."""
     @property
+    def drafted_tokens(self) -> int:
+        """Tokens proposed by speculative drafts and verified (0 without speculation)."""
+    @property
+    def accepted_tokens(self) -> int:
+        """Drafted tokens that were what the model sampled: each saved a decode."""
+    @property
     def queue_seconds(self) -> float:
         """Seconds from `submit` until the engine took the request."""
     @property
@@ -981,7 +987,9 @@ class _RequestCore:
 class _EngineCore:
     """The native engine behind `llamactx.Engine`."""
 
-    def __new__(cls, model: LlamaModel, max_waiting: int, prefix_cache: bool, **options: Any) -> _EngineCore: ...
+    def __new__(
+        cls, model: LlamaModel, max_waiting: int, prefix_cache: bool, ngram: tuple[int, int] | None, **options: Any
+    ) -> _EngineCore: ...
     def submit(
         self,
         tokens: Sequence[int],

@@ -18,6 +18,7 @@ from typing import TypeVar
 from llamactx._chat import ChatSession
 from llamactx._cpu import cpu_variant
 from llamactx._embedding import embed, embedding_context
+from llamactx._engine import NgramDraft
 from llamactx._generation import stream
 from llamactx._limits import INT32_MAX, RANDOM_SEED
 from llamactx._llamactx import LlamaContext, LlamaCppError, LlamaModel, LlamaSampler, serve_rpc
@@ -402,6 +403,25 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--embeddings", action="store_true", help="serve /v1/embeddings")
     serve.add_argument("--max-waiting", type=NON_NEGATIVE, default=1024, metavar="N", help="queue length before 503")
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of earlier prompts")
+    serve.add_argument(
+        "--spec-ngram",
+        action="store_true",
+        help="speculative decoding by n-gram lookup in each request's own text: the same output in fewer decodes",
+    )
+    serve.add_argument(
+        "--spec-ngram-size-n",
+        type=COUNT,
+        default=NgramDraft.size_ngram,
+        metavar="N",
+        help="tokens that must repeat for a draft (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--spec-ngram-size-m",
+        type=COUNT,
+        default=NgramDraft.size_mgram,
+        metavar="M",
+        help="the most tokens a draft proposes (default: %(default)s)",
+    )
     serve.add_argument("--model-id", help="the model's name in responses (default: the file name without .gguf)")
     serve.add_argument(
         "--model-alias",

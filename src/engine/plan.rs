@@ -61,6 +61,21 @@ pub fn prompt_chunks(
     (chunks, room)
 }
 
+/// How many drafted tokens each generating request verifies in a decode of `n_batch` tokens,
+/// from the lengths of their drafts (`wanted`, in decode order): every request's own next
+/// token goes in first, then the drafts while they fit, in order, the last one cut to the room.
+pub fn draft_lengths(wanted: &[usize], n_batch: usize) -> Vec<usize> {
+    let mut room = n_batch.saturating_sub(wanted.len());
+    wanted
+        .iter()
+        .map(|&length| {
+            let taken = length.min(room);
+            room -= taken;
+            taken
+        })
+        .collect()
+}
+
 /// The order a decode lists requests in, from their sequence ids: ascending. With a KV stream
 /// per sequence, llama.cpp puts only consecutive, increasing sequence ids in one micro-batch,
 /// so any other order splits a step's decode into several [llama.cpp internal].
@@ -122,6 +137,15 @@ mod tests {
         // Requests with nothing left to read take no room.
         let (chunks, _) = prompt_chunks([(0, 0), (3, 5)], 10, 256);
         assert_eq!(chunks, vec![(3, 5)]);
+    }
+
+    #[test]
+    fn drafts_fill_the_room_the_generating_tokens_leave_in_order() {
+        assert_eq!(draft_lengths(&[4, 0, 8], 64), vec![4, 0, 8]);
+        // 3 tokens of their own in 10: 7 drafted tokens fit, the second draft is cut.
+        assert_eq!(draft_lengths(&[4, 5, 2], 10), vec![4, 3, 0]);
+        assert_eq!(draft_lengths(&[4, 4], 2), vec![0, 0]);
+        assert_eq!(draft_lengths(&[], 8), Vec::<usize>::new());
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub struct PyCompletion {
     pub cached_tokens: usize,
     /// Tokens sampled (an end-of-generation token included).
     pub completion_tokens: usize,
+    /// Tokens proposed by speculative drafts and verified (0 without speculation).
+    pub drafted_tokens: usize,
+    /// Drafted tokens that were what the model sampled: each saved a decode.
+    pub accepted_tokens: usize,
     /// Seconds from `submit` until the engine took the request.
     pub queue_seconds: f64,
     /// Seconds from `submit` until the first token was sampled (None if none was).

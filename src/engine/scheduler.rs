@@ -17,6 +17,7 @@ use std::time::Instant;
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 
+use super::draft::{Drafter, NgramConfig};
 use super::logprobs::top_logprobs;
 use super::plan;
 use super::prefix_cache::{Placement, PrefixCache};
@@ -104,6 +105,11 @@ struct Running {
     logprobs_sent: usize,
     text: String,
     sampled: usize,
+    /// Proposes speculative drafts, with the engine's n-gram speculation.
+    drafter: Option<Drafter>,
+    /// Drafted tokens verified, and how many of them were accepted.
+    drafted: usize,
+    accepted: usize,
     admitted: Instant,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
@@ -113,6 +119,17 @@ impl Running {
     /// Tokens of this sequence in the KV cache.
     fn kv_len(&self) -> usize {
         self.kv_tokens.len()
+    }
+
+    /// The draft to verify after `sampled`: never past `max_tokens` (the request's reserved
+    /// cells) nor past the token that fills the sequence's `n_ctx_seq` cells.
+    fn draft(&mut self, sampled: LlamaToken, n_ctx_seq: usize) -> Vec<LlamaToken> {
+        let Some(drafter) = &mut self.drafter else {
+            return Vec::new();
+        };
+        let left = self.job.max_tokens.saturating_sub(self.sampled + 1);
+        let before_end = n_ctx_seq.saturating_sub(self.kv_tokens.len() + 2);
+        drafter.draft(&self.kv_tokens, sampled, left.min(before_end))
     }
 
     fn completion(&self, finish_reason: &'static str) -> PyCompletion {
@@ -129,6 +146,8 @@ impl Running {
             prompt_tokens: self.job.prompt.len(),
             cached_tokens: self.reused,
             completion_tokens: self.sampled,
+            drafted_tokens: self.drafted,
+            accepted_tokens: self.accepted,
             queue_seconds: self.admitted.duration_since(self.job.submitted).as_secs_f64(),
             first_token_seconds: seconds(self.job.submitted, self.first_token),
             tokens_per_second: if generating > 0.0 {
@@ -150,6 +169,8 @@ fn unstarted(job: &Job, finish_reason: &'static str) -> PyCompletion {
         prompt_tokens: job.prompt.len(),
         cached_tokens: 0,
         completion_tokens: 0,
+        drafted_tokens: 0,
+        accepted_tokens: 0,
         queue_seconds: job.submitted.elapsed().as_secs_f64(),
         first_token_seconds: None,
         tokens_per_second: 0.0,
@@ -167,13 +188,21 @@ pub struct Scheduler {
     n_batch: usize,
     n_ctx: usize,
     n_ctx_seq: usize,
+    /// The n-gram speculation every request drafts with, if any.
+    ngram: Option<NgramConfig>,
     /// Every counter `stats()` reports, counted here only.
     counters: Counters,
 }
 
 impl Scheduler {
     /// A scheduler for `native`, whose decodes go through `batch` (of `n_batch` tokens).
-    pub fn new(native: OpenContext, shared: Arc<EngineShared>, batch: BatchState, prefix_cache: bool) -> Self {
+    pub fn new(
+        native: OpenContext,
+        shared: Arc<EngineShared>,
+        batch: BatchState,
+        prefix_cache: bool,
+        ngram: Option<NgramConfig>,
+    ) -> Self {
         let (n_batch, n_ctx, n_ctx_seq, n_seq_max) = native.with(|context| {
             (
                 context.n_batch() as usize,
@@ -193,6 +222,7 @@ impl Scheduler {
             n_batch,
             n_ctx,
             n_ctx_seq,
+            ngram,
             counters: Counters::default(),
         }
     }
@@ -324,6 +354,9 @@ impl Scheduler {
             logprobs_sent: 0,
             text: String::new(),
             sampled: 0,
+            drafter: self.ngram.map(Drafter::new),
+            drafted: 0,
+            accepted: 0,
             admitted: Instant::now(),
             first_token: None,
             last_token: None,
@@ -400,35 +433,111 @@ impl Scheduler {
         self.generate();
     }
 
-    /// Decodes the last sampled token of every generating sequence in one batch and samples
-    /// the next. A failed decode (which changed nothing) fails every request in it.
+    /// Decodes the last sampled token of every generating sequence in one batch, with the
+    /// tokens drafted to follow it, and samples the next: then, while the token sampled is the
+    /// next drafted one, the one after it, from that draft token's output. Every token is
+    /// sampled as without drafts, by the request's own sampler from the model's output for the
+    /// same tokens, so speculation changes the number of decodes, not the output. A failed
+    /// decode (which changed nothing) fails every request in it.
     fn generate(&mut self) {
-        self.batch.clear();
+        let order: Vec<usize> = self
+            .by_sequence()
+            .into_iter()
+            .filter(|&index| matches!(self.running[index].phase, Phase::Generating(_)))
+            .collect();
+        if order.is_empty() {
+            return;
+        }
+        let mut drafts: Vec<Vec<LlamaToken>> = order
+            .iter()
+            .map(|&index| {
+                let running = &mut self.running[index];
+                match running.phase {
+                    Phase::Generating(token) => running.draft(token, self.n_ctx_seq),
+                    _ => Vec::new(),
+                }
+            })
+            .collect();
+        let wanted: Vec<usize> = drafts.iter().map(Vec::len).collect();
+        for (draft, length) in drafts.iter_mut().zip(plan::draft_lengths(&wanted, self.n_batch)) {
+            draft.truncate(length);
+        }
         let mut rows: Vec<(usize, i32)> = Vec::new();
-        let added = self.by_sequence().into_iter().try_for_each(|index| {
-            let running = &self.running[index];
-            if let Phase::Generating(token) = running.phase {
-                rows.push((index, row_of(&self.batch)?));
-                self.batch
-                    .add(token.0, position(running.kv_len())?, &[running.seq], true)?;
-            }
-            Ok(())
-        });
-        if rows.is_empty() {
-            return;
-        }
+        let added = self.add_generating(&order, &drafts, &mut rows);
         if let Err(err) = added.and_then(|()| self.native.decode(&mut self.batch)) {
-            self.fail(rows.iter().map(|&(index, _)| index), err);
+            self.fail(order.into_iter(), err);
             return;
         }
-        self.counters.tokens_generated += rows.len() as u64;
         self.prepare_constraints(&rows);
-        for (index, row) in rows {
-            let running = &mut self.running[index];
-            if let Phase::Generating(token) = running.phase {
-                running.kv_tokens.push(token);
+        for ((index, row), draft) in rows.into_iter().zip(drafts) {
+            self.verify(index, row, &draft);
+        }
+    }
+
+    /// Fills the batch with each generating request's last sampled token and its draft, every
+    /// one with an output; `rows` gets each request's first output row.
+    fn add_generating(
+        &mut self,
+        order: &[usize],
+        drafts: &[Vec<LlamaToken>],
+        rows: &mut Vec<(usize, i32)>,
+    ) -> Result<()> {
+        self.batch.clear();
+        for (&index, draft) in order.iter().zip(drafts) {
+            let running = &self.running[index];
+            let Phase::Generating(token) = running.phase else {
+                continue;
+            };
+            rows.push((index, row_of(&self.batch)?));
+            let start = running.kv_len();
+            for (offset, next) in std::iter::once(token).chain(draft.iter().copied()).enumerate() {
+                self.batch
+                    .add(next.0, position(start + offset)?, &[running.seq], true)?;
             }
-            Self::sample_or_fail(&self.native, running, row);
+        }
+        Ok(())
+    }
+
+    /// Samples the tokens of `running[index]` from its outputs from `row` on (`draft.len() + 1`
+    /// of them), accepting drafted tokens while they are what was sampled, and removes the
+    /// cells of the drafted tokens that were not.
+    fn verify(&mut self, index: usize, row: i32, draft: &[LlamaToken]) {
+        let running = &mut self.running[index];
+        let Phase::Generating(token) = running.phase else {
+            return;
+        };
+        running.kv_tokens.push(token);
+        self.counters.tokens_generated += 1;
+        Self::sample_or_fail(&self.native, running, row);
+        let mut accepted = 0;
+        for &drafted in draft {
+            if !matches!(running.phase, Phase::Generating(chosen) if chosen == drafted) {
+                break;
+            }
+            running.kv_tokens.push(drafted);
+            accepted += 1;
+            self.counters.tokens_generated += 1;
+            Self::sample_or_fail(&self.native, running, row + i32::try_from(accepted).unwrap_or(i32::MAX));
+        }
+        if draft.is_empty() {
+            return;
+        }
+        running.drafted += draft.len();
+        running.accepted += accepted;
+        self.counters.drafted_tokens += draft.len() as u64;
+        self.counters.accepted_tokens += accepted as u64;
+        if let Some(drafter) = &mut running.drafter {
+            drafter.record(draft.len(), accepted);
+        }
+        if accepted < draft.len() {
+            let kept = i64::try_from(running.kv_len()).unwrap_or(i64::MAX);
+            let cut = self.native.clear_seq(Some(i64::from(running.seq)), Some(kept), None);
+            if !matches!(cut, Ok(true)) {
+                let err = cut
+                    .err()
+                    .unwrap_or_else(|| Error::value("the KV cache cannot cut a sequence"));
+                running.phase = Phase::Ended(End::Failed(err));
+            }
         }
     }
 

@@ -29,6 +29,8 @@ _ENGINE_COUNTERS = {
     "prefix_cache_hits": "Requests that reused cached prompt tokens",
     "tokens_generated": "Tokens generated",
     "prompt_tokens_computed": "Prompt tokens decoded (not reused)",
+    "drafted_tokens": "Tokens proposed by speculative drafts and verified",
+    "accepted_tokens": "Drafted tokens the model accepted (each saved a decode)",
 }
 
 

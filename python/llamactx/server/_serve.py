@@ -14,7 +14,7 @@ from types import FrameType
 
 import uvicorn
 
-from llamactx._engine import Engine
+from llamactx._engine import Engine, NgramDraft
 from llamactx._llamactx import LlamaContext, LlamaModel
 from llamactx.server._app import create_app
 
@@ -81,6 +81,9 @@ def serve(model: LlamaModel, arguments: argparse.Namespace, embeddings: LlamaCon
             model,
             max_waiting=arguments.max_waiting,
             prefix_cache=not arguments.no_prefix_cache,
+            speculative=NgramDraft(arguments.spec_ngram_size_n, arguments.spec_ngram_size_m)
+            if arguments.spec_ngram
+            else None,
             n_ctx=arguments.ctx,
             n_seq_max=arguments.parallel,
             **options,

@@ -1,0 +1,140 @@
+"""Speculative decoding by n-gram lookup (``Engine(speculative=NgramDraft())``) against the same
+engine without it, in one run, alternating round by round: aggregate tokens/s of greedy chat
+replies on two tasks, by one request alone and by eight at once.
+
+- "grounded": repeat a ~300-token code block with one name changed (the reply quotes its input);
+- "free": a short story (nothing to quote).
+
+Each request is submitted with its own prompt (the eight differ in the name asked for, or the
+story's subject) and the prefix cache off, so every prompt is read in full. The replies are
+greedy and equal with and without drafts (tests/test_speculative.py), so both engines do the
+same work; a ratio is the median of the rounds' ratios.
+
+    python benches/speculative.py [--rounds 3] [--max-tokens 200] [--threads 2] [--out bench-results]
+
+Writes speculative.json into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import llamactx
+
+CODE = '''class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def add_item(self, name, price, quantity=1):
+        if name in self.items:
+            self.items[name]["quantity"] += quantity
+        else:
+            self.items[name] = {"price": price, "quantity": quantity}
+
+    def remove_item(self, name, quantity=1):
+        if name not in self.items:
+            raise KeyError(name)
+        self.items[name]["quantity"] -= quantity
+        if self.items[name]["quantity"] <= 0:
+            del self.items[name]
+
+    def compute_total(self, tax_rate):
+        subtotal = 0
+        for item in self.items.values():
+            subtotal += item["price"] * item["quantity"]
+        return round(subtotal * (1 + tax_rate), 2)
+
+    def format_receipt(self, tax_rate):
+        lines = []
+        for name, item in self.items.items():
+            lines.append(f"{name}: {item['price'] * item['quantity']:.2f}")
+        lines.append(f"Total: {self.compute_total(tax_rate):.2f}")
+        return "\\n".join(lines)
+'''
+NEW_NAMES = ["compute_sum", "total_due", "grand_total", "amount_owed", "final_total", "sum_all", "get_total", "price"]
+SUBJECTS = ["a dragon who learns to paint", "a lighthouse keeper", "a robot gardener", "two rival bakers"]
+SUBJECTS += ["a lost kitten in a city", "a sailor's last voyage", "a haunted library", "a town without music"]
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+
+
+def chats(task: str, count: int) -> list[list[dict[str, str]]]:
+    if task == "grounded":
+        asks = [f"Repeat this code exactly, but rename compute_total to {name}:\n\n{CODE}" for name in NEW_NAMES]
+    else:
+        asks = [f"Write a short story about {subject}." for subject in SUBJECTS]
+    return [[SYSTEM, {"role": "user", "content": ask}] for ask in asks[:count]]
+
+
+def rate(engine: llamactx.Engine, conversations: list[list[dict[str, str]]], max_tokens: int) -> dict[str, float]:
+    """Aggregate generated tokens/s of ``conversations`` submitted at once, and the share of
+    drafted tokens accepted."""
+    started = time.perf_counter()
+    requests = [engine.submit_chat(messages, max_tokens=max_tokens) for messages in conversations]
+    completions = [request.result() for request in requests]
+    seconds = time.perf_counter() - started
+    drafted = sum(completion.drafted_tokens for completion in completions)
+    accepted = sum(completion.accepted_tokens for completion in completions)
+    return {
+        "tokens_per_second": sum(completion.completion_tokens for completion in completions) / seconds,
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "accepted_per_token": accepted / sum(completion.completion_tokens for completion in completions),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    arguments = parser.parse_args()
+    model = llamactx.LlamaModel.load_from_file(arguments.model or llamactx.default_model_path())
+    options = {
+        "n_ctx": 8 * 640,
+        "n_seq_max": 8,
+        "prefix_cache": False,
+        "n_threads": arguments.threads,
+        "n_threads_batch": arguments.threads,
+    }
+    engines = {
+        "ngram": llamactx.Engine(model, speculative=llamactx.NgramDraft(), **options),
+        "plain": llamactx.Engine(model, **options),
+    }
+    cases = [(task, count) for count in (1, 8) for task in ("grounded", "free")]
+    runs: dict[str, list[dict[str, float]]] = {}
+    try:
+        for round_index in range(arguments.rounds):
+            names = list(engines)[:: 1 if round_index % 2 else -1]  # each goes first in turn
+            for task, count in cases:
+                for name in names:
+                    measured = rate(engines[name], chats(task, count), arguments.max_tokens)
+                    runs.setdefault(f"{task} x{count} {name}", []).append(measured)
+                    print(f"round {round_index}: {task} x{count} {name}: {measured}", flush=True)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    ratios = {
+        f"{task} x{count}: ngram / plain": statistics.median(
+            ngram["tokens_per_second"] / plain["tokens_per_second"]
+            for ngram, plain in zip(runs[f"{task} x{count} ngram"], runs[f"{task} x{count} plain"], strict=True)
+        )
+        for task, count in cases
+    }
+    acceptance = {
+        f"{task} x{count}": statistics.median(run["acceptance"] for run in runs[f"{task} x{count} ngram"])
+        for task, count in cases
+    }
+    settings = {**vars(arguments), "out": str(arguments.out), "speculative": "NgramDraft() defaults"}
+    result = {"settings": settings, "ratios": ratios, "acceptance": acceptance, "runs": runs}
+    arguments.out.mkdir(parents=True, exist_ok=True)
+    (arguments.out / "speculative.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps({"ratios": ratios, "acceptance": acceptance}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

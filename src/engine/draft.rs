@@ -1,0 +1,132 @@
+//! Speculative drafts from a request's own tokens (n-gram lookup, the crate's
+//! `ngram_simple_draft`): where the last tokens already occurred in the prompt or the output,
+//! the tokens that followed them then are proposed, and the scheduler verifies them all in one
+//! decode. How many are proposed adapts to how many were accepted, so a request whose text does
+//! not repeat soon stops paying for drafts.
+
+use llama_cpp_4::ngram::ngram_simple_draft;
+use llama_cpp_4::token::LlamaToken;
+
+/// The engine's n-gram speculation: `size_ngram` tokens must repeat for a draft, of at most
+/// `size_mgram` tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NgramConfig {
+    pub size_ngram: u16,
+    pub size_mgram: u16,
+}
+
+/// The first draft length of a request: small, as a wrong draft costs its verification.
+const FIRST_BUDGET: usize = 4;
+/// The longest pause (in steps) after drafts that were all rejected.
+const MAX_PAUSE: u32 = 64;
+
+/// One request's drafter and the adaptation of its draft length.
+#[derive(Debug)]
+pub struct Drafter {
+    config: NgramConfig,
+    /// The most tokens the next draft proposes.
+    budget: usize,
+    /// Drafts skipped before the next one is tried.
+    pause: u32,
+    /// Drafts in a row of which nothing was accepted.
+    misses: u32,
+}
+
+impl Drafter {
+    pub fn new(config: NgramConfig) -> Self {
+        Self {
+            config,
+            budget: FIRST_BUDGET.min(usize::from(config.size_mgram)),
+            pause: 0,
+            misses: 0,
+        }
+    }
+
+    /// The draft to verify after `sampled`, which follows `history` (the sequence's tokens in
+    /// the KV cache): at most `limit` tokens, none when paused or when nothing repeats.
+    pub fn draft(&mut self, history: &[LlamaToken], sampled: LlamaToken, limit: usize) -> Vec<LlamaToken> {
+        if self.pause > 0 {
+            self.pause -= 1;
+            return Vec::new();
+        }
+        let mut draft =
+            ngram_simple_draft(self.config.size_ngram, self.config.size_mgram, history, sampled).unwrap_or_default();
+        draft.truncate(self.budget.min(limit));
+        draft
+    }
+
+    /// Learns from a verified draft: `accepted` of its `drafted` tokens were what the model
+    /// sampled. All accepted doubles the next draft's length; a partial acceptance sets it to
+    /// what was accepted; none halves it and pauses drafting for a number of steps that
+    /// doubles with each miss in a row.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        let most = usize::from(self.config.size_mgram);
+        if accepted == drafted {
+            self.budget = (self.budget * 2).min(most);
+            self.misses = 0;
+        } else if accepted > 0 {
+            self.budget = accepted.max(1);
+            self.misses = 0;
+        } else {
+            self.budget = (self.budget / 2).max(1);
+            self.misses += 1;
+            self.pause = (1u32 << self.misses.min(6)).min(MAX_PAUSE);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(ids: &[i32]) -> Vec<LlamaToken> {
+        ids.iter().copied().map(LlamaToken).collect()
+    }
+
+    const HISTORY: [i32; 14] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1];
+
+    const CONFIG: NgramConfig = NgramConfig {
+        size_ngram: 2,
+        size_mgram: 8,
+    };
+
+    #[test]
+    fn repeated_text_is_drafted_within_the_budget_and_the_limit() {
+        let mut drafter = Drafter::new(CONFIG);
+        // 0 1 2 3 ... 12, then 1 again, sampled 2: what followed "1 2" is proposed (a
+        // repeat at position 0 counts as none, as in llama.cpp).
+        let history = tokens(&HISTORY);
+        assert_eq!(drafter.draft(&history, LlamaToken(2), 100), tokens(&[3, 4, 5, 6]));
+        assert_eq!(drafter.draft(&history, LlamaToken(2), 3), tokens(&[3, 4, 5]));
+        // Nothing repeats: no draft.
+        assert_eq!(drafter.draft(&history, LlamaToken(99), 100), vec![]);
+    }
+
+    #[test]
+    fn the_draft_length_follows_acceptance_and_misses_pause_drafting() {
+        let mut drafter = Drafter::new(CONFIG);
+        drafter.record(4, 4);
+        assert_eq!(drafter.budget, 8);
+        drafter.record(8, 8);
+        assert_eq!(drafter.budget, 8, "at most size_mgram");
+        drafter.record(8, 3);
+        assert_eq!(drafter.budget, 3);
+        drafter.record(3, 0);
+        assert_eq!((drafter.budget, drafter.pause), (1, 2));
+        let history = tokens(&HISTORY);
+        assert_eq!(drafter.draft(&history, LlamaToken(2), 100), vec![]);
+        assert_eq!(drafter.draft(&history, LlamaToken(2), 100), vec![]);
+        assert_eq!(drafter.draft(&history, LlamaToken(2), 100), tokens(&[3]));
+        drafter.record(1, 0);
+        assert_eq!(drafter.pause, 4, "each miss in a row doubles the pause");
+        for _ in 0..10 {
+            drafter.record(1, 0);
+        }
+        assert_eq!(drafter.pause, MAX_PAUSE);
+        drafter.record(1, 1);
+        assert_eq!((drafter.budget, drafter.misses), (2, 0));
+    }
+}

@@ -1,0 +1,265 @@
+"""Speculative decoding in the engine (``Engine(speculative=NgramDraft())``): the output equals
+decoding without drafts, token for token, for every kind of request (greedy and seeded
+sampling, stop strings, ``max_tokens``, JSON Schemas, log-probabilities, cancellation, the
+prefix cache, the end of a sequence's cells), while drafts are proposed, accepted and
+rejected."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+import synthetic
+from serving import ENGINE_OPTIONS, MODEL_ID, running_server
+from support.prompts import HELPFUL
+
+import llamactx
+
+OPTIONS: dict[str, Any] = {"n_ctx": 4096, "n_seq_max": 4, "prefix_cache": False}
+
+CODE = """def compute_total(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal += item.price * item.quantity
+    tax = subtotal * tax_rate
+    total = subtotal + tax
+    return round(total, 2)
+
+
+def format_receipt(items, tax_rate):
+    lines = []
+    for item in items:
+        lines.append(f"{item.name}: {item.price * item.quantity:.2f}")
+    lines.append(f"Total: {compute_total(items, tax_rate):.2f}")
+    return "\\n".join(lines)
+"""
+#: Output that quotes its input: drafts are accepted, and rejected where the name changes.
+GROUNDED = [
+    {"role": "system", "content": HELPFUL},
+    {"role": "user", "content": f"Repeat this code exactly, but rename compute_total to compute_sum:\n\n{CODE}"},
+]
+FREE = [
+    {"role": "system", "content": HELPFUL},
+    {"role": "user", "content": "Write a short story about a dragon who learns to paint."},
+]
+#: A completion whose form repeats (the labels), not its content (the values): drafts of the
+#: labels are accepted, those of the values mostly rejected.
+RECORDS = (
+    "".join(
+        f"Name: {name}\nAge: {age}\nCity: {city}\n\n"
+        for name, age, city in [("Alice", 30, "Paris"), ("Bob", 25, "Rome"), ("Carol", 35, "Oslo")]
+    )
+    + "Name:"
+)
+
+
+@pytest.fixture(scope="module")
+def plain(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
+    with llamactx.Engine(model, **OPTIONS) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def speculative(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
+    with llamactx.Engine(model, speculative=llamactx.NgramDraft(), **OPTIONS) as engine:
+        yield engine
+
+
+def same_output(first: llamactx.Completion, second: llamactx.Completion) -> None:
+    assert first.tokens == second.tokens
+    assert first.text == second.text
+    assert first.finish_reason == second.finish_reason
+    assert first.completion_tokens == second.completion_tokens
+
+
+def test_greedy_output_equals_decoding_without_drafts_for_a_mix_of_requests(
+    plain: llamactx.Engine, speculative: llamactx.Engine
+) -> None:
+    # Submitted together, so drafts of different lengths share decodes with undrafted tokens.
+    requests = [
+        speculative.submit_chat(GROUNDED, max_tokens=240),
+        speculative.submit_chat(FREE, max_tokens=120),
+        speculative.submit(RECORDS, max_tokens=60),
+    ]
+    drafted = [request.result() for request in requests]
+    alone = [
+        plain.submit_chat(GROUNDED, max_tokens=240).result(),
+        plain.submit_chat(FREE, max_tokens=120).result(),
+        plain.submit(RECORDS, max_tokens=60).result(),
+    ]
+    for with_drafts, without in zip(drafted, alone, strict=True):
+        same_output(with_drafts, without)
+        assert without.drafted_tokens == without.accepted_tokens == 0
+    grounded = drafted[0]
+    assert "format_receipt(items, tax_rate)" in grounded.text  # it quotes its input
+    # Drafts were accepted and rejected: both paths of the verification ran.
+    assert 0 < grounded.accepted_tokens < grounded.drafted_tokens
+    # Each accepted token saved a decode: fewer decodes than tokens.
+    assert grounded.accepted_tokens > grounded.completion_tokens // 4
+    assert drafted[2].accepted_tokens > 0
+
+
+def test_stop_strings_and_max_tokens_end_the_reply_inside_a_draft(
+    plain: llamactx.Engine, speculative: llamactx.Engine
+) -> None:
+    for max_tokens in (1, 2, 5, 23, 64):
+        same_output(
+            speculative.submit(RECORDS, max_tokens=max_tokens).result(),
+            plain.submit(RECORDS, max_tokens=max_tokens).result(),
+        )
+    # Stop strings the reply reaches (its greedy text: " Charlie\nAge: 28\nCity: New York\n\nName:
+    # David\nAge: 42\nCity: Sydney..."), within a token and across tokens.
+    for stop in ("City: New", "\n\nName: D", ["Sydney", "Age: 4"]):
+        with_drafts = speculative.submit(RECORDS, max_tokens=100, stop=stop).result()
+        same_output(with_drafts, plain.submit(RECORDS, max_tokens=100, stop=stop).result())
+        assert with_drafts.finish_reason == "stop"
+    counted = speculative.submit(RECORDS, max_tokens=23).result()
+    assert counted.completion_tokens == 23
+    assert counted.accepted_tokens > 0
+
+
+def test_json_schema_and_grammar_constraints_hold_across_drafts(
+    plain: llamactx.Engine, speculative: llamactx.Engine
+) -> None:
+    schema = {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "price": {"type": "number"}},
+            "required": ["name", "price"],
+        },
+        "minItems": 6,
+        "maxItems": 6,
+    }
+    prompt = "A JSON list of six fruits with prices:"
+    with_drafts = speculative.submit(prompt, max_tokens=200, json_schema=schema).result()
+    same_output(with_drafts, plain.submit(prompt, max_tokens=200, json_schema=schema).result())
+    assert with_drafts.drafted_tokens > 0
+    grammar = 'root ::= ("ab" | "abc")+ "."'
+    with_drafts = speculative.submit("Letters:", max_tokens=40, grammar=grammar).result()
+    same_output(with_drafts, plain.submit("Letters:", max_tokens=40, grammar=grammar).result())
+    assert set(with_drafts.text) <= set("abc.")
+
+
+def test_log_probabilities_are_those_of_decoding_without_drafts(
+    plain: llamactx.Engine, speculative: llamactx.Engine
+) -> None:
+    with_drafts = speculative.submit(RECORDS, max_tokens=40, logprobs=3).result()
+    without = plain.submit(RECORDS, max_tokens=40, logprobs=3).result()
+    same_output(with_drafts, without)
+    assert with_drafts.accepted_tokens > 0
+    for drafted_row, plain_row in zip(with_drafts.logprobs, without.logprobs, strict=True):
+        assert [token for token, _ in drafted_row] == [token for token, _ in plain_row]
+        np.testing.assert_allclose([p for _, p in drafted_row], [p for _, p in plain_row], atol=1e-4)
+
+
+def test_seeded_sampling_draws_what_decoding_without_drafts_draws(
+    plain: llamactx.Engine, speculative: llamactx.Engine
+) -> None:
+    """Every token is still drawn by the request's own sampler, once, from the same output:
+    with a seed, each draw equals the draw without drafts, so the distribution of outputs is
+    the model's (the point-mass case of the rejection rule: a drafted token is kept exactly when
+    it is the token drawn)."""
+    accepted = drafted = 0
+    outputs = set()
+    for seed in range(24):
+        sampling = llamactx.SamplingParams(temperature=1.0, seed=seed)
+        with_drafts = speculative.submit(RECORDS, max_tokens=12, sampling=sampling).result()
+        same_output(with_drafts, plain.submit(RECORDS, max_tokens=12, sampling=sampling).result())
+        accepted += with_drafts.accepted_tokens
+        drafted += with_drafts.drafted_tokens
+        outputs.add(with_drafts.text)
+    assert 0 < accepted < drafted
+    assert len(outputs) > 1, "the draws differ between seeds"
+
+
+def test_a_cancelled_request_leaves_no_drafted_cells_behind(
+    plain: llamactx.Engine, speculative: llamactx.Engine
+) -> None:
+    request = speculative.submit_chat(GROUNDED, max_tokens=240)
+    pieces = iter(request)
+    first = next(pieces)
+    request.cancel()
+    cancelled = request.result()
+    assert cancelled.finish_reason == "cancelled"
+    full = plain.submit_chat(GROUNDED, max_tokens=240).result()
+    assert first
+    assert full.text.startswith(cancelled.text)
+    assert full.tokens[: len(cancelled.tokens)] == cancelled.tokens
+    # The next request in the freed sequence decodes as on a clean one.
+    same_output(speculative.submit(RECORDS, max_tokens=30).result(), plain.submit(RECORDS, max_tokens=30).result())
+    assert speculative.stats()["kv_cells_used"] == 0
+
+
+def test_drafts_never_pass_the_end_of_a_sequence(model: llamactx.LlamaModel) -> None:
+    prompt = model.str_to_token(RECORDS, model.add_bos_token())
+    prompt = prompt * (230 // len(prompt))  # 20-odd cells left of 256
+    options: dict[str, Any] = {"n_ctx": 256, "n_seq_max": 1, "prefix_cache": False}
+    with (
+        llamactx.Engine(model, **options) as without,
+        llamactx.Engine(model, speculative=llamactx.NgramDraft(), **options) as with_drafts,
+    ):
+        drafted = with_drafts.submit(prompt, max_tokens=100).result()
+        same_output(drafted, without.submit(prompt, max_tokens=100).result())
+    assert drafted.finish_reason == "length"
+    assert len(prompt) + drafted.completion_tokens == options["n_ctx"]
+    assert drafted.accepted_tokens > 0
+
+
+def conversation(engine: llamactx.Engine) -> list[llamactx.Completion]:
+    """Two turns of a chat: the second reuses the first's cells."""
+    first = engine.submit_chat(GROUNDED, max_tokens=200).result()
+    turn = [*GROUNDED, {"role": "assistant", "content": first.text}, {"role": "user", "content": "Again."}]
+    return [first, engine.submit_chat(turn, max_tokens=120).result()]
+
+
+def test_the_prefix_cache_reuses_cells_of_verified_drafts(model: llamactx.LlamaModel) -> None:
+    # Reused cells were computed in other chunks than a fresh read's, so the comparison is
+    # with the same conversation on an engine with the prefix cache and no drafts.
+    options: dict[str, Any] = {"n_ctx": 4096, "n_seq_max": 4}
+    with llamactx.Engine(model, speculative=llamactx.NgramDraft(), **options) as cached:
+        drafted = conversation(cached)
+        stats = cached.stats()
+    with llamactx.Engine(model, **options) as cached:
+        alone = conversation(cached)
+    assert drafted[1].cached_tokens == alone[1].cached_tokens > 0
+    for with_drafts, without in zip(drafted, alone, strict=True):
+        same_output(with_drafts, without)
+    assert stats["drafted_tokens"] == sum(completion.drafted_tokens for completion in drafted)
+    assert stats["accepted_tokens"] == sum(completion.accepted_tokens for completion in drafted) > 0
+
+
+def test_speculative_options_are_checked(model: llamactx.LlamaModel, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="size_ngram"):
+        llamactx.NgramDraft(size_ngram=0)
+    with pytest.raises(ValueError, match="size_mgram"):
+        llamactx.NgramDraft(size_ngram=4, size_mgram=2)
+    with pytest.raises(ValueError, match="size_mgram"):
+        llamactx.NgramDraft(size_mgram=100_000)
+    with pytest.raises(TypeError, match="NgramDraft"):
+        llamactx.Engine(model, speculative="ngram")  # type: ignore[arg-type]
+    mamba = llamactx.LlamaModel.load_from_file(synthetic.write_tiny_mamba(tmp_path / "mamba.gguf"))
+    with pytest.raises(ValueError, match="recurrent"):
+        llamactx.Engine(mamba, speculative=llamactx.NgramDraft(), n_ctx=256)
+
+
+def test_the_server_with_spec_ngram_answers_as_without_and_exports_the_counts(
+    model_path: Path, model: llamactx.LlamaModel
+) -> None:
+    with llamactx.Engine(model, **ENGINE_OPTIONS) as reference:
+        expected = reference.submit_chat(GROUNDED, max_tokens=120).result()
+    with running_server(model_path, "--no-prefix-cache", "--spec-ngram") as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        reply = client.chat.completions.create(
+            model=MODEL_ID,
+            messages=GROUNDED,
+            max_tokens=120,
+            temperature=0,  # type: ignore[arg-type]
+        )
+        metrics = server.metrics()
+    assert reply.choices[0].message.content == expected.text
+    assert metrics["llamactx_engine_drafted_tokens_total"] > metrics["llamactx_engine_accepted_tokens_total"] > 0
