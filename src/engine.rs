@@ -29,6 +29,7 @@ use crate::sampler::params::PySamplingParams;
 use crate::sampler::{guidance, PyLlamaSampler, SendSampler};
 use crate::tokens::check_vocab;
 use draft::NgramConfig;
+pub use draft::PyNgramDrafter;
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
 use scheduler::{Job, Scheduler};
@@ -172,7 +173,7 @@ impl PyEngineCore {
             // Rejected drafts leave the KV cache by cutting their cells, which a recurrent
             // state cannot undo.
             return Err(Error::value(
-                "speculative decoding needs a model whose KV cache can be cut; this one is recurrent",
+                "speculative decoding needs a model whose KV cache can be cut; this one is recurrent or hybrid",
             )
             .into());
         }

@@ -402,6 +402,18 @@ impl PyLlamaModel {
         self.with_model(|model| Ok(model.has_decoder()))
     }
 
+    /// Whether the model is recurrent (Mamba, RWKV): its state per sequence cannot be cut back to
+    /// an earlier position.
+    fn is_recurrent(&self) -> PyResult<bool> {
+        self.with_model(|model| Ok(model.is_recurrent()))
+    }
+
+    /// Whether the model mixes recurrent and attention layers (Jamba, Granite 4): its state per
+    /// sequence cannot be cut back to an earlier position either.
+    fn is_hybrid(&self) -> PyResult<bool> {
+        self.with_model(|model| Ok(model.is_hybrid()))
+    }
+
     /// The value of one metadata key, as text; `StringFromModelError` when it is missing.
     fn meta_val_str(&self, key: &str) -> PyResult<String> {
         self.with_model(|model| metadata::value(model, &self.path, key))

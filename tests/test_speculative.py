@@ -263,3 +263,52 @@ def test_the_server_with_spec_ngram_answers_as_without_and_exports_the_counts(
         metrics = server.metrics()
     assert reply.choices[0].message.content == expected.text
     assert metrics["llamactx_engine_drafted_tokens_total"] > metrics["llamactx_engine_accepted_tokens_total"] > 0
+
+
+def decodes(ctx: llamactx.LlamaContext) -> int:
+    """One-token decodes since the last reset: drafts make fewer of them."""
+    return ctx.timings().n_eval
+
+
+def test_generate_stream_and_chat_with_drafts_equal_them_without(model: llamactx.LlamaModel) -> None:
+    draft = llamactx.NgramDraft()
+    with model.new_context(n_ctx=2048) as ctx:
+        for max_tokens in (0, 1, 5, 80):
+            ctx.perf_context_reset()
+            without = llamactx.generate(ctx, RECORDS, max_tokens=max_tokens)
+            single = decodes(ctx)
+            ctx.perf_context_reset()
+            assert llamactx.generate(ctx, RECORDS, max_tokens=max_tokens, speculative=draft) == without
+            if max_tokens == 80:
+                assert decodes(ctx) < single
+        stop = "City: New"
+        streamed = list(llamactx.stream(ctx, RECORDS, max_tokens=80, stop=[stop], speculative=draft))
+        assert "".join(streamed) == llamactx.generate(ctx, RECORDS, max_tokens=80, stop=[stop])
+        assert stop not in "".join(streamed)
+        schema = {"type": "array", "items": {"type": "string"}, "minItems": 5, "maxItems": 5}
+        prompt = "Five fruits as a JSON list:"
+        assert llamactx.generate(ctx, prompt, max_tokens=80, json_schema=schema, speculative=draft) == (
+            llamactx.generate(ctx, prompt, max_tokens=80, json_schema=schema)
+        )
+        assert llamactx.chat(ctx, GROUNDED, max_tokens=120, speculative=draft) == llamactx.chat(
+            ctx, GROUNDED, max_tokens=120
+        )
+    replies = []
+    for speculative in (None, draft):
+        with model.new_context(n_ctx=2048) as ctx:
+            session = llamactx.ChatSession(ctx, system=HELPFUL, max_tokens=80)
+            replies.append(
+                [
+                    "".join(session.send(text, speculative=speculative))
+                    for text in (GROUNDED[1]["content"], "Now repeat only its last line.")
+                ]
+            )
+    assert replies[0] == replies[1]
+
+
+def test_generation_with_drafts_refuses_a_recurrent_model(tmp_path: Path) -> None:
+    mamba = llamactx.LlamaModel.load_from_file(synthetic.write_tiny_mamba(tmp_path / "mamba.gguf"))
+    assert mamba.is_recurrent()
+    assert not mamba.is_hybrid()
+    with mamba.new_context(n_ctx=256) as ctx, pytest.raises(ValueError, match="recurrent"):
+        llamactx.generate(ctx, [1, 2, 3], max_tokens=4, speculative=llamactx.NgramDraft())

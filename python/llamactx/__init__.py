@@ -15,7 +15,7 @@ _load_extension()
 
 from llamactx._chat import ChatSession, chat
 from llamactx._embedding import embed
-from llamactx._engine import Delta, Engine, NgramDraft, Request
+from llamactx._engine import Delta, Engine, Request
 from llamactx._enums import LlamaAttentionType, LlamaFlashAttnType, LlamaPoolingType
 from llamactx._generation import continue_sequence, generate, generate_batch, prefill, stream
 from llamactx._llamactx import (
@@ -62,6 +62,7 @@ from llamactx._llamactx import (
 from llamactx._logging import set_verbose
 from llamactx._models import default_model_path
 from llamactx._render import PreparedChat
+from llamactx._speculative import NgramDraft
 from llamactx._structured import generate_json
 
 # A library's logger: silent unless the application configures logging (no "last resort"

@@ -8,6 +8,7 @@ from llamactx._constraints import JsonSchema
 from llamactx._generation import continue_sequence, generate, prefill
 from llamactx._llamactx import LlamaContext, LlamaSampler
 from llamactx._render import ChatRenderer, Message
+from llamactx._speculative import NgramDraft
 
 __all__ = ["ChatSession", "chat"]
 
@@ -22,10 +23,11 @@ def chat(
     seq_id: int = 0,
     json_schema: JsonSchema | None = None,
     grammar: str | None = None,
+    speculative: NgramDraft | None = None,
 ) -> str:
     """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts or pairs), formatted
-    with the model's chat template; greedy when ``sampler`` is None. ``json_schema`` and
-    ``grammar`` constrain the reply, as in ``stream``."""
+    with the model's chat template; greedy when ``sampler`` is None. ``json_schema``,
+    ``grammar`` and ``speculative`` as in ``stream``."""
     prompt = ChatRenderer(ctx.model).prepare(messages).tokens
     return generate(
         ctx,
@@ -36,6 +38,7 @@ def chat(
         seq_id=seq_id,
         json_schema=json_schema,
         grammar=grammar,
+        speculative=speculative,
     )
 
 
@@ -50,9 +53,11 @@ class ChatSession:
         self._renderer = ChatRenderer(ctx.model)
         self._cached: list[int] = []
 
-    def send(self, text: str, sampler: LlamaSampler | None = None) -> Iterator[str]:
+    def send(
+        self, text: str, sampler: LlamaSampler | None = None, *, speculative: NgramDraft | None = None
+    ) -> Iterator[str]:
         """Adds the user's ``text`` and yields the reply as it is generated (greedy when
-        ``sampler`` is None)."""
+        ``sampler`` is None; ``speculative`` as in ``stream``)."""
         messages = [*self.messages, ("user", text)]
         tokens = self._renderer.prepare(messages).tokens
         if len(tokens) >= self.ctx.n_ctx_seq():
@@ -67,7 +72,11 @@ class ChatSession:
             prefill(self.ctx, tokens, 0, start=keep)
             self._cached = tokens
             for piece in continue_sequence(
-                self.ctx, tokens, max_tokens=self.max_tokens, sampler=sampler or LlamaSampler.greedy()
+                self.ctx,
+                tokens,
+                max_tokens=self.max_tokens,
+                sampler=sampler or LlamaSampler.greedy(),
+                speculative=speculative,
             ):
                 reply.append(piece)
                 yield piece

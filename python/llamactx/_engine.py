@@ -8,7 +8,6 @@ import asyncio
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -24,9 +23,10 @@ from llamactx._llamactx import (
 )
 from llamactx._render import ChatRenderer, Message, PreparedChat
 from llamactx._schema_check import OutputCheck
+from llamactx._speculative import NgramDraft
 from llamactx._tools import ChatInputError, Tool, ToolChoice, reply_message
 
-__all__ = ["Delta", "Engine", "NgramDraft", "Request"]
+__all__ = ["Delta", "Engine", "Request"]
 
 #: A piece of generated text and, per token sampled for it, ``(token, logprob)`` of that token
 #: then of the most likely others.
@@ -73,30 +73,6 @@ def _waker_for(core: _RequestCore, *, pieces: bool) -> _LoopWaker:
         waker = _wakers[loop] = _LoopWaker(loop)
     waker.watch(core, pieces=pieces)
     return waker
-
-
-#: The longest n-gram and draft ``NgramDraft`` takes.
-MAX_NGRAM = 256
-
-
-@dataclass(frozen=True)
-class NgramDraft:
-    """Speculative decoding by n-gram lookup, for ``Engine(speculative=...)``: where the last
-    ``size_ngram`` tokens of a request (its prompt and output so far) occurred before, the up
-    to ``size_mgram`` tokens that followed them then are proposed, and the engine verifies them
-    all in one decode. No second model; it pays where the output repeats its input (code
-    edits, quotes, extraction, answers from a given document). The output is the same as
-    without it: each token is still sampled by the request's own sampler. How many tokens a
-    request drafts adapts to how many were accepted. (llama.cpp's ``ngram-simple``.)"""
-
-    size_ngram: int = 3
-    size_mgram: int = 16
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.size_ngram <= MAX_NGRAM:
-            raise ValueError(f"size_ngram must be in 1..={MAX_NGRAM}, got {self.size_ngram}")
-        if not self.size_ngram <= self.size_mgram <= MAX_NGRAM:
-            raise ValueError(f"size_mgram must be in size_ngram..={MAX_NGRAM}, got {self.size_mgram}")
 
 
 class Request:

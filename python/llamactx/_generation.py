@@ -6,10 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 
 from llamactx._constraints import JsonSchema, constrained
-from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler, _SequenceSteps
+from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler, _NgramDrafter, _SequenceSteps
 from llamactx._schema_check import OutputCheck
+from llamactx._speculative import NgramDraft
 
 __all__ = ["continue_sequence", "generate", "generate_batch", "prefill", "stream"]
+
+#: Why speculative decoding refuses a model: rejected drafts leave by cutting the KV cache.
+CANNOT_CUT = "speculative decoding needs a model whose KV cache can be cut; this one is recurrent or hybrid"
 
 
 def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int], max_tokens: int) -> list[int]:
@@ -67,24 +71,58 @@ def continue_sequence(
     sampler: LlamaSampler,
     stop: Sequence[str] = (),
     seq_id: int = 0,
+    speculative: NgramDraft | None = None,
 ) -> Generator[str, None, str]:
     """Generates after ``history``, whose tokens ``seq_id`` already holds, the last with logits.
     Each token decoded is appended to ``history``, which so keeps mirroring the KV cache. The
-    generator's return value is the finish reason: "stop" or "length"."""
+    generator's return value is the finish reason: "stop" or "length".
+
+    With ``speculative``, each sampled token is decoded together with the tokens drafted to
+    follow it, and the outputs are sampled in turn while the token sampled is the next drafted
+    one (as the engine does): the same tokens in fewer decodes."""
+    if speculative is not None and (ctx.model.is_recurrent() or ctx.model.is_hybrid()):
+        raise ValueError(CANNOT_CUT)
+    if max_tokens <= 0:
+        return "length"
     steps = _steps(ctx.model, stop, max_tokens, ctx.n_ctx_seq())
-    batch = LlamaBatch(1)
-    for _ in range(max_tokens):
-        token = sampler.sample(ctx, -1)  # also accepts the token into the sampler's state
-        piece, finish = steps.take(token, len(history))
-        if piece:
-            yield piece
-        if finish is not None:
-            return finish
+    drafter = None if speculative is None else _NgramDrafter(speculative.size_ngram, speculative.size_mgram)
+    batch = LlamaBatch(1 + (0 if speculative is None else speculative.size_mgram))
+    draft: list[int] = []
+    rows = [-1]  # the outputs to sample from: the last decoded token's, then each drafted one's
+    sampled = 0
+    while True:
+        accepted = 0
+        for row in rows:
+            token = sampler.sample(ctx, row)  # also accepts the token into the sampler's state
+            sampled += 1
+            piece, finish = steps.take(token, len(history))
+            if piece:
+                yield piece
+            if finish is not None:
+                _drop_drafted(ctx, seq_id, history, draft, accepted)
+                return finish
+            if accepted == len(draft) or token != draft[accepted]:
+                break
+            history.append(token)  # a drafted token, already decoded
+            accepted += 1
+        if drafter is not None and draft:
+            drafter.record(len(draft), accepted)
+        _drop_drafted(ctx, seq_id, history, draft, accepted)
+        # Never past max_tokens, nor past the token that fills the sequence.
+        limit = min(max_tokens - sampled - 1, ctx.n_ctx_seq() - len(history) - 2)
+        draft = [] if drafter is None or limit <= 0 else drafter.draft(history, token, limit)
         batch.clear()
-        batch.add(token, len(history), [seq_id], True)
+        for offset, next_token in enumerate([token, *draft]):
+            batch.add(next_token, len(history) + offset, [seq_id], True)
         ctx.decode(batch)
         history.append(token)
-    return "length"
+        rows = list(range(len(draft) + 1))
+
+
+def _drop_drafted(ctx: LlamaContext, seq_id: int, history: list[int], draft: list[int], accepted: int) -> None:
+    """Removes the cells of the drafted tokens that were not accepted."""
+    if accepted < len(draft) and not ctx.clear_kv_cache_seq(seq_id, len(history), None):
+        raise ValueError(CANNOT_CUT)
 
 
 def stream(
@@ -98,6 +136,7 @@ def stream(
     progress: Callable[[int, int], None] | None = None,
     json_schema: JsonSchema | None = None,
     grammar: str | None = None,
+    speculative: NgramDraft | None = None,
 ) -> Generator[str, None, str]:
     """Generates up to ``max_tokens`` tokens after ``prompt`` and yields their text as it comes.
 
@@ -115,6 +154,10 @@ def stream(
     ``SamplerInitError`` for GBNF llama.cpp cannot parse, before anything is decoded; and, after
     the last piece, for a value that breaks a keyword of the schema llguidance cannot enforce
     while generating (``uniqueItems``, ``not``, ...: every finished value is validated).
+
+    ``speculative`` (an ``NgramDraft``) drafts tokens from the prompt and output by n-gram lookup
+    and verifies them in one decode: the same output in fewer decodes, as in ``Engine``.
+    ``ValueError`` for a recurrent or hybrid model.
     """
     tokens = _prompt_tokens(ctx, prompt, max_tokens)
     constrained_sampler, check = constrained(ctx.model, sampler, json_schema, grammar)
@@ -127,6 +170,7 @@ def stream(
         sampler=constrained_sampler or LlamaSampler.greedy(),
         stop=stop,
         seq_id=seq_id,
+        speculative=speculative,
     )
     return (yield from generation if check is None else _checked(generation, check))
 
@@ -155,6 +199,7 @@ def generate(
     seq_id: int = 0,
     json_schema: JsonSchema | None = None,
     grammar: str | None = None,
+    speculative: NgramDraft | None = None,
 ) -> str:
     """The whole text ``stream`` yields for the same arguments (greedy when ``sampler`` is None)."""
     pieces = stream(
@@ -166,6 +211,7 @@ def generate(
         seq_id=seq_id,
         json_schema=json_schema,
         grammar=grammar,
+        speculative=speculative,
     )
     return "".join(pieces)
 

@@ -56,6 +56,7 @@ __all__ = [
     "_ChatApplied",
     "_ChatTemplates",
     "_EngineCore",
+    "_NgramDrafter",
     "_Regex",
     "_RequestCore",
     "_SequenceSteps",
@@ -275,6 +276,14 @@ class LlamaModel:
         """Whether the model has an encoder (T5-style), i.e. supports `LlamaContext.encode`."""
     def has_decoder(self) -> bool:
         """Whether the model has a decoder."""
+    def is_recurrent(self) -> bool:
+        """Whether the model is recurrent (Mamba, RWKV): its state per sequence cannot be cut back to
+        an earlier position.
+        """
+    def is_hybrid(self) -> bool:
+        """Whether the model mixes recurrent and attention layers (Jamba, Granite 4): its state per
+        sequence cannot be cut back to an earlier position either.
+        """
     def meta_val_str(self, key: str) -> str:
         """The value of one metadata key, as text; `StringFromModelError` when it is missing."""
     def meta_count(self) -> int:
@@ -947,6 +956,21 @@ class _Regex:
         """Whether the pattern matches anywhere in `text` (JSON Schema's `pattern` is unanchored)."""
 
 @final
+class _NgramDrafter:
+    """One generation's n-gram drafter, for `stream`, `generate` and `ChatSession` (the engine
+    keeps its own per request): the drafts and the adaptation of their length that the engine
+    uses.
+    """
+
+    def __new__(cls, size_ngram: int, size_mgram: int) -> _NgramDrafter: ...
+    def draft(self, history: Sequence[int], sampled: int, limit: int) -> list[int]:
+        """The tokens to verify after `sampled`, which follows `history` (the sequence's tokens in
+        the KV cache): at most `limit`, none when nothing repeats or drafting is paused.
+        """
+    def record(self, drafted: int, accepted: int) -> None:
+        """Learns that `accepted` of the last draft's `drafted` tokens were sampled."""
+
+@final
 class _Waker:
     """The pipe an asyncio loop watches for news of the requests it awaits (one per loop)."""
 
@@ -1004,8 +1028,8 @@ class _EngineCore:
         """
     def stats(self) -> dict[str, float]:
         """Counts of now: running and waiting requests, KV cells used by running requests, kept
-        for prefix reuse and in total, prefix cache hits, tokens generated, and generated tokens per second of
-        engine work.
+        for prefix reuse and in total, prefix cache hits, tokens generated, speculative tokens
+        drafted and accepted, and generated tokens per second of engine work.
         """
     def close(self) -> None:
         """Stops the engine: requests still waiting or running end as "cancelled"; returns once

@@ -18,11 +18,11 @@ from typing import TypeVar
 from llamactx._chat import ChatSession
 from llamactx._cpu import cpu_variant
 from llamactx._embedding import embed, embedding_context
-from llamactx._engine import NgramDraft
 from llamactx._generation import stream
 from llamactx._limits import INT32_MAX, RANDOM_SEED
 from llamactx._llamactx import LlamaContext, LlamaCppError, LlamaModel, LlamaSampler, serve_rpc
 from llamactx._models import default_model_path
+from llamactx._speculative import NgramDraft
 from llamactx.bench import speeds
 
 __all__ = ["main"]

@@ -4,8 +4,13 @@
 //! decode. How many are proposed adapts to how many were accepted, so a request whose text does
 //! not repeat soon stops paying for drafts.
 
+use std::sync::Mutex;
+
 use llama_cpp_4::ngram::ngram_simple_draft;
 use llama_cpp_4::token::LlamaToken;
+use pyo3::prelude::*;
+
+use crate::errors::Error;
 
 /// The engine's n-gram speculation: `size_ngram` tokens must repeat for a draft, of at most
 /// `size_mgram` tokens.
@@ -75,6 +80,43 @@ impl Drafter {
             self.misses += 1;
             self.pause = (1u32 << self.misses.min(6)).min(MAX_PAUSE);
         }
+    }
+}
+
+/// One generation's n-gram drafter, for `stream`, `generate` and `ChatSession` (the engine
+/// keeps its own per request): the drafts and the adaptation of their length that the engine
+/// uses.
+#[pyclass(frozen, module = "llamactx", name = "_NgramDrafter")]
+pub struct PyNgramDrafter {
+    drafter: Mutex<Drafter>,
+}
+
+#[pymethods]
+impl PyNgramDrafter {
+    #[new]
+    fn new(size_ngram: u16, size_mgram: u16) -> Self {
+        Self {
+            drafter: Mutex::new(Drafter::new(NgramConfig { size_ngram, size_mgram })),
+        }
+    }
+
+    /// The tokens to verify after `sampled`, which follows `history` (the sequence's tokens in
+    /// the KV cache): at most `limit`, none when nothing repeats or drafting is paused.
+    fn draft(&self, history: Vec<i32>, sampled: i32, limit: usize) -> PyResult<Vec<i32>> {
+        let history: Vec<LlamaToken> = history.into_iter().map(LlamaToken).collect();
+        let mut drafter = self.drafter.lock().map_err(|_| Error::Poisoned("_NgramDrafter"))?;
+        Ok(drafter
+            .draft(&history, LlamaToken(sampled), limit)
+            .into_iter()
+            .map(|token| token.0)
+            .collect())
+    }
+
+    /// Learns that `accepted` of the last draft's `drafted` tokens were sampled.
+    fn record(&self, drafted: usize, accepted: usize) -> PyResult<()> {
+        let mut drafter = self.drafter.lock().map_err(|_| Error::Poisoned("_NgramDrafter"))?;
+        drafter.record(drafted, accepted);
+        Ok(())
     }
 }
 

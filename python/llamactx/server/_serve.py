@@ -14,8 +14,9 @@ from types import FrameType
 
 import uvicorn
 
-from llamactx._engine import Engine, NgramDraft
+from llamactx._engine import Engine
 from llamactx._llamactx import LlamaContext, LlamaModel
+from llamactx._speculative import NgramDraft
 from llamactx.server._app import create_app
 
 __all__ = ["serve"]
