@@ -36,7 +36,7 @@ fuzz: build model ## the property-based API fuzzer with 20,000 examples (2,000 r
 bench: build model bench-peers wheel-venv ## llamactx vs llama.cpp's tools (built from the same source), llama-cpp-python and llama.cpp's server, the wheel vs the native build, over RPC and through Ray Data vs local; JSON+PNG in bench-results/
 	$(PY) -m pip install --quiet matplotlib
 	$(PY) benches/compare.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" --peer-python $(PEERS_VENV)/bin/python
-	$(PY) benches/wheel.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" --wheel-python $(WHEEL_VENV)/bin/python --rounds 11
+	$(PY) benches/wheel.py --bin "$$($(TOOLCHAIN) scripts/build-llama-bench.sh)" --wheel-python $(WHEEL_VENV)/bin/python --rounds 21
 	$(PY) benches/server.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/server_suite.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/structured.py --peer-python $(PEERS_VENV)/bin/python

@@ -27,8 +27,11 @@ from llamactx.bench import generation_speed, prompt_speed
 PP, TG = 512, 128
 
 
-def llama_bench(binary: Path, model: str, threads: int, flash_attn: int) -> dict[str, float]:
-    command = [str(binary), "-m", model, "-t", str(threads), "-p", str(PP), "-n", str(TG), "-r", "1"]
+def llama_bench(
+    binary: Path, model: str, threads: int, flash_attn: int, pp: int = PP, tg: int = TG
+) -> dict[str, float]:
+    """llama-bench's pp and tg tokens/s (one repetition each; 0 leaves a test out)."""
+    command = [str(binary), "-m", model, "-t", str(threads), "-p", str(pp), "-n", str(tg), "-r", "1"]
     command += ["-fa", str(flash_attn), "-o", "json"]
     rows = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     return {("pp" if row["n_prompt"] else "tg"): float(row["avg_ts"]) for row in rows}
