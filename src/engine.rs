@@ -153,7 +153,7 @@ impl PyEngineCore {
         model: &Bound<'_, PyLlamaModel>,
         max_waiting: usize,
         prefix_cache: bool,
-        ngram: Option<(u16, u16)>,
+        ngram: Option<(u16, u16, bool)>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let options = ContextOptions::from_kwargs(options)?;
@@ -168,7 +168,11 @@ impl PyEngineCore {
                 Error::value("an engine runs decoder-only models; this model has an encoder (T5-style)").into(),
             );
         }
-        let ngram = ngram.map(|(size_ngram, size_mgram)| NgramConfig { size_ngram, size_mgram });
+        let ngram = ngram.map(|(size_ngram, size_mgram, gated)| NgramConfig {
+            size_ngram,
+            size_mgram,
+            gated,
+        });
         if ngram.is_some() && (native_model.is_recurrent() || native_model.is_hybrid()) {
             // Rejected drafts leave the KV cache by cutting their cells, which a recurrent
             // state cannot undo.

@@ -20,6 +20,9 @@ from support.prompts import HELPFUL
 import llamactx
 
 OPTIONS: dict[str, Any] = {"n_ctx": 4096, "n_seq_max": 4, "prefix_cache": False}
+#: Drafts at every step, so that every test verifies drafts, whatever drafting measures on this
+#: machine (the default drafts only where it measured faster).
+ALWAYS = llamactx.NgramDraft(only_where_faster=False)
 
 CODE = """def compute_total(items, tax_rate):
     subtotal = 0
@@ -65,7 +68,7 @@ def plain(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
 
 @pytest.fixture(scope="module")
 def speculative(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
-    with llamactx.Engine(model, speculative=llamactx.NgramDraft(), **OPTIONS) as engine:
+    with llamactx.Engine(model, speculative=ALWAYS, **OPTIONS) as engine:
         yield engine
 
 
@@ -201,7 +204,7 @@ def test_drafts_never_pass_the_end_of_a_sequence(model: llamactx.LlamaModel) -> 
     options: dict[str, Any] = {"n_ctx": 256, "n_seq_max": 1, "prefix_cache": False}
     with (
         llamactx.Engine(model, **options) as without,
-        llamactx.Engine(model, speculative=llamactx.NgramDraft(), **options) as with_drafts,
+        llamactx.Engine(model, speculative=ALWAYS, **options) as with_drafts,
     ):
         drafted = with_drafts.submit(prompt, max_tokens=100).result()
         same_output(drafted, without.submit(prompt, max_tokens=100).result())
@@ -221,7 +224,7 @@ def test_the_prefix_cache_reuses_cells_of_verified_drafts(model: llamactx.LlamaM
     # Reused cells were computed in other chunks than a fresh read's, so the comparison is
     # with the same conversation on an engine with the prefix cache and no drafts.
     options: dict[str, Any] = {"n_ctx": 4096, "n_seq_max": 4}
-    with llamactx.Engine(model, speculative=llamactx.NgramDraft(), **options) as cached:
+    with llamactx.Engine(model, speculative=ALWAYS, **options) as cached:
         drafted = conversation(cached)
         stats = cached.stats()
     with llamactx.Engine(model, **options) as cached:
@@ -262,7 +265,9 @@ def test_the_server_with_spec_ngram_answers_as_without_and_exports_the_counts(
         )
         metrics = server.metrics()
     assert reply.choices[0].message.content == expected.text
-    assert metrics["llamactx_engine_drafted_tokens_total"] > metrics["llamactx_engine_accepted_tokens_total"] > 0
+    # The default drafts where it measures faster: at least its first steps draft, to measure.
+    assert metrics["llamactx_engine_drafted_tokens_total"] >= metrics["llamactx_engine_accepted_tokens_total"]
+    assert metrics["llamactx_engine_drafted_tokens_total"] > 0
 
 
 def decodes(ctx: llamactx.LlamaContext) -> int:

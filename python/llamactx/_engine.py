@@ -213,7 +213,11 @@ class Engine:
         options.setdefault("n_ctx", 4096)
         options.setdefault("n_seq_max", 8)
         self.model = model
-        ngram = None if speculative is None else (speculative.size_ngram, speculative.size_mgram)
+        ngram = (
+            None
+            if speculative is None
+            else (speculative.size_ngram, speculative.size_mgram, speculative.only_where_faster)
+        )
         self._core = _EngineCore(model, max_waiting, prefix_cache, ngram, **options)
         self._renderer = ChatRenderer(model, chat_template)
         # Python joins non-daemon threads before it runs `atexit` handlers: a thread waiting

@@ -1012,7 +1012,12 @@ class _EngineCore:
     """The native engine behind `llamactx.Engine`."""
 
     def __new__(
-        cls, model: LlamaModel, max_waiting: int, prefix_cache: bool, ngram: tuple[int, int] | None, **options: Any
+        cls,
+        model: LlamaModel,
+        max_waiting: int,
+        prefix_cache: bool,
+        ngram: tuple[int, int, bool] | None,
+        **options: Any,
     ) -> _EngineCore: ...
     def submit(
         self,

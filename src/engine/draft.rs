@@ -13,11 +13,13 @@ use pyo3::prelude::*;
 use crate::errors::Error;
 
 /// The engine's n-gram speculation: `size_ngram` tokens must repeat for a draft, of at most
-/// `size_mgram` tokens.
+/// `size_mgram` tokens; with `gated`, steps draft only where drafting measured faster
+/// (`DraftGate`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NgramConfig {
     pub size_ngram: u16,
     pub size_mgram: u16,
+    pub gated: bool,
 }
 
 /// The first draft length of a request: small, as a wrong draft costs its verification.
@@ -83,6 +85,62 @@ impl Drafter {
     }
 }
 
+/// Whether a step drafts: decided per number of generating requests from the tokens per
+/// second that steps with and without drafts achieved at that number, so speculation is kept
+/// only where it pays on this machine (on a CPU, a decode of a few sequences is already bound
+/// by compute, and verifying drafts there costs more than it saves). One step in `PROBE_EVERY`
+/// takes the other choice, so both rates stay current.
+#[derive(Debug, Default)]
+pub struct DraftGate {
+    /// Per number of generating requests: the mean rate of steps without and with drafts
+    /// (exponentially weighted; None until measured), and the steps taken so far.
+    buckets: Vec<Bucket>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Bucket {
+    rates: [Option<f64>; 2],
+    steps: u64,
+}
+
+/// One step in this many takes the choice that measured slower.
+const PROBE_EVERY: u64 = 16;
+/// The weight of a new step in a mean rate.
+const RATE_WEIGHT: f64 = 0.1;
+
+impl DraftGate {
+    /// Whether the next step, with `generating` requests, drafts.
+    pub fn drafts(&mut self, generating: usize) -> bool {
+        if self.buckets.len() <= generating {
+            self.buckets.resize(generating + 1, Bucket::default());
+        }
+        let bucket = &mut self.buckets[generating];
+        bucket.steps += 1;
+        match bucket.rates {
+            // Measure both first (a step that found nothing to draft counts as one without).
+            [_, None] => true,
+            [None, Some(_)] => false,
+            [Some(plain), Some(drafted)] => (drafted >= plain) != (bucket.steps.is_multiple_of(PROBE_EVERY)),
+        }
+    }
+
+    /// Records a step with `generating` requests, with drafts or not, that sampled `tokens` in
+    /// `seconds`.
+    pub fn record(&mut self, generating: usize, drafted: bool, tokens: usize, seconds: f64) {
+        let Some(bucket) = self.buckets.get_mut(generating) else {
+            return;
+        };
+        if seconds <= 0.0 {
+            return;
+        }
+        // A rate for comparison: the precision lost past 2**52 tokens does not matter.
+        #[allow(clippy::cast_precision_loss)]
+        let rate = tokens as f64 / seconds;
+        let mean = &mut bucket.rates[usize::from(drafted)];
+        *mean = Some(mean.map_or(rate, |mean| mean + RATE_WEIGHT * (rate - mean)));
+    }
+}
+
 /// One generation's n-gram drafter, for `stream`, `generate` and `ChatSession` (the engine
 /// keeps its own per request): the drafts and the adaptation of their length that the engine
 /// uses.
@@ -96,7 +154,11 @@ impl PyNgramDrafter {
     #[new]
     fn new(size_ngram: u16, size_mgram: u16) -> Self {
         Self {
-            drafter: Mutex::new(Drafter::new(NgramConfig { size_ngram, size_mgram })),
+            drafter: Mutex::new(Drafter::new(NgramConfig {
+                size_ngram,
+                size_mgram,
+                gated: false,
+            })),
         }
     }
 
@@ -133,6 +195,7 @@ mod tests {
     const CONFIG: NgramConfig = NgramConfig {
         size_ngram: 2,
         size_mgram: 8,
+        gated: true,
     };
 
     #[test]
@@ -145,6 +208,30 @@ mod tests {
         assert_eq!(drafter.draft(&history, LlamaToken(2), 3), tokens(&[3, 4, 5]));
         // Nothing repeats: no draft.
         assert_eq!(drafter.draft(&history, LlamaToken(99), 100), vec![]);
+    }
+
+    #[test]
+    fn steps_draft_where_drafting_measured_faster_and_probe_the_other_choice() {
+        let mut gate = DraftGate::default();
+        // Nothing measured at 8 requests: a step with drafts, then one without.
+        assert!(gate.drafts(8));
+        gate.record(8, true, 10, 1.0);
+        assert!(!gate.drafts(8));
+        gate.record(8, false, 20, 1.0);
+        // Without drafts was faster: no drafts, but for one step in PROBE_EVERY.
+        let choices: Vec<bool> = (0..PROBE_EVERY).map(|_| gate.drafts(8)).collect();
+        assert_eq!(choices.iter().filter(|&&drafts| drafts).count(), 1);
+        // Each number of requests has its own rates: one request drafts where it paid.
+        assert!(gate.drafts(1));
+        gate.record(1, true, 30, 1.0);
+        assert!(!gate.drafts(1));
+        gate.record(1, false, 10, 1.0);
+        assert!(gate.drafts(1));
+        // Rates move with new steps: drafts at 8 requests become faster.
+        for _ in 0..40 {
+            gate.record(8, true, 40, 1.0);
+        }
+        assert!(gate.drafts(8));
     }
 
     #[test]

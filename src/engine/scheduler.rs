@@ -17,7 +17,7 @@ use std::time::Instant;
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 
-use super::draft::{Drafter, NgramConfig};
+use super::draft::{DraftGate, Drafter, NgramConfig};
 use super::logprobs::top_logprobs;
 use super::plan;
 use super::prefix_cache::{Placement, PrefixCache};
@@ -190,6 +190,8 @@ pub struct Scheduler {
     n_ctx_seq: usize,
     /// The n-gram speculation every request drafts with, if any.
     ngram: Option<NgramConfig>,
+    /// Whether a step drafts, from what drafting measured at its number of requests.
+    gate: DraftGate,
     /// Every counter `stats()` reports, counted here only.
     counters: Counters,
 }
@@ -223,6 +225,7 @@ impl Scheduler {
             n_ctx,
             n_ctx_seq,
             ngram,
+            gate: DraftGate::default(),
             counters: Counters::default(),
         }
     }
@@ -448,12 +451,15 @@ impl Scheduler {
         if order.is_empty() {
             return;
         }
+        let drafting = self
+            .ngram
+            .is_some_and(|ngram| !ngram.gated || self.gate.drafts(order.len()));
         let mut drafts: Vec<Vec<LlamaToken>> = order
             .iter()
             .map(|&index| {
                 let running = &mut self.running[index];
                 match running.phase {
-                    Phase::Generating(token) => running.draft(token, self.n_ctx_seq),
+                    Phase::Generating(token) if drafting => running.draft(token, self.n_ctx_seq),
                     _ => Vec::new(),
                 }
             })
@@ -462,6 +468,8 @@ impl Scheduler {
         for (draft, length) in drafts.iter_mut().zip(plan::draft_lengths(&wanted, self.n_batch)) {
             draft.truncate(length);
         }
+        let started = Instant::now();
+        let sampled_before = self.counters.tokens_generated;
         let mut rows: Vec<(usize, i32)> = Vec::new();
         let added = self.add_generating(&order, &drafts, &mut rows);
         if let Err(err) = added.and_then(|()| self.native.decode(&mut self.batch)) {
@@ -469,8 +477,14 @@ impl Scheduler {
             return;
         }
         self.prepare_constraints(&rows);
+        let drafted = drafts.iter().any(|draft| !draft.is_empty());
         for ((index, row), draft) in rows.into_iter().zip(drafts) {
             self.verify(index, row, &draft);
+        }
+        if self.ngram.is_some_and(|ngram| ngram.gated) {
+            let sampled = usize::try_from(self.counters.tokens_generated - sampled_before).unwrap_or(usize::MAX);
+            self.gate
+                .record(order.len(), drafted, sampled, started.elapsed().as_secs_f64());
         }
     }
 
