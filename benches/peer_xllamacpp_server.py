@@ -36,6 +36,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--parallel", type=int, required=True)
     parser.add_argument("--ctx", type=int, required=True, help="total context, split across the parallel slots")
     parser.add_argument("--embeddings", action="store_true", help="serve embeddings (only), mean-pooled")
+    parser.add_argument(
+        "--spec-ngram",
+        nargs=2,
+        type=int,
+        metavar=("N", "M"),
+        help="speculative decoding by n-gram lookup: llama-server's --spec-type ngram-simple "
+        "--spec-ngram-size-n N --spec-ngram-size-m M",
+    )
     return parser.parse_args()
 
 
@@ -51,6 +59,9 @@ def server_params(args: argparse.Namespace) -> xllamacpp.CommonParams:
     params.n_ubatch = 512
     params.cpuparams.n_threads = args.threads
     params.cpuparams_batch.n_threads = args.threads
+    if args.spec_ngram:
+        params.speculative.types = [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
+        params.speculative.ngram_simple.size_n, params.speculative.ngram_simple.size_m = args.spec_ngram
     if args.embeddings:
         params.embedding = True
         params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN

@@ -6,7 +6,10 @@ official ``openai`` client, in one run on one machine:
    streams (each server with as many slots as streams and 512 cells per slot);
 2. the same at 8 streams whose prompts share a long system prompt, new in each round and served
    once (untimed, as to an application's first user) before the round's load;
-3. llama-cpp-python's server (one request at a time by design) at 8 streams.
+3. llama-cpp-python's server (one request at a time by design) at 8 streams;
+4. speculative decoding by n-gram lookup on both servers (``--spec-ngram`` and llama-server's
+   ``ngram-simple``, with the same n-gram and draft sizes) at 1 and 8 streams, on a task whose
+   output quotes its prompt (a code block to repeat).
 
 Every server gets the same model, threads, slots and greedy requests on /v1/completions (raw
 prompts: both sides read the same tokens). For a scenario both servers start once, then it runs
@@ -40,6 +43,7 @@ from typing import Any
 
 import httpx
 import openai
+import speculative
 
 import llamactx
 
@@ -52,6 +56,10 @@ SYSTEM_PROMPT = (
     "prices or dates, say when you do not know, and keep a friendly tone. Customers ask about trains, "
     "hotels, museums, food, weather and local customs in European cities. "
 ) * 6
+#: What the speculation scenarios' prompts quote (benches/speculative.py's code block).
+CODE = speculative.CODE
+#: The n-gram and draft sizes of both servers' speculation.
+NGRAM = llamactx.NgramDraft()
 
 
 @dataclass(frozen=True)
@@ -62,8 +70,13 @@ class Scenario:
     max_tokens: int
     shared_prefix: bool = False
     first_stream: int = 0  # streams are numbered from it
+    #: Both servers draft by n-gram lookup, and each prompt asks to repeat a code block.
+    speculative: bool = False
 
     def prompt(self, round_number: int, stream: int, request: int) -> str:
+        if self.speculative:
+            name = f"total_{round_number}_{stream}_{request}"
+            return f"{CODE}\nThe same code, with compute_total renamed to {name}:\n\n"
         topic = TOPICS[(stream + request) % len(TOPICS)]
         story = f"Story {round_number}.{stream}.{request}. Once upon a time, near {topic}, there lived"
         if self.shared_prefix:  # a system prompt no slot holds yet
@@ -72,7 +85,8 @@ class Scenario:
 
     @property
     def cells_per_slot(self) -> int:
-        return CELLS_PER_SLOT * 2 if self.shared_prefix else CELLS_PER_SLOT  # room for the system prompt
+        # Room for the system prompt or the code block.
+        return CELLS_PER_SLOT * 2 if self.shared_prefix or self.speculative else CELLS_PER_SLOT
 
 
 FULL = [
@@ -80,6 +94,8 @@ FULL = [
     Scenario("8 streams", 8, 3, 64),
     Scenario("32 streams", 32, 2, 64),
     Scenario("8 streams, shared system prompt", 8, 3, 32, shared_prefix=True),
+    Scenario("1 stream, n-gram speculation", 1, 2, 192, speculative=True),
+    Scenario("8 streams, n-gram speculation", 8, 1, 192, speculative=True),
 ]
 QUICK = [Scenario("1 stream", 1, 1, 4), Scenario("2 streams, shared system prompt", 2, 1, 4, shared_prefix=True)]
 PEER_SCENARIO_STREAMS = 8  # llama-cpp-python's server is measured at 8 streams
@@ -138,17 +154,24 @@ def started(command: list[str], url: str, log: Path) -> Iterator[str]:
             child.wait()
 
 
-def server_command(server: str, model: str, port: int, threads: int, slots: int, ctx: int, peer: Path) -> list[str]:
-    """The command line of ``server``: the same model, port, threads, slots and context."""
+def server_command(
+    server: str, model: str, port: int, threads: int, slots: int, ctx: int, peer: Path, spec_ngram: bool
+) -> list[str]:
+    """The command line of ``server``: the same model, port, threads, slots, context and, with
+    ``spec_ngram``, n-gram speculation."""
     where = ["--model", model, "--port", str(port)]
     if server == "llama-cpp-python":  # one request at a time: no slots to set
         tuning = ["--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(ctx)]
         return [str(peer), "-m", "llama_cpp.server", *where, "--host", "127.0.0.1", *tuning,
                 "--interrupt_requests", "False", "--verbose", "False"]  # fmt: skip
     program = [sys.executable, "-m", "llamactx", "serve"]
+    sizes = [str(NGRAM.size_ngram), str(NGRAM.size_mgram)]
+    speculation = ["--spec-ngram", "--spec-ngram-size-n", sizes[0], "--spec-ngram-size-m", sizes[1]]
     if server == "llama-server":
         program = [str(peer), str(BENCHES / "peer_xllamacpp_server.py")]
-    return [*program, *where, "--threads", str(threads), "--parallel", str(slots), "--ctx", str(ctx)]
+        speculation = ["--spec-ngram", *sizes]
+    tuning = ["--threads", str(threads), "--parallel", str(slots), "--ctx", str(ctx)]
+    return [*program, *where, *tuning, *(speculation if spec_ngram else [])]
 
 
 def end_of_generation_bans(model: str) -> dict[str, int]:
@@ -215,9 +238,8 @@ class Setup:
         """A fresh ``server`` with one slot per stream; its URL."""
         port = free_port()
         slots = scenario.streams
-        command = server_command(
-            server, self.model, port, self.threads, slots, slots * scenario.cells_per_slot, self.peer
-        )
+        cells = slots * scenario.cells_per_slot
+        command = server_command(server, self.model, port, self.threads, slots, cells, self.peer, scenario.speculative)
         with started(command, f"http://127.0.0.1:{port}", self.log(server, scenario)) as url:
             yield url
 
