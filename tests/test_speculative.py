@@ -311,6 +311,22 @@ def test_generate_stream_and_chat_with_drafts_equal_them_without(model: llamactx
     assert replies[0] == replies[1]
 
 
+def test_a_stream_closed_early_leaves_the_kv_cache_holding_its_history(model: llamactx.LlamaModel) -> None:
+    prompt = model.str_to_token(RECORDS, model.add_bos_token())
+    with model.new_context(n_ctx=2048) as ctx:
+        for read in range(1, 25):  # closed after each piece in turn: some while drafts wait
+            ctx.clear_kv_cache()
+            history = list(prompt)
+            llamactx.prefill(ctx, history, 0)
+            pieces = llamactx.continue_sequence(
+                ctx, history, max_tokens=40, sampler=llamactx.LlamaSampler.greedy(), speculative=ALWAYS
+            )
+            for _ in range(read):
+                next(pieces)
+            pieces.close()
+            assert ctx.kv_cache_seq_pos_max(0) == len(history) - 1, read
+
+
 def test_generation_with_drafts_refuses_a_recurrent_model(tmp_path: Path) -> None:
     mamba = llamactx.LlamaModel.load_from_file(synthetic.write_tiny_mamba(tmp_path / "mamba.gguf"))
     assert mamba.is_recurrent()

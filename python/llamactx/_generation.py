@@ -97,7 +97,11 @@ def continue_sequence(
             sampled += 1
             piece, finish = steps.take(token, len(history))
             if piece:
-                yield piece
+                try:
+                    yield piece
+                except GeneratorExit:  # the caller stopped reading: the KV cache holds history
+                    _drop_drafted(ctx, seq_id, history, draft, accepted)
+                    raise
             if finish is not None:
                 _drop_drafted(ctx, seq_id, history, draft, accepted)
                 return finish
