@@ -22,7 +22,7 @@ from llamactx._generation import stream
 from llamactx._limits import INT32_MAX, RANDOM_SEED
 from llamactx._llamactx import LlamaContext, LlamaCppError, LlamaModel, LlamaSampler, serve_rpc
 from llamactx._models import default_model_path
-from llamactx._speculative import NgramDraft
+from llamactx._speculative import MAX_NGRAM, NgramDraft
 from llamactx.bench import speeds
 
 __all__ = ["main"]
@@ -408,20 +408,17 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="speculative decoding by n-gram lookup in each request's own text: the same output in fewer decodes",
     )
-    serve.add_argument(
-        "--spec-ngram-size-n",
-        type=COUNT,
-        default=NgramDraft.size_ngram,
-        metavar="N",
-        help="tokens that must repeat for a draft (default: %(default)s)",
-    )
-    serve.add_argument(
-        "--spec-ngram-size-m",
-        type=COUNT,
-        default=NgramDraft.size_mgram,
-        metavar="M",
-        help="the most tokens a draft proposes (default: %(default)s)",
-    )
+    for flag, default, meaning in (
+        ("n", NgramDraft.size_ngram, "tokens that must repeat for a draft"),
+        ("m", NgramDraft.size_mgram, "the most tokens a draft proposes"),
+    ):
+        serve.add_argument(
+            f"--spec-ngram-size-{flag}",
+            type=_in_range(int, 1, MAX_NGRAM),
+            default=default,
+            metavar=flag.upper(),
+            help=f"{meaning} (default: %(default)s)",
+        )
     serve.add_argument("--model-id", help="the model's name in responses (default: the file name without .gguf)")
     serve.add_argument(
         "--model-alias",
