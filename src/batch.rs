@@ -111,6 +111,14 @@ impl BatchState {
         self.couplings.clear();
     }
 
+    /// Adds `token` of the one sequence `seq` at `position`, returning its row in the batch.
+    pub fn add_at(&mut self, token: LlamaToken, position: usize, seq: i32, logits: bool) -> Result<i32> {
+        let row = i32::try_from(self.tokens.len()).map_err(|_| Error::value("batch is too large"))?;
+        let pos = i32::try_from(position).map_err(|_| Error::value(format!("position {position} is out of range")))?;
+        self.add(token.0, pos, &[seq], logits)?;
+        Ok(row)
+    }
+
     pub fn add(&mut self, token: i32, pos: i32, seq_ids: &[i32], logits: bool) -> Result<()> {
         if seq_ids.is_empty() || seq_ids.len() > self.n_seq_max {
             return Err(Error::value(format!(

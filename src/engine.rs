@@ -3,6 +3,7 @@
 //! sampling run on the engine's own thread, without the GIL.
 
 mod draft;
+mod draft_model;
 mod logprobs;
 mod plan;
 mod prefix_cache;
@@ -28,8 +29,9 @@ use crate::model::PyLlamaModel;
 use crate::sampler::params::PySamplingParams;
 use crate::sampler::{guidance, PyLlamaSampler, SendSampler};
 use crate::tokens::check_vocab;
-use draft::NgramConfig;
-pub use draft::PyNgramDrafter;
+pub use draft::PyDrafter;
+use draft::{DraftSource, NgramConfig, Speculation};
+use draft_model::{check_can_cut, check_draft_model, DraftContext};
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
 use scheduler::{Job, Scheduler};
@@ -147,13 +149,16 @@ impl PyEngineCore {
 #[pymethods]
 impl PyEngineCore {
     #[new]
-    #[pyo3(signature = (model, max_waiting, prefix_cache, ngram, **options))]
+    #[pyo3(signature = (model, max_waiting, prefix_cache, *, ngram=None, draft=None, gated=true, **options))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         model: &Bound<'_, PyLlamaModel>,
         max_waiting: usize,
         prefix_cache: bool,
-        ngram: Option<(u16, u16, bool)>,
+        ngram: Option<(u16, u16)>,
+        draft: Option<(Bound<'_, PyLlamaModel>, u16, f32)>,
+        gated: bool,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let options = ContextOptions::from_kwargs(options)?;
@@ -168,25 +173,42 @@ impl PyEngineCore {
                 Error::value("an engine runs decoder-only models; this model has an encoder (T5-style)").into(),
             );
         }
-        let ngram = ngram.map(|(size_ngram, size_mgram, gated)| NgramConfig {
-            size_ngram,
-            size_mgram,
-            gated,
-        });
-        if ngram.is_some() && (native_model.is_recurrent() || native_model.is_hybrid()) {
-            // Rejected drafts leave the KV cache by cutting their cells, which a recurrent
-            // state cannot undo.
-            return Err(Error::value(
-                "speculative decoding needs a model whose KV cache can be cut; this one is recurrent or hybrid",
-            )
-            .into());
+        let draft = draft
+            .map(|(draft_model, n_draft_max, p_min)| {
+                Ok::<_, PyErr>((draft_model.get().vocabulary()?, n_draft_max, p_min))
+            })
+            .transpose()?;
+        if ngram.is_some() || draft.is_some() {
+            check_can_cut(&native_model)?;
         }
-        let native = detached(py, || {
+        let (native, draft) = detached(py, || {
             let native = OpenContext::open(Arc::clone(&native_model), &options)?;
             // Generation keeps each sequence in the KV cache between steps.
             native.require_memory()?;
-            Ok(native)
+            let draft = match draft {
+                Some((draft_model, n_draft_max, p_min)) => {
+                    check_draft_model(&native_model, &draft_model)?;
+                    let draft_options = draft_options(&native, &options);
+                    Some(DraftContext::open(
+                        draft_model,
+                        &draft_options,
+                        usize::from(n_draft_max),
+                        p_min,
+                    )?)
+                }
+                None => None,
+            };
+            Ok((native, draft))
         })?;
+        let source = match (ngram, draft) {
+            (Some(_), Some(_)) => {
+                return Err(Error::value("an engine drafts by n-gram lookup or with a draft model, not both").into())
+            }
+            (Some((size_ngram, size_mgram)), None) => Some(DraftSource::Ngram(NgramConfig { size_ngram, size_mgram })),
+            (None, Some(context)) => Some(DraftSource::Model(Box::new(context))),
+            (None, None) => None,
+        };
+        let speculation = source.map(|source| Speculation { source, gated });
         let (n_ctx, n_seq_max) = native.with(|context| (context.n_ctx(), context.n_seq_max()));
         let limits = Limits {
             n_vocab: native.model().n_vocab(),
@@ -202,7 +224,7 @@ impl PyEngineCore {
         let scheduled = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("llamactx-engine".to_owned())
-            .spawn(move || Scheduler::new(native, scheduled, batch, prefix_cache, ngram).run())
+            .spawn(move || Scheduler::new(native, scheduled, batch, prefix_cache, speculation).run())
             .map_err(|err| Error::Runtime(format!("could not start the engine thread: {err}")))?;
         Ok(Self {
             shared,
@@ -333,6 +355,22 @@ impl PyEngineCore {
     fn closed(&self) -> bool {
         self.shared.inbox().closed
     }
+}
+
+/// The draft model's context options: the target's sequences, cells and batch sizes (so each
+/// draft sequence holds what its target sequence does), its threads and attention.
+fn draft_options(native: &OpenContext, options: &ContextOptions) -> ContextOptions {
+    native.with(|context| ContextOptions {
+        n_ctx: Some(context.n_ctx()),
+        n_batch: Some(context.n_batch()),
+        n_ubatch: Some(context.n_ubatch()),
+        n_seq_max: Some(context.n_seq_max()),
+        kv_unified: Some(native.kv_unified()),
+        n_threads: options.n_threads,
+        n_threads_batch: options.n_threads_batch,
+        flash_attn_type: options.flash_attn_type,
+        ..ContextOptions::default()
+    })
 }
 
 impl Drop for PyEngineCore {

@@ -49,7 +49,7 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngineCore>()?;
     m.add_class::<engine::PyRequestCore>()?;
     m.add_class::<engine::waker::PyWaker>()?;
-    m.add_class::<engine::PyNgramDrafter>()?;
+    m.add_class::<engine::PyDrafter>()?;
     m.add_class::<regex_search::PyRegex>()?;
     m.add_class::<steps::PySequenceSteps>()?;
     m.add_class::<chat_format::PyChatTemplates>()?;

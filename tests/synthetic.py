@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -355,3 +356,29 @@ def spm_vocabulary(without_byte: int | None = None) -> list[str]:
     and a few words."""
     byte_tokens = [f"<0x{byte:02X}>" for byte in range(256) if byte != without_byte]
     return ["<unk>", "<s>", "</s>", *byte_tokens, *(WORD_START + word for word in WORDS)]
+
+
+def write_first_layers(source: Path, path: Path, layers: int, rename: tuple[int, str] | None = None) -> Path:
+    """The model at ``source`` cut to its first ``layers`` blocks (its embeddings, output head,
+    vocabulary and other metadata kept, tensors copied as stored): a draft model of the same
+    vocabulary that agrees with the whole model on some tokens, not all. ``rename=(id, text)``
+    gives token ``id`` another text."""
+    reader = gguf.GGUFReader(source)
+    architecture = str(reader.fields["general.architecture"].contents())
+    writer = gguf.GGUFWriter(str(path), architecture)
+    block_count = f"{architecture}.block_count"
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue  # the writer writes these itself
+        value: Any = layers if field.name == block_count else field.contents()
+        if rename is not None and field.name == gguf.Keys.Tokenizer.LIST:
+            value[rename[0]] = rename[1]
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
+    for tensor in reader.tensors:
+        parts = tensor.name.split(".")
+        if parts[0] == "blk" and int(parts[1]) >= layers:
+            continue
+        writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
+    _finish(writer)
+    return path

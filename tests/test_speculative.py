@@ -1,8 +1,10 @@
-"""Speculative decoding in the engine (``Engine(speculative=NgramDraft())``): the output equals
-decoding without drafts, token for token, for every kind of request (greedy and seeded
-sampling, stop strings, ``max_tokens``, JSON Schemas, log-probabilities, cancellation, the
-prefix cache, the end of a sequence's cells), while drafts are proposed, accepted and
-rejected."""
+"""Speculative decoding (``speculative=NgramDraft()`` or ``DraftModel(...)``, in the engine and
+in ``generate``, ``stream``, ``chat`` and ``ChatSession``): the output equals decoding without
+drafts, token for token, for every kind of request (greedy and seeded sampling, stop strings,
+``max_tokens``, JSON Schemas, log-probabilities, cancellation, the prefix cache, the end of a
+sequence's cells), while drafts are proposed, accepted and rejected. Each test runs with both
+kinds of draft; the draft model is SmolLM2 cut to its first layers, which agrees with it on
+some tokens only."""
 
 from __future__ import annotations
 
@@ -16,48 +18,18 @@ import pytest
 import synthetic
 from serving import ENGINE_OPTIONS, MODEL_ID, running_server
 from support.prompts import HELPFUL
+from support.speculation import FREE, GROUNDED, OPTIONS, RECORDS, same_output
 
 import llamactx
 
-OPTIONS: dict[str, Any] = {"n_ctx": 4096, "n_seq_max": 4, "prefix_cache": False}
-#: Drafts at every step, so that every test verifies drafts, whatever drafting measures on this
-#: machine (the default drafts only where it measured faster).
-ALWAYS = llamactx.NgramDraft(only_where_faster=False)
 
-CODE = """def compute_total(items, tax_rate):
-    subtotal = 0
-    for item in items:
-        subtotal += item.price * item.quantity
-    tax = subtotal * tax_rate
-    total = subtotal + tax
-    return round(total, 2)
-
-
-def format_receipt(items, tax_rate):
-    lines = []
-    for item in items:
-        lines.append(f"{item.name}: {item.price * item.quantity:.2f}")
-    lines.append(f"Total: {compute_total(items, tax_rate):.2f}")
-    return "\\n".join(lines)
-"""
-#: Output that quotes its input: drafts are accepted, and rejected where the name changes.
-GROUNDED = [
-    {"role": "system", "content": HELPFUL},
-    {"role": "user", "content": f"Repeat this code exactly, but rename compute_total to compute_sum:\n\n{CODE}"},
-]
-FREE = [
-    {"role": "system", "content": HELPFUL},
-    {"role": "user", "content": "Write a short story about a dragon who learns to paint."},
-]
-#: A completion whose form repeats (the labels), not its content (the values): drafts of the
-#: labels are accepted, those of the values mostly rejected.
-RECORDS = (
-    "".join(
-        f"Name: {name}\nAge: {age}\nCity: {city}\n\n"
-        for name, age, city in [("Alice", 30, "Paris"), ("Bob", 25, "Rome"), ("Carol", 35, "Oslo")]
-    )
-    + "Name:"
-)
+@pytest.fixture(scope="module", params=["ngram", "draft_model"])
+def drafting(request: pytest.FixtureRequest) -> llamactx.NgramDraft | llamactx.DraftModel:
+    """Each kind of draft, at every step, so that every test verifies drafts, whatever drafting
+    measures on this machine (the default drafts only where it measured faster)."""
+    if request.param == "ngram":
+        return llamactx.NgramDraft(only_where_faster=False)
+    return llamactx.DraftModel(request.getfixturevalue("draft_model"), only_where_faster=False)
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +39,11 @@ def plain(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
 
 
 @pytest.fixture(scope="module")
-def speculative(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
-    with llamactx.Engine(model, speculative=ALWAYS, **OPTIONS) as engine:
+def speculative(
+    model: llamactx.LlamaModel, drafting: llamactx.NgramDraft | llamactx.DraftModel
+) -> Iterator[llamactx.Engine]:
+    with llamactx.Engine(model, speculative=drafting, **OPTIONS) as engine:
         yield engine
-
-
-def same_output(first: llamactx.Completion, second: llamactx.Completion) -> None:
-    assert first.tokens == second.tokens
-    assert first.text == second.text
-    assert first.finish_reason == second.finish_reason
-    assert first.completion_tokens == second.completion_tokens
 
 
 def test_greedy_output_equals_decoding_without_drafts_for_a_mix_of_requests(
@@ -198,13 +165,15 @@ def test_a_cancelled_request_leaves_no_drafted_cells_behind(
     assert speculative.stats()["kv_cells_used"] == 0
 
 
-def test_drafts_never_pass_the_end_of_a_sequence(model: llamactx.LlamaModel) -> None:
+def test_drafts_never_pass_the_end_of_a_sequence(
+    model: llamactx.LlamaModel, drafting: llamactx.NgramDraft | llamactx.DraftModel
+) -> None:
     prompt = model.str_to_token(RECORDS, model.add_bos_token())
     prompt = prompt * (230 // len(prompt))  # 20-odd cells left of 256
     options: dict[str, Any] = {"n_ctx": 256, "n_seq_max": 1, "prefix_cache": False}
     with (
         llamactx.Engine(model, **options) as without,
-        llamactx.Engine(model, speculative=ALWAYS, **options) as with_drafts,
+        llamactx.Engine(model, speculative=drafting, **options) as with_drafts,
     ):
         drafted = with_drafts.submit(prompt, max_tokens=100).result()
         same_output(drafted, without.submit(prompt, max_tokens=100).result())
@@ -220,11 +189,13 @@ def conversation(engine: llamactx.Engine) -> list[llamactx.Completion]:
     return [first, engine.submit_chat(turn, max_tokens=120).result()]
 
 
-def test_the_prefix_cache_reuses_cells_of_verified_drafts(model: llamactx.LlamaModel) -> None:
+def test_the_prefix_cache_reuses_cells_of_verified_drafts(
+    model: llamactx.LlamaModel, drafting: llamactx.NgramDraft | llamactx.DraftModel
+) -> None:
     # Reused cells were computed in other chunks than a fresh read's, so the comparison is
     # with the same conversation on an engine with the prefix cache and no drafts.
     options: dict[str, Any] = {"n_ctx": 4096, "n_seq_max": 4}
-    with llamactx.Engine(model, speculative=ALWAYS, **options) as cached:
+    with llamactx.Engine(model, speculative=drafting, **options) as cached:
         drafted = conversation(cached)
         stats = cached.stats()
     with llamactx.Engine(model, **options) as cached:
@@ -243,19 +214,21 @@ def test_speculative_options_are_checked(model: llamactx.LlamaModel, tmp_path: P
         llamactx.NgramDraft(size_ngram=4, size_mgram=2)
     with pytest.raises(ValueError, match="size_mgram"):
         llamactx.NgramDraft(size_mgram=100_000)
-    with pytest.raises(TypeError, match="NgramDraft"):
+    with pytest.raises(TypeError, match="NgramDraft, a DraftModel"):
         llamactx.Engine(model, speculative="ngram")  # type: ignore[arg-type]
     mamba = llamactx.LlamaModel.load_from_file(synthetic.write_tiny_mamba(tmp_path / "mamba.gguf"))
     with pytest.raises(ValueError, match="recurrent"):
         llamactx.Engine(mamba, speculative=llamactx.NgramDraft(), n_ctx=256)
 
 
-def test_the_server_with_spec_ngram_answers_as_without_and_exports_the_counts(
-    model_path: Path, model: llamactx.LlamaModel
+@pytest.mark.parametrize("kind", ["--spec-ngram", "--draft-model"])
+def test_the_server_with_speculation_answers_as_without_and_exports_the_counts(
+    model_path: Path, model: llamactx.LlamaModel, draft_model_path: Path, kind: str
 ) -> None:
     with llamactx.Engine(model, **ENGINE_OPTIONS) as reference:
         expected = reference.submit_chat(GROUNDED, max_tokens=120).result()
-    with running_server(model_path, "--no-prefix-cache", "--spec-ngram") as server:
+    options = [kind] if kind == "--spec-ngram" else [kind, str(draft_model_path)]
+    with running_server(model_path, "--no-prefix-cache", *options) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
         reply = client.chat.completions.create(
             model=MODEL_ID,
@@ -275,8 +248,10 @@ def decodes(ctx: llamactx.LlamaContext) -> int:
     return ctx.timings().n_eval
 
 
-def test_generate_stream_and_chat_with_drafts_equal_them_without(model: llamactx.LlamaModel) -> None:
-    draft = llamactx.NgramDraft()
+def test_generate_stream_and_chat_with_drafts_equal_them_without(
+    model: llamactx.LlamaModel, drafting: llamactx.NgramDraft | llamactx.DraftModel
+) -> None:
+    draft = drafting
     with model.new_context(n_ctx=2048) as ctx:
         for max_tokens in (0, 1, 5, 80):
             ctx.perf_context_reset()
@@ -311,7 +286,9 @@ def test_generate_stream_and_chat_with_drafts_equal_them_without(model: llamactx
     assert replies[0] == replies[1]
 
 
-def test_a_stream_closed_early_leaves_the_kv_cache_holding_its_history(model: llamactx.LlamaModel) -> None:
+def test_a_stream_closed_early_leaves_the_kv_cache_holding_its_history(
+    model: llamactx.LlamaModel, drafting: llamactx.NgramDraft | llamactx.DraftModel
+) -> None:
     prompt = model.str_to_token(RECORDS, model.add_bos_token())
     with model.new_context(n_ctx=2048) as ctx:
         for read in range(1, 25):  # closed after each piece in turn: some while drafts wait
@@ -319,7 +296,7 @@ def test_a_stream_closed_early_leaves_the_kv_cache_holding_its_history(model: ll
             history = list(prompt)
             llamactx.prefill(ctx, history, 0)
             pieces = llamactx.continue_sequence(
-                ctx, history, max_tokens=40, sampler=llamactx.LlamaSampler.greedy(), speculative=ALWAYS
+                ctx, history, max_tokens=40, sampler=llamactx.LlamaSampler.greedy(), speculative=drafting
             )
             for _ in range(read):
                 next(pieces)

@@ -62,7 +62,7 @@ from llamactx._llamactx import (
 from llamactx._logging import set_verbose
 from llamactx._models import default_model_path
 from llamactx._render import PreparedChat
-from llamactx._speculative import NgramDraft
+from llamactx._speculative import DraftModel, NgramDraft
 from llamactx._structured import generate_json
 
 # A library's logger: silent unless the application configures logging (no "last resort"
@@ -79,6 +79,7 @@ __all__ = [
     "DecodeAborted",
     "DecodeError",
     "Delta",
+    "DraftModel",
     "EmbeddingsError",
     "EncodeError",
     "Engine",

@@ -8,7 +8,7 @@ from llamactx._constraints import JsonSchema
 from llamactx._generation import continue_sequence, generate, prefill
 from llamactx._llamactx import LlamaContext, LlamaSampler
 from llamactx._render import ChatRenderer, Message
-from llamactx._speculative import NgramDraft
+from llamactx._speculative import Speculative
 
 __all__ = ["ChatSession", "chat"]
 
@@ -23,7 +23,7 @@ def chat(
     seq_id: int = 0,
     json_schema: JsonSchema | None = None,
     grammar: str | None = None,
-    speculative: NgramDraft | None = None,
+    speculative: Speculative | None = None,
 ) -> str:
     """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts or pairs), formatted
     with the model's chat template; greedy when ``sampler`` is None. ``json_schema``,
@@ -54,7 +54,7 @@ class ChatSession:
         self._cached: list[int] = []
 
     def send(
-        self, text: str, sampler: LlamaSampler | None = None, *, speculative: NgramDraft | None = None
+        self, text: str, sampler: LlamaSampler | None = None, *, speculative: Speculative | None = None
     ) -> Iterator[str]:
         """Adds the user's ``text`` and yields the reply as it is generated (greedy when
         ``sampler`` is None; ``speculative`` as in ``stream``)."""

@@ -23,7 +23,7 @@ from llamactx._llamactx import (
 )
 from llamactx._render import ChatRenderer, Message, PreparedChat
 from llamactx._schema_check import OutputCheck
-from llamactx._speculative import NgramDraft
+from llamactx._speculative import Speculative, check_speculative
 from llamactx._tools import ChatInputError, Tool, ToolChoice, reply_message
 
 __all__ = ["Delta", "Engine", "Request"]
@@ -190,10 +190,11 @@ class Engine:
     chat's next turn) reads only the rest; a running request's cells are copied when it shares
     more. Without it, a request's output equals ``generate`` on a context of the same options,
     token for token (reused cells were computed in other chunks, which can change a near-tie).
-    With ``speculative`` (an ``NgramDraft``), requests draft tokens from their own text and
-    verify them in one decode: the same output in fewer decodes (``Completion.drafted_tokens``
-    and ``accepted_tokens`` say how many). ``close()`` (or leaving a ``with`` block, or the
-    interpreter's exit) ends every request still waiting or running as "cancelled".
+    With ``speculative`` (an ``NgramDraft`` or a ``DraftModel``), requests draft tokens (from
+    their own text, or with a draft model) and verify them in one decode: the same output in
+    fewer decodes (``Completion.drafted_tokens`` and ``accepted_tokens`` say how many).
+    ``close()`` (or leaving a ``with`` block, or the interpreter's exit) ends every request
+    still waiting or running as "cancelled".
     """
 
     def __init__(
@@ -203,22 +204,17 @@ class Engine:
         max_waiting: int = 1024,
         prefix_cache: bool = True,
         chat_template: str | None = None,
-        speculative: NgramDraft | None = None,
+        speculative: Speculative | None = None,
         **options: Any,
     ) -> None:
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
-        if speculative is not None and not isinstance(speculative, NgramDraft):
-            raise TypeError(f"speculative must be an NgramDraft or None, got {type(speculative).__name__}")
+        speculative = check_speculative(speculative)
         options.setdefault("n_ctx", 4096)
         options.setdefault("n_seq_max", 8)
         self.model = model
-        ngram = (
-            None
-            if speculative is None
-            else (speculative.size_ngram, speculative.size_mgram, speculative.only_where_faster)
-        )
-        self._core = _EngineCore(model, max_waiting, prefix_cache, ngram, **options)
+        drafting = {} if speculative is None else speculative._engine_options()
+        self._core = _EngineCore(model, max_waiting, prefix_cache, **drafting, **options)
         self._renderer = ChatRenderer(model, chat_template)
         # Python joins non-daemon threads before it runs `atexit` handlers: a thread waiting
         # on a request would keep the interpreter from exiting. This hook runs before that.

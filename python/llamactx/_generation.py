@@ -6,14 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 
 from llamactx._constraints import JsonSchema, constrained
-from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler, _NgramDrafter, _SequenceSteps
+from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler, _SequenceSteps
 from llamactx._schema_check import OutputCheck
-from llamactx._speculative import NgramDraft
+from llamactx._speculative import Speculative, check_speculative
 
 __all__ = ["continue_sequence", "generate", "generate_batch", "prefill", "stream"]
-
-#: Why speculative decoding refuses a model: rejected drafts leave by cutting the KV cache.
-CANNOT_CUT = "speculative decoding needs a model whose KV cache can be cut; this one is recurrent or hybrid"
 
 
 def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int], max_tokens: int) -> list[int]:
@@ -71,7 +68,7 @@ def continue_sequence(
     sampler: LlamaSampler,
     stop: Sequence[str] = (),
     seq_id: int = 0,
-    speculative: NgramDraft | None = None,
+    speculative: Speculative | None = None,
 ) -> Generator[str, None, str]:
     """Generates after ``history``, whose tokens ``seq_id`` already holds, the last with logits.
     Each token decoded is appended to ``history``, which so keeps mirroring the KV cache. The
@@ -80,13 +77,12 @@ def continue_sequence(
     With ``speculative``, each sampled token is decoded together with the tokens drafted to
     follow it, and the outputs are sampled in turn while the token sampled is the next drafted
     one (as the engine does): the same tokens in fewer decodes."""
-    if speculative is not None and (ctx.model.is_recurrent() or ctx.model.is_hybrid()):
-        raise ValueError(CANNOT_CUT)
+    speculative = check_speculative(speculative)
+    drafter = None if speculative is None else speculative._drafter(ctx)
     if max_tokens <= 0:
         return "length"
     steps = _steps(ctx.model, stop, max_tokens, ctx.n_ctx_seq())
-    drafter = None if speculative is None else _NgramDrafter(speculative.size_ngram, speculative.size_mgram)
-    batch = LlamaBatch(1 + (0 if speculative is None else speculative.size_mgram))
+    batch = LlamaBatch(1 + (0 if speculative is None else speculative._most))
     draft: list[int] = []
     rows = [-1]  # the outputs to sample from: the last decoded token's, then each drafted one's
     sampled = 0
@@ -126,7 +122,7 @@ def continue_sequence(
 def _drop_drafted(ctx: LlamaContext, seq_id: int, history: list[int], draft: list[int], accepted: int) -> None:
     """Removes the cells of the drafted tokens that were not accepted."""
     if accepted < len(draft) and not ctx.clear_kv_cache_seq(seq_id, len(history), None):
-        raise ValueError(CANNOT_CUT)
+        raise ValueError("the KV cache could not remove the cells of a rejected draft")
 
 
 def stream(
@@ -140,7 +136,7 @@ def stream(
     progress: Callable[[int, int], None] | None = None,
     json_schema: JsonSchema | None = None,
     grammar: str | None = None,
-    speculative: NgramDraft | None = None,
+    speculative: Speculative | None = None,
 ) -> Generator[str, None, str]:
     """Generates up to ``max_tokens`` tokens after ``prompt`` and yields their text as it comes.
 
@@ -159,9 +155,10 @@ def stream(
     the last piece, for a value that breaks a keyword of the schema llguidance cannot enforce
     while generating (``uniqueItems``, ``not``, ...: every finished value is validated).
 
-    ``speculative`` (an ``NgramDraft``) drafts tokens from the prompt and output by n-gram lookup
-    and verifies them in one decode: the same output in fewer decodes, as in ``Engine``.
-    ``ValueError`` for a recurrent or hybrid model.
+    ``speculative`` (an ``NgramDraft`` or a ``DraftModel``) drafts tokens, by n-gram lookup in
+    the prompt and output or with a draft model, and verifies them in one decode: the same
+    output in fewer decodes, as in ``Engine``. ``ValueError`` for a recurrent or hybrid model,
+    or a draft model whose vocabulary is not the model's.
     """
     tokens = _prompt_tokens(ctx, prompt, max_tokens)
     constrained_sampler, check = constrained(ctx.model, sampler, json_schema, grammar)
@@ -203,7 +200,7 @@ def generate(
     seq_id: int = 0,
     json_schema: JsonSchema | None = None,
     grammar: str | None = None,
-    speculative: NgramDraft | None = None,
+    speculative: Speculative | None = None,
 ) -> str:
     """The whole text ``stream`` yields for the same arguments (greedy when ``sampler`` is None)."""
     pieces = stream(

@@ -55,8 +55,8 @@ __all__ = [
     "TokenToStringError",
     "_ChatApplied",
     "_ChatTemplates",
+    "_Drafter",
     "_EngineCore",
-    "_NgramDrafter",
     "_Regex",
     "_RequestCore",
     "_SequenceSteps",
@@ -956,16 +956,25 @@ class _Regex:
         """Whether the pattern matches anywhere in `text` (JSON Schema's `pattern` is unanchored)."""
 
 @final
-class _NgramDrafter:
-    """One generation's n-gram drafter, for `stream`, `generate` and `ChatSession` (the engine
-    keeps its own per request): the drafts and the adaptation of their length that the engine
-    uses.
+class _Drafter:
+    """One generation's drafts, for `stream`, `generate` and `ChatSession` (the engine keeps its
+    own): the sources and the adaptation of their length that the engine uses.
     """
 
-    def __new__(cls, size_ngram: int, size_mgram: int) -> _NgramDrafter: ...
+    @staticmethod
+    def ngram(model: LlamaModel, size_ngram: int, size_mgram: int) -> _Drafter:
+        """Drafts for `model` by n-gram lookup in the sequence's own tokens."""
+    @staticmethod
+    def model(
+        model: LlamaModel, draft_model: LlamaModel, n_draft_max: int, p_min: float, n_ctx: int, n_threads: int
+    ) -> _Drafter:
+        """Drafts with `draft_model` (its vocabulary checked against `model`'s), greedily, at most
+        `n_draft_max` tokens while its most likely token has at least probability `p_min`, in a
+        context of its own of `n_ctx` cells and `n_threads` threads.
+        """
     def draft(self, history: Sequence[int], sampled: int, limit: int) -> list[int]:
         """The tokens to verify after `sampled`, which follows `history` (the sequence's tokens in
-        the KV cache): at most `limit`, none when nothing repeats or drafting is paused.
+        the KV cache): at most `limit`, none when nothing is proposed or drafting is paused.
         """
     def record(self, drafted: int, accepted: int) -> None:
         """Learns that `accepted` of the last draft's `drafted` tokens were sampled."""
@@ -1016,7 +1025,10 @@ class _EngineCore:
         model: LlamaModel,
         max_waiting: int,
         prefix_cache: bool,
-        ngram: tuple[int, int, bool] | None,
+        *,
+        ngram: tuple[int, int] | None = None,
+        draft: tuple[LlamaModel, int, float] | None = None,
+        gated: bool = True,
         **options: Any,
     ) -> _EngineCore: ...
     def submit(

@@ -1,14 +1,20 @@
-"""Speculative decoding's options: ``NgramDraft``, for ``Engine``, ``stream``, ``generate`` and
-``ChatSession``."""
+"""Speculative decoding's options: ``NgramDraft`` and ``DraftModel``, for ``Engine``,
+``stream``, ``generate``, ``chat`` and ``ChatSession``."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any, TypeAlias
 
-__all__ = ["MAX_NGRAM", "NgramDraft"]
+from llamactx._llamactx import LlamaContext, LlamaModel, _Drafter
+
+__all__ = ["MAX_DRAFT", "MAX_NGRAM", "DraftModel", "NgramDraft", "Speculative"]
 
 #: The longest n-gram and draft ``NgramDraft`` takes.
 MAX_NGRAM = 256
+#: The longest draft ``DraftModel`` takes.
+MAX_DRAFT = 256
 
 
 @dataclass(frozen=True)
@@ -38,3 +44,67 @@ class NgramDraft:
             raise ValueError(f"size_ngram must be in 1..={MAX_NGRAM}, got {self.size_ngram}")
         if not self.size_ngram <= self.size_mgram <= MAX_NGRAM:
             raise ValueError(f"size_mgram must be in size_ngram..={MAX_NGRAM}, got {self.size_mgram}")
+
+    @property
+    def _most(self) -> int:
+        return self.size_mgram
+
+    def _engine_options(self) -> dict[str, Any]:
+        return {"ngram": (self.size_ngram, self.size_mgram), "gated": self.only_where_faster}
+
+    def _drafter(self, ctx: LlamaContext) -> _Drafter:
+        return _Drafter.ngram(ctx.model, self.size_ngram, self.size_mgram)
+
+
+@dataclass(frozen=True)
+class DraftModel:
+    """Speculative decoding with a draft model, for ``Engine(speculative=...)`` (and
+    ``stream``, ``generate``, ``chat``, ``ChatSession.send``): ``model``, smaller than the one
+    it drafts for and with the same vocabulary (token for token: ``ValueError`` otherwise, when
+    the engine or the generation starts), proposes its most likely next tokens, up to
+    ``n_draft_max`` of them and while its probability of each is at least ``p_min``; the target
+    model verifies them all in one decode. The output is the same as without it: each token is
+    still sampled by the request's own sampler from the target model's output. It pays where
+    the draft model often agrees with the target and costs much less per token.
+
+    The engine gives the draft model a context of its own, with the target's cells and
+    sequences, and drafts for every generating request in the same decodes; it keeps each
+    sequence's tokens there between steps. ``stream``, ``generate`` and ``ChatSession.send``
+    open one per call (reading the prompt into it once). How many tokens a request drafts
+    adapts to how many were accepted. (llama-server's ``--model-draft``, ``--draft-max`` and
+    ``--draft-p-min``, whose defaults these are.) ``only_where_faster`` as in ``NgramDraft``."""
+
+    model: LlamaModel
+    n_draft_max: int = 16
+    p_min: float = 0.75
+    only_where_faster: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, LlamaModel):
+            raise TypeError(f"model must be a LlamaModel, got {type(self.model).__name__}")
+        if not 1 <= self.n_draft_max <= MAX_DRAFT:
+            raise ValueError(f"n_draft_max must be in 1..={MAX_DRAFT}, got {self.n_draft_max}")
+        if not (math.isfinite(self.p_min) and 0.0 <= self.p_min <= 1.0):
+            raise ValueError(f"p_min must be in 0..=1, got {self.p_min}")
+
+    @property
+    def _most(self) -> int:
+        return self.n_draft_max
+
+    def _engine_options(self) -> dict[str, Any]:
+        return {"draft": (self.model, self.n_draft_max, self.p_min), "gated": self.only_where_faster}
+
+    def _drafter(self, ctx: LlamaContext) -> _Drafter:
+        threads = ctx.n_threads()
+        return _Drafter.model(ctx.model, self.model, self.n_draft_max, self.p_min, ctx.n_ctx_seq(), threads)
+
+
+#: What the ``speculative`` arguments take.
+Speculative: TypeAlias = NgramDraft | DraftModel
+
+
+def check_speculative(speculative: object) -> Speculative | None:
+    """``speculative``, or ``TypeError`` for what is none of its kinds."""
+    if speculative is None or isinstance(speculative, NgramDraft | DraftModel):
+        return speculative
+    raise TypeError(f"speculative must be an NgramDraft, a DraftModel or None, got {type(speculative).__name__}")

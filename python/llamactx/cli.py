@@ -22,7 +22,7 @@ from llamactx._generation import stream
 from llamactx._limits import INT32_MAX, RANDOM_SEED
 from llamactx._llamactx import LlamaContext, LlamaCppError, LlamaModel, LlamaSampler, serve_rpc
 from llamactx._models import default_model_path
-from llamactx._speculative import MAX_NGRAM, NgramDraft
+from llamactx._speculative import MAX_DRAFT, MAX_NGRAM, DraftModel, NgramDraft, Speculative
 from llamactx.bench import speeds
 
 __all__ = ["main"]
@@ -193,8 +193,25 @@ def _serve(arguments: argparse.Namespace) -> int:
         print(f"llamactx serve needs the server extra ({missing}): pip install 'llamactx[server]'", file=sys.stderr)
         return 2
     model = _load_model(arguments)
+    try:
+        speculative = _speculative(arguments)
+    except ValueError as error:
+        print(f"llamactx serve: {error}", file=sys.stderr)
+        return 2
     embeddings = embedding_context(model, 8, 512, arguments.threads) if arguments.embeddings else None
-    return serve(model, arguments, embeddings)
+    return serve(model, arguments, embeddings, speculative)
+
+
+def _speculative(arguments: argparse.Namespace) -> Speculative | None:
+    """The server's speculative decoding, from ``--spec-ngram`` or ``--draft-model``."""
+    if arguments.spec_ngram and arguments.draft_model:
+        raise ValueError("--spec-ngram and --draft-model are two ways to draft: choose one")
+    if arguments.spec_ngram:
+        return NgramDraft(arguments.spec_ngram_size_n, arguments.spec_ngram_size_m)
+    if arguments.draft_model:
+        draft = LlamaModel.load_from_file(arguments.draft_model)
+        return DraftModel(draft, arguments.draft_max, arguments.draft_p_min)
+    return None
 
 
 def _embed(arguments: argparse.Namespace) -> int:
@@ -419,6 +436,26 @@ def _parser() -> argparse.ArgumentParser:
             metavar=flag.upper(),
             help=f"{meaning} (default: %(default)s)",
         )
+    serve.add_argument(
+        "--draft-model",
+        metavar="FILE",
+        help="speculative decoding with this smaller GGUF model of the same vocabulary: the same output in fewer "
+        "decodes of the model",
+    )
+    serve.add_argument(
+        "--draft-max",
+        type=_in_range(int, 1, MAX_DRAFT),
+        default=DraftModel.n_draft_max,
+        metavar="N",
+        help="the most tokens a draft model's draft proposes (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--draft-p-min",
+        type=PROBABILITY,
+        default=DraftModel.p_min,
+        metavar="P",
+        help="a draft stops before a token the draft model gives less probability (default: %(default)s)",
+    )
     serve.add_argument("--model-id", help="the model's name in responses (default: the file name without .gguf)")
     serve.add_argument(
         "--model-alias",

@@ -1,8 +1,9 @@
-//! Speculative drafts from a request's own tokens (n-gram lookup, the crate's
-//! `ngram_simple_draft`): where the last tokens already occurred in the prompt or the output,
-//! the tokens that followed them then are proposed, and the scheduler verifies them all in one
-//! decode. How many are proposed adapts to how many were accepted, so a request whose text does
-//! not repeat soon stops paying for drafts.
+//! Speculative drafts, and how many tokens each request drafts. A draft comes from the
+//! request's own tokens (n-gram lookup, the crate's `ngram_simple_draft`: where the last tokens
+//! already occurred in the prompt or the output, the tokens that followed them then) or from a
+//! smaller model with the same vocabulary (`draft_model.rs`); the scheduler verifies it in one
+//! decode. How many tokens are proposed adapts to how many were accepted, so a request whose
+//! drafts are rejected soon stops paying for them.
 
 use std::sync::Mutex;
 
@@ -10,16 +11,77 @@ use llama_cpp_4::ngram::ngram_simple_draft;
 use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 
+use super::draft_model::{check_can_cut, check_draft_model, DraftContext};
+use crate::context::ContextOptions;
 use crate::errors::Error;
+use crate::gil::detached;
+use crate::model::PyLlamaModel;
 
 /// The engine's n-gram speculation: `size_ngram` tokens must repeat for a draft, of at most
-/// `size_mgram` tokens; with `gated`, steps draft only where drafting measured faster
-/// (`DraftGate`).
+/// `size_mgram` tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NgramConfig {
     pub size_ngram: u16,
     pub size_mgram: u16,
+}
+
+/// One request's wish for a draft: the tokens to follow `sampled`, which follows `history` (the
+/// tokens of sequence `seq` in the KV cache), at most `limit` of them.
+pub struct DraftRequest<'a> {
+    pub seq: i32,
+    pub history: &'a [LlamaToken],
+    pub sampled: LlamaToken,
+    pub limit: usize,
+}
+
+/// The engine's speculative decoding: where drafts come from, and with `gated`, drafting
+/// only where it measured faster (`DraftGate`).
+pub struct Speculation {
+    pub source: DraftSource,
     pub gated: bool,
+}
+
+/// Where drafts come from.
+pub enum DraftSource {
+    Ngram(NgramConfig),
+    Model(Box<DraftContext>),
+}
+
+impl DraftSource {
+    /// The most tokens one draft proposes.
+    pub fn most(&self) -> usize {
+        match self {
+            Self::Ngram(config) => usize::from(config.size_mgram),
+            Self::Model(context) => context.n_draft_max(),
+        }
+    }
+
+    /// A draft for each request, in order (empty where its limit is 0 or nothing is proposed).
+    pub fn propose(&mut self, requests: &[DraftRequest<'_>]) -> Vec<Vec<LlamaToken>> {
+        match self {
+            Self::Ngram(config) => requests
+                .iter()
+                .map(|request| {
+                    if request.limit == 0 {
+                        return Vec::new();
+                    }
+                    let mut draft =
+                        ngram_simple_draft(config.size_ngram, config.size_mgram, request.history, request.sampled)
+                            .unwrap_or_default();
+                    draft.truncate(request.limit);
+                    draft
+                })
+                .collect(),
+            Self::Model(context) => context.draft(requests),
+        }
+    }
+
+    /// Sequence `seq` no longer holds its tokens: neither do the draft model's cells for it.
+    pub fn forget(&mut self, seq: i32) {
+        if let Self::Model(context) = self {
+            context.forget(seq);
+        }
+    }
 }
 
 /// The first draft length of a request: small, as a wrong draft costs its verification.
@@ -27,10 +89,11 @@ const FIRST_BUDGET: usize = 4;
 /// The longest pause (in steps) after drafts that were all rejected.
 const MAX_PAUSE: u32 = 64;
 
-/// One request's drafter and the adaptation of its draft length.
+/// One request's draft length, adapted to what its drafts had accepted.
 #[derive(Debug)]
-pub struct Drafter {
-    config: NgramConfig,
+pub struct DraftLength {
+    /// The longest draft.
+    most: usize,
     /// The most tokens the next draft proposes.
     budget: usize,
     /// Drafts skipped before the next one is tried.
@@ -39,27 +102,24 @@ pub struct Drafter {
     misses: u32,
 }
 
-impl Drafter {
-    pub fn new(config: NgramConfig) -> Self {
+impl DraftLength {
+    pub fn new(most: usize) -> Self {
         Self {
-            config,
-            budget: FIRST_BUDGET.min(usize::from(config.size_mgram)),
+            most,
+            budget: FIRST_BUDGET.min(most),
             pause: 0,
             misses: 0,
         }
     }
 
-    /// The draft to verify after `sampled`, which follows `history` (the sequence's tokens in
-    /// the KV cache): at most `limit` tokens, none when paused or when nothing repeats.
-    pub fn draft(&mut self, history: &[LlamaToken], sampled: LlamaToken, limit: usize) -> Vec<LlamaToken> {
+    /// How many tokens the next draft may propose, at most `limit`: none while paused (which
+    /// counts a step of the pause).
+    pub fn next(&mut self, limit: usize) -> usize {
         if self.pause > 0 {
             self.pause -= 1;
-            return Vec::new();
+            return 0;
         }
-        let mut draft =
-            ngram_simple_draft(self.config.size_ngram, self.config.size_mgram, history, sampled).unwrap_or_default();
-        draft.truncate(self.budget.min(limit));
-        draft
+        self.budget.min(limit)
     }
 
     /// Learns from a verified draft: `accepted` of its `drafted` tokens were what the model
@@ -70,9 +130,8 @@ impl Drafter {
         if drafted == 0 {
             return;
         }
-        let most = usize::from(self.config.size_mgram);
         if accepted == drafted {
-            self.budget = (self.budget * 2).min(most);
+            self.budget = (self.budget * 2).min(self.most);
             self.misses = 0;
         } else if accepted > 0 {
             self.budget = accepted.max(1);
@@ -141,43 +200,85 @@ impl DraftGate {
     }
 }
 
-/// One generation's n-gram drafter, for `stream`, `generate` and `ChatSession` (the engine
-/// keeps its own per request): the drafts and the adaptation of their length that the engine
-/// uses.
-#[pyclass(frozen, module = "llamactx", name = "_NgramDrafter")]
-pub struct PyNgramDrafter {
-    drafter: Mutex<Drafter>,
+/// One generation's drafts, for `stream`, `generate` and `ChatSession` (the engine keeps its
+/// own): the sources and the adaptation of their length that the engine uses.
+#[pyclass(frozen, module = "llamactx", name = "_Drafter")]
+pub struct PyDrafter {
+    drafter: Mutex<(DraftSource, DraftLength)>,
+}
+
+impl PyDrafter {
+    fn from_source(source: DraftSource) -> Self {
+        let length = DraftLength::new(source.most());
+        Self {
+            drafter: Mutex::new((source, length)),
+        }
+    }
 }
 
 #[pymethods]
-impl PyNgramDrafter {
-    #[new]
-    fn new(size_ngram: u16, size_mgram: u16) -> Self {
-        Self {
-            drafter: Mutex::new(Drafter::new(NgramConfig {
-                size_ngram,
-                size_mgram,
-                gated: false,
-            })),
-        }
+impl PyDrafter {
+    /// Drafts for `model` by n-gram lookup in the sequence's own tokens.
+    #[staticmethod]
+    fn ngram(model: &Bound<'_, PyLlamaModel>, size_ngram: u16, size_mgram: u16) -> PyResult<Self> {
+        check_can_cut(&*model.get().native()?)?;
+        Ok(Self::from_source(DraftSource::Ngram(NgramConfig {
+            size_ngram,
+            size_mgram,
+        })))
+    }
+
+    /// Drafts with `draft_model` (its vocabulary checked against `model`'s), greedily, at most
+    /// `n_draft_max` tokens while its most likely token has at least probability `p_min`, in a
+    /// context of its own of `n_ctx` cells and `n_threads` threads.
+    #[staticmethod]
+    #[pyo3(signature = (model, draft_model, n_draft_max, p_min, n_ctx, n_threads))]
+    fn model(
+        py: Python<'_>,
+        model: &Bound<'_, PyLlamaModel>,
+        draft_model: &Bound<'_, PyLlamaModel>,
+        n_draft_max: u16,
+        p_min: f32,
+        n_ctx: u32,
+        n_threads: i32,
+    ) -> PyResult<Self> {
+        let (target, draft) = (model.get().vocabulary()?, draft_model.get().vocabulary()?);
+        check_can_cut(&target)?;
+        let options = ContextOptions {
+            n_ctx: Some(n_ctx),
+            n_threads: Some(n_threads),
+            n_threads_batch: Some(n_threads),
+            ..ContextOptions::default()
+        };
+        let context = detached(py, move || {
+            check_draft_model(&target, &draft)?;
+            DraftContext::open(draft, &options, usize::from(n_draft_max), p_min)
+        })?;
+        Ok(Self::from_source(DraftSource::Model(Box::new(context))))
     }
 
     /// The tokens to verify after `sampled`, which follows `history` (the sequence's tokens in
-    /// the KV cache): at most `limit`, none when nothing repeats or drafting is paused.
-    fn draft(&self, history: Vec<i32>, sampled: i32, limit: usize) -> PyResult<Vec<i32>> {
+    /// the KV cache): at most `limit`, none when nothing is proposed or drafting is paused.
+    fn draft(&self, py: Python<'_>, history: Vec<i32>, sampled: i32, limit: usize) -> PyResult<Vec<i32>> {
         let history: Vec<LlamaToken> = history.into_iter().map(LlamaToken).collect();
-        let mut drafter = self.drafter.lock().map_err(|_| Error::Poisoned("_NgramDrafter"))?;
-        Ok(drafter
-            .draft(&history, LlamaToken(sampled), limit)
-            .into_iter()
-            .map(|token| token.0)
-            .collect())
+        detached(py, || {
+            let mut guard = self.drafter.lock().map_err(|_| Error::Poisoned("_Drafter"))?;
+            let (source, length) = &mut *guard;
+            let request = DraftRequest {
+                seq: 0,
+                history: &history,
+                sampled: LlamaToken(sampled),
+                limit: length.next(limit),
+            };
+            let draft = source.propose(&[request]).pop().unwrap_or_default();
+            Ok(draft.into_iter().map(|token| token.0).collect())
+        })
     }
 
     /// Learns that `accepted` of the last draft's `drafted` tokens were sampled.
     fn record(&self, drafted: usize, accepted: usize) -> PyResult<()> {
-        let mut drafter = self.drafter.lock().map_err(|_| Error::Poisoned("_NgramDrafter"))?;
-        drafter.record(drafted, accepted);
+        let mut guard = self.drafter.lock().map_err(|_| Error::Poisoned("_Drafter"))?;
+        guard.1.record(drafted, accepted);
         Ok(())
     }
 }
@@ -195,19 +296,28 @@ mod tests {
     const CONFIG: NgramConfig = NgramConfig {
         size_ngram: 2,
         size_mgram: 8,
-        gated: true,
     };
+
+    fn ngram_draft(history: &[LlamaToken], sampled: i32, limit: usize) -> Vec<LlamaToken> {
+        let request = DraftRequest {
+            seq: 0,
+            history,
+            sampled: LlamaToken(sampled),
+            limit,
+        };
+        DraftSource::Ngram(CONFIG).propose(&[request]).remove(0)
+    }
 
     #[test]
     fn repeated_text_is_drafted_within_the_budget_and_the_limit() {
-        let mut drafter = Drafter::new(CONFIG);
         // 0 1 2 3 ... 12, then 1 again, sampled 2: what followed "1 2" is proposed (a
-        // repeat at position 0 counts as none, as in llama.cpp).
+        // repeat at position 0 counts as none, as in llama.cpp), at most size_mgram tokens.
         let history = tokens(&HISTORY);
-        assert_eq!(drafter.draft(&history, LlamaToken(2), 100), tokens(&[3, 4, 5, 6]));
-        assert_eq!(drafter.draft(&history, LlamaToken(2), 3), tokens(&[3, 4, 5]));
+        assert_eq!(ngram_draft(&history, 2, 100), tokens(&[3, 4, 5, 6, 7, 8, 9, 10]));
+        assert_eq!(ngram_draft(&history, 2, 3), tokens(&[3, 4, 5]));
+        assert_eq!(ngram_draft(&history, 2, 0), vec![]);
         // Nothing repeats: no draft.
-        assert_eq!(drafter.draft(&history, LlamaToken(99), 100), vec![]);
+        assert_eq!(ngram_draft(&history, 99, 100), vec![]);
     }
 
     #[test]
@@ -236,7 +346,8 @@ mod tests {
 
     #[test]
     fn the_draft_length_follows_acceptance_and_misses_pause_drafting() {
-        let mut drafter = Drafter::new(CONFIG);
+        let mut drafter = DraftLength::new(8);
+        assert_eq!(drafter.next(100), 4);
         drafter.record(4, 4);
         assert_eq!(drafter.budget, 8);
         drafter.record(8, 8);
@@ -245,10 +356,10 @@ mod tests {
         assert_eq!(drafter.budget, 3);
         drafter.record(3, 0);
         assert_eq!((drafter.budget, drafter.pause), (1, 2));
-        let history = tokens(&HISTORY);
-        assert_eq!(drafter.draft(&history, LlamaToken(2), 100), vec![]);
-        assert_eq!(drafter.draft(&history, LlamaToken(2), 100), vec![]);
-        assert_eq!(drafter.draft(&history, LlamaToken(2), 100), tokens(&[3]));
+        assert_eq!(drafter.next(100), 0);
+        assert_eq!(drafter.next(100), 0);
+        assert_eq!(drafter.next(100), 1);
+        assert_eq!(drafter.next(0), 0, "never past the limit");
         drafter.record(1, 0);
         assert_eq!(drafter.pause, 4, "each miss in a row doubles the pause");
         for _ in 0..10 {

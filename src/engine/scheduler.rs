@@ -17,7 +17,7 @@ use std::time::Instant;
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 
-use super::draft::{DraftGate, Drafter, NgramConfig};
+use super::draft::{DraftGate, DraftLength, DraftRequest, Speculation};
 use super::logprobs::top_logprobs;
 use super::plan;
 use super::prefix_cache::{Placement, PrefixCache};
@@ -105,8 +105,8 @@ struct Running {
     logprobs_sent: usize,
     text: String,
     sampled: usize,
-    /// Proposes speculative drafts, with the engine's n-gram speculation.
-    drafter: Option<Drafter>,
+    /// How many tokens its drafts propose, with speculation.
+    draft_length: Option<DraftLength>,
     /// Drafted tokens verified, and how many of them were accepted.
     drafted: usize,
     accepted: usize,
@@ -121,15 +121,16 @@ impl Running {
         self.kv_tokens.len()
     }
 
-    /// The draft to verify after `sampled`: never past `max_tokens` (the request's reserved
-    /// cells) nor past the token that fills the sequence's `n_ctx_seq` cells.
-    fn draft(&mut self, sampled: LlamaToken, n_ctx_seq: usize) -> Vec<LlamaToken> {
-        let Some(drafter) = &mut self.drafter else {
-            return Vec::new();
+    /// How many tokens to draft after its last sampled token: never past `max_tokens` (the
+    /// request's reserved cells) nor past the token that fills the sequence's `n_ctx_seq`
+    /// cells.
+    fn draft_limit(&mut self, n_ctx_seq: usize) -> usize {
+        let Some(length) = &mut self.draft_length else {
+            return 0;
         };
         let left = self.job.max_tokens.saturating_sub(self.sampled + 1);
         let before_end = n_ctx_seq.saturating_sub(self.kv_tokens.len() + 2);
-        drafter.draft(&self.kv_tokens, sampled, left.min(before_end))
+        length.next(left.min(before_end))
     }
 
     fn completion(&self, finish_reason: &'static str) -> PyCompletion {
@@ -188,8 +189,8 @@ pub struct Scheduler {
     n_batch: usize,
     n_ctx: usize,
     n_ctx_seq: usize,
-    /// The n-gram speculation every request drafts with, if any.
-    ngram: Option<NgramConfig>,
+    /// Where every request's drafts come from, if anywhere.
+    speculation: Option<Speculation>,
     /// Whether a step drafts, from what drafting measured at its number of requests.
     gate: DraftGate,
     /// Every counter `stats()` reports, counted here only.
@@ -203,7 +204,7 @@ impl Scheduler {
         shared: Arc<EngineShared>,
         batch: BatchState,
         prefix_cache: bool,
-        ngram: Option<NgramConfig>,
+        speculation: Option<Speculation>,
     ) -> Self {
         let (n_batch, n_ctx, n_ctx_seq, n_seq_max) = native.with(|context| {
             (
@@ -224,7 +225,7 @@ impl Scheduler {
             n_batch,
             n_ctx,
             n_ctx_seq,
-            ngram,
+            speculation,
             gate: DraftGate::default(),
             counters: Counters::default(),
         }
@@ -357,7 +358,10 @@ impl Scheduler {
             logprobs_sent: 0,
             text: String::new(),
             sampled: 0,
-            drafter: self.ngram.map(Drafter::new),
+            draft_length: self
+                .speculation
+                .as_ref()
+                .map(|speculation| DraftLength::new(speculation.source.most())),
             drafted: 0,
             accepted: 0,
             admitted: Instant::now(),
@@ -409,6 +413,7 @@ impl Scheduler {
             let Some(seq) = self.cache.largest(placed) else { break };
             let _ = self.native.clear_seq(Some(i64::from(seq)), None, None);
             self.cache.forget(seq);
+            self.forget_drafts(seq);
         }
     }
 
@@ -451,24 +456,8 @@ impl Scheduler {
         if order.is_empty() {
             return;
         }
-        let drafting = self
-            .ngram
-            .is_some_and(|ngram| !ngram.gated || self.gate.drafts(order.len()));
-        let mut drafts: Vec<Vec<LlamaToken>> = order
-            .iter()
-            .map(|&index| {
-                let running = &mut self.running[index];
-                match running.phase {
-                    Phase::Generating(token) if drafting => running.draft(token, self.n_ctx_seq),
-                    _ => Vec::new(),
-                }
-            })
-            .collect();
-        let wanted: Vec<usize> = drafts.iter().map(Vec::len).collect();
-        for (draft, length) in drafts.iter_mut().zip(plan::draft_lengths(&wanted, self.n_batch)) {
-            draft.truncate(length);
-        }
         let started = Instant::now();
+        let drafts = self.drafts(&order);
         let sampled_before = self.counters.tokens_generated;
         let mut rows: Vec<(usize, i32)> = Vec::new();
         let added = self.add_generating(&order, &drafts, &mut rows);
@@ -481,10 +470,52 @@ impl Scheduler {
         for ((index, row), draft) in rows.into_iter().zip(drafts) {
             self.verify(index, row, &draft);
         }
-        if self.ngram.is_some_and(|ngram| ngram.gated) {
+        if self.speculation.as_ref().is_some_and(|speculation| speculation.gated) {
             let sampled = usize::try_from(self.counters.tokens_generated - sampled_before).unwrap_or(usize::MAX);
             self.gate
                 .record(order.len(), drafted, sampled, started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// The draft of each request in `order` (empty for all but in steps that draft), sharing
+    /// `n_batch` with every request's own token.
+    fn drafts(&mut self, order: &[usize]) -> Vec<Vec<LlamaToken>> {
+        let generating = order.len();
+        let Some(speculation) = self.speculation.as_mut() else {
+            return vec![Vec::new(); generating];
+        };
+        if speculation.gated && !self.gate.drafts(generating) {
+            return vec![Vec::new(); generating];
+        }
+        let wanted: Vec<usize> = order
+            .iter()
+            .map(|&index| self.running[index].draft_limit(self.n_ctx_seq))
+            .collect();
+        let requests: Vec<DraftRequest<'_>> = order
+            .iter()
+            .zip(plan::draft_lengths(&wanted, self.n_batch))
+            .map(|(&index, limit)| {
+                let running = &self.running[index];
+                let (sampled, limit) = match running.phase {
+                    Phase::Generating(token) => (token, limit),
+                    // `order` holds generating requests only.
+                    _ => (LlamaToken::new(0), 0),
+                };
+                DraftRequest {
+                    seq: running.seq,
+                    history: &running.kv_tokens,
+                    sampled,
+                    limit,
+                }
+            })
+            .collect();
+        speculation.source.propose(&requests)
+    }
+
+    /// Sequence `seq` was emptied: so is the draft model's.
+    fn forget_drafts(&mut self, seq: i32) {
+        if let Some(speculation) = &mut self.speculation {
+            speculation.source.forget(seq);
         }
     }
 
@@ -502,11 +533,10 @@ impl Scheduler {
             let Phase::Generating(token) = running.phase else {
                 continue;
             };
-            rows.push((index, row_of(&self.batch)?));
             let start = running.kv_len();
-            for (offset, next) in std::iter::once(token).chain(draft.iter().copied()).enumerate() {
-                self.batch
-                    .add(next.0, position(start + offset)?, &[running.seq], true)?;
+            rows.push((index, self.batch.add_at(token, start, running.seq, true)?));
+            for (offset, &next) in draft.iter().enumerate() {
+                self.batch.add_at(next, start + 1 + offset, running.seq, true)?;
             }
         }
         Ok(())
@@ -540,8 +570,8 @@ impl Scheduler {
         running.accepted += accepted;
         self.counters.drafted_tokens += draft.len() as u64;
         self.counters.accepted_tokens += accepted as u64;
-        if let Some(drafter) = &mut running.drafter {
-            drafter.record(draft.len(), accepted);
+        if let Some(length) = &mut running.draft_length {
+            length.record(draft.len(), accepted);
         }
         if accepted < draft.len() {
             let kept = i64::try_from(running.kv_len()).unwrap_or(i64::MAX);
@@ -597,10 +627,10 @@ impl Scheduler {
             let prompt = &running.job.prompt;
             for pos in running.kv_len()..running.kv_len() + chunk {
                 let last = pos + 1 == prompt.len();
+                let row = self.batch.add_at(prompt[pos], pos, running.seq, last)?;
                 if last {
-                    rows.push((index, row_of(&self.batch)?));
+                    rows.push((index, row));
                 }
-                self.batch.add(prompt[pos].0, position(pos)?, &[running.seq], last)?;
             }
         }
         self.native.decode(&mut self.batch)?;
@@ -713,6 +743,7 @@ impl Scheduler {
                 // Its cells go back to the others; a sequence id from our own range cannot fail.
                 let _ = self.native.clear_seq(Some(i64::from(running.seq)), None, None);
                 self.cache.forget(running.seq);
+                self.forget_drafts(running.seq);
             }
             self.free_seqs.push(running.seq);
             ended.push(running);
@@ -755,12 +786,4 @@ fn finish_unstarted(jobs: Vec<Job>) {
     for job in jobs {
         job.request.complete(unstarted(&job, "cancelled"));
     }
-}
-
-fn row_of(batch: &BatchState) -> Result<i32> {
-    i32::try_from(batch.tokens.len()).map_err(|_| Error::value("the batch is too large"))
-}
-
-fn position(pos: usize) -> Result<i32> {
-    i32::try_from(pos).map_err(|_| Error::value(format!("position {pos} is out of range")))
 }

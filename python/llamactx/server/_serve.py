@@ -16,7 +16,7 @@ import uvicorn
 
 from llamactx._engine import Engine
 from llamactx._llamactx import LlamaContext, LlamaModel
-from llamactx._speculative import NgramDraft
+from llamactx._speculative import Speculative
 from llamactx.server._app import create_app
 
 __all__ = ["serve"]
@@ -57,9 +57,14 @@ def _exit_unless(done: threading.Event, seconds: float) -> None:
     threading.Thread(target=watchdog, name="llamactx-shutdown-watchdog", daemon=True).start()
 
 
-def serve(model: LlamaModel, arguments: argparse.Namespace, embeddings: LlamaContext | None) -> int:
+def serve(
+    model: LlamaModel,
+    arguments: argparse.Namespace,
+    embeddings: LlamaContext | None,
+    speculative: Speculative | None = None,
+) -> int:
     """Serves until Ctrl-C or SIGTERM; the engine is closed on the way out, within
-    ``CLOSE_SECONDS`` of the open streams' end."""
+    ``CLOSE_SECONDS`` of the open streams' end. Status 2 for options the engine refuses."""
     done = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -78,17 +83,19 @@ def serve(model: LlamaModel, arguments: argparse.Namespace, embeddings: LlamaCon
     options = {"n_threads": arguments.threads, "n_threads_batch": arguments.threads} if arguments.threads else {}
     options["flash_attn_type"] = arguments.flash_attn
     with sock:
-        engine = Engine(
-            model,
-            max_waiting=arguments.max_waiting,
-            prefix_cache=not arguments.no_prefix_cache,
-            speculative=NgramDraft(arguments.spec_ngram_size_n, arguments.spec_ngram_size_m)
-            if arguments.spec_ngram
-            else None,
-            n_ctx=arguments.ctx,
-            n_seq_max=arguments.parallel,
-            **options,
-        )
+        try:
+            engine = Engine(
+                model,
+                max_waiting=arguments.max_waiting,
+                prefix_cache=not arguments.no_prefix_cache,
+                speculative=speculative,
+                n_ctx=arguments.ctx,
+                n_seq_max=arguments.parallel,
+                **options,
+            )
+        except ValueError as error:  # e.g. a draft model of another vocabulary
+            print(f"llamactx serve: {error}", file=sys.stderr)
+            return 2
         try:
             _serve_until_stopped(engine, sock, arguments, embeddings)
         finally:
