@@ -1,6 +1,12 @@
-"""Speculative decoding by n-gram lookup (``Engine(speculative=NgramDraft())``) against the same
-engine without it, in one run, alternating round by round: aggregate tokens/s of greedy chat
-replies on two tasks, by one request alone and by eight at once.
+"""Speculative decoding against the same engine without it, in one run, alternating round by
+round: aggregate tokens/s of greedy chat replies on two tasks, by one request alone and by eight
+at once, for
+
+- "ngram": ``NgramDraft()``, n-gram lookup in each request's own text;
+- "draft": ``DraftModel(...)``, a draft model: SmolLM2 cut to its first ``--draft-layers`` layers
+  (no smaller model of its vocabulary exists; a cut one costs most of what SmolLM2 does per
+  token, so this measures the machinery's overhead and the gate, not a realistic pairing);
+- "draft always": the same with ``only_where_faster=False``: drafting at every step.
 
 - "grounded": repeat a ~300-token code block with one name changed (the reply quotes its input);
 - "free": a short story (nothing to quote).
@@ -12,7 +18,8 @@ speeds up). The replies are greedy and equal with and without drafts
 (tests/test_speculative.py), so both engines do the same work; a ratio is the median of the
 rounds' ratios.
 
-    python benches/speculative.py [--rounds 3] [--max-tokens 200] [--threads 2] [--out bench-results]
+    python benches/speculative.py [--rounds 3] [--max-tokens 200] [--threads 2] [--draft-layers 26]
+        [--out bench-results]
 
 Writes speculative.json into --out.
 """
@@ -22,10 +29,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import llamactx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import synthetic  # the tests' GGUF writers
 
 CODE = """class Inventory:
     def __init__(self):
@@ -98,6 +110,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--draft-layers", type=int, default=26)
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     arguments = parser.parse_args()
     model = llamactx.LlamaModel.load_from_file(arguments.model or llamactx.default_model_path())
@@ -108,15 +121,21 @@ def main() -> None:
         "n_threads": arguments.threads,
         "n_threads_batch": arguments.threads,
     }
-    engines = {
-        "ngram": llamactx.Engine(model, speculative=llamactx.NgramDraft(), **options),
-        "plain": llamactx.Engine(model, **options),
+    with tempfile.TemporaryDirectory() as directory:
+        cut = synthetic.write_first_layers(model.path, Path(directory) / "draft.gguf", arguments.draft_layers)
+        draft = llamactx.LlamaModel.load_from_file(cut)
+    drafting: dict[str, llamactx.NgramDraft | llamactx.DraftModel] = {
+        "ngram": llamactx.NgramDraft(),
+        "draft": llamactx.DraftModel(draft),
+        "draft always": llamactx.DraftModel(draft, only_where_faster=False),
     }
+    engines = {name: llamactx.Engine(model, speculative=kind, **options) for name, kind in drafting.items()}
+    engines["plain"] = llamactx.Engine(model, **options)
     cases = [(task, count) for count in (1, 8) for task in ("grounded", "free")]
     runs: dict[str, list[dict[str, float]]] = {}
     try:
         for round_index in range(arguments.rounds):
-            names = list(engines)[:: 1 if round_index % 2 else -1]  # each goes first in turn
+            names = list(engines)[round_index % len(engines) :] + list(engines)[: round_index % len(engines)]
             for task, count in cases:
                 for name in names:
                     measured = rate(engines[name], chats(task, count), arguments.max_tokens)
@@ -126,17 +145,19 @@ def main() -> None:
         for engine in engines.values():
             engine.close()
     ratios = {
-        f"{task} x{count}: ngram / plain": statistics.median(
-            ngram["tokens_per_second"] / plain["tokens_per_second"]
-            for ngram, plain in zip(runs[f"{task} x{count} ngram"], runs[f"{task} x{count} plain"], strict=True)
+        f"{task} x{count}: {name} / plain": statistics.median(
+            drafted["tokens_per_second"] / plain["tokens_per_second"]
+            for drafted, plain in zip(runs[f"{task} x{count} {name}"], runs[f"{task} x{count} plain"], strict=True)
         )
+        for name in drafting
         for task, count in cases
     }
     acceptance = {
-        f"{task} x{count}": statistics.median(run["acceptance"] for run in runs[f"{task} x{count} ngram"])
+        f"{task} x{count} {name}": statistics.median(run["acceptance"] for run in runs[f"{task} x{count} {name}"])
+        for name in drafting
         for task, count in cases
     }
-    settings = {**vars(arguments), "out": str(arguments.out), "speculative": "NgramDraft() defaults"}
+    settings = {**vars(arguments), "out": str(arguments.out), "speculative": "NgramDraft() and DraftModel() defaults"}
     result = {"settings": settings, "ratios": ratios, "acceptance": acceptance, "runs": runs}
     arguments.out.mkdir(parents=True, exist_ok=True)
     (arguments.out / "speculative.json").write_text(json.dumps(result, indent=2))

@@ -76,6 +76,14 @@ impl DraftSource {
         }
     }
 
+    /// Brings the draft model's sequences up to the requests' histories (their prompts, just
+    /// read by the target).
+    pub fn follow(&mut self, requests: &[DraftRequest<'_>]) {
+        if let Self::Model(context) = self {
+            context.follow(requests);
+        }
+    }
+
     /// Sequence `seq` no longer holds its tokens: neither do the draft model's cells for it.
     pub fn forget(&mut self, seq: i32) {
         if let Self::Model(context) = self {

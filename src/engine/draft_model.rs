@@ -107,11 +107,32 @@ impl DraftContext {
         }
         if self.extend(requests, &mut drafts).is_err() {
             drafts.iter_mut().for_each(Vec::clear);
-            if matches!(self.context.clear_seq(None, None, None), Ok(true)) {
-                self.held.iter_mut().for_each(Vec::clear);
-            }
+            self.reset();
         }
         drafts
+    }
+
+    /// Reads the requests' histories (not their sampled tokens) where this context lacks them:
+    /// a prompt just read by the target, so that the request's first draft does not wait for
+    /// it (and a step's measured speed is that of drafting, not of reading a prompt).
+    pub fn follow(&mut self, requests: &[DraftRequest<'_>]) {
+        let outcome = (|| {
+            let mut reading = Vec::new();
+            for (index, request) in requests.iter().enumerate() {
+                reading.push((index, self.keep_shared(request)?));
+            }
+            self.read(requests, &mut reading, false, &mut [])
+        })();
+        if outcome.is_err() {
+            self.reset();
+        }
+    }
+
+    /// Empties the draft's KV cache, to be read again.
+    fn reset(&mut self) {
+        if matches!(self.context.clear_seq(None, None, None), Ok(true)) {
+            self.held.iter_mut().for_each(Vec::clear);
+        }
     }
 
     /// Sequence `seq` of the target no longer holds its tokens: its cells here go too.
@@ -133,7 +154,7 @@ impl DraftContext {
                 reading.push((index, self.keep_shared(request)?));
             }
         }
-        self.read(requests, &mut reading, drafts)?;
+        self.read(requests, &mut reading, true, drafts)?;
         self.continue_drafts(requests, drafts)
     }
 
@@ -162,13 +183,14 @@ impl DraftContext {
         Ok(shared)
     }
 
-    /// Reads the requests' tokens from each one's position in `reading` to its sampled token,
-    /// in decodes of up to `n_batch` tokens; the output of each sampled token gives the first
-    /// token of its draft.
+    /// Reads the requests' tokens from each one's position in `reading` to the end of its
+    /// history, and its sampled token `with_sampled`, in decodes of up to `n_batch` tokens;
+    /// the output of each sampled token gives the first token of its draft.
     fn read(
         &mut self,
         requests: &[DraftRequest<'_>],
         reading: &mut [(usize, usize)],
+        with_sampled: bool,
         drafts: &mut [Vec<LlamaToken>],
     ) -> Result<()> {
         loop {
@@ -176,10 +198,10 @@ impl DraftContext {
             let mut rows = Vec::new();
             for (index, next) in reading.iter_mut() {
                 let request = &requests[*index];
-                let end = request.history.len() + 1;
+                let end = request.history.len() + usize::from(with_sampled);
                 while *next < end && self.batch.tokens.len() < self.n_batch {
                     let token = request.history.get(*next).copied().unwrap_or(request.sampled);
-                    let last = *next + 1 == end;
+                    let last = with_sampled && *next + 1 == end;
                     let row = self.add(request.seq, token, *next, last)?;
                     if last {
                         rows.push((*index, row));

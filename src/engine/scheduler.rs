@@ -512,6 +512,27 @@ impl Scheduler {
         speculation.source.propose(&requests)
     }
 
+    /// Reads the prompt chunks the target just read (`(index in running, tokens)`) into the draft
+    /// model's context too, with the prompt: a request's first draft then reads only its first
+    /// token, and a step's measured speed is that of drafting, not of reading a prompt.
+    fn follow_prompts(&mut self, chunks: &[(usize, usize)]) {
+        let Some(speculation) = &mut self.speculation else {
+            return;
+        };
+        let read: Vec<DraftRequest<'_>> = chunks
+            .iter()
+            .map(|&(index, _)| &self.running[index])
+            .map(|running| DraftRequest {
+                seq: running.seq,
+                history: &running.kv_tokens,
+                // Unread: `follow` reads histories only.
+                sampled: LlamaToken::new(0),
+                limit: 0,
+            })
+            .collect();
+        speculation.source.follow(&read);
+    }
+
     /// Sequence `seq` was emptied: so is the draft model's.
     fn forget_drafts(&mut self, seq: i32) {
         if let Some(speculation) = &mut self.speculation {
@@ -640,6 +661,7 @@ impl Scheduler {
             let read = &running.job.prompt[running.kv_len()..running.kv_len() + chunk];
             running.kv_tokens.extend_from_slice(read);
         }
+        self.follow_prompts(chunks);
         self.prepare_constraints(&rows);
         for (index, row) in rows {
             self.counters.tokens_generated += 1;

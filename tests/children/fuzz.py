@@ -41,7 +41,21 @@ ctx = model.new_context(n_ctx=256, n_batch=32, n_ubatch=16, n_seq_max=N_SEQ, n_t
 bf16_ctx = model.new_context(n_ctx=256, n_batch=32, cache_type_k="bf16", n_threads=2)
 batches = [llamactx.LlamaBatch(32, 2), llamactx.LlamaBatch(4, 1)]
 # A small engine: requests with hostile arguments, while the context above is used.
-engine = llamactx.Engine(model, n_ctx=256, n_seq_max=2, n_batch=32, n_threads=1, n_threads_batch=1, max_waiting=4)
+ENGINE_OPTIONS: dict[str, Any] = {
+    "n_ctx": 256,
+    "n_seq_max": 2,
+    "n_batch": 32,
+    "n_threads": 1,
+    "n_threads_batch": 1,
+    "max_waiting": 4,
+}
+engine = llamactx.Engine(model, **ENGINE_OPTIONS)
+# Engines that draft at every step: by n-gram lookup, and with the model as its own draft model.
+engines = [
+    engine,
+    llamactx.Engine(model, speculative=llamactx.NgramDraft(1, 4, only_where_faster=False), **ENGINE_OPTIONS),
+    llamactx.Engine(model, speculative=llamactx.DraftModel(model, 4, 0.0, only_where_faster=False), **ENGINE_OPTIONS),
+]
 # For `embed`: texts and token ids, as the server's /v1/embeddings takes them.
 embedder = llamactx._embedding.embedding_context(model, 2, 32, 1)
 
@@ -74,6 +88,7 @@ sampling_params = st.fixed_dictionaries(
 
 
 def engine_request(
+    which: int,
     prompt: str | list[int],
     max_tokens: int,
     stop: list[str],
@@ -81,9 +96,10 @@ def engine_request(
     logprobs: int,
     grammar: str | None,
 ) -> None:
-    """One engine request; long ones are cancelled at once, so an example stays short."""
+    """One request to ``engines[which]``; long ones are cancelled at once, so an example stays
+    short."""
     params = None if sampling is None else llamactx.SamplingParams(**sampling)
-    request = engine.submit(
+    request = engines[which].submit(
         prompt, max_tokens=max_tokens, stop=stop, sampling=params, logprobs=logprobs, grammar=grammar
     )
     if max_tokens > 8:
@@ -92,6 +108,18 @@ def engine_request(
         for _text, _logprobs in request.deltas():  # the streamed pieces and their logprobs
             pass
     request.result(timeout=120)
+
+
+def speculative_generation(
+    kind: str, size: int, p_min: float, prompt: str | list[int], max_tokens: int, stop: list[str], seq: int
+) -> None:
+    """``generate`` on the context with drafts of any size (the options checked)."""
+    draft: llamactx.NgramDraft | llamactx.DraftModel = (
+        llamactx.NgramDraft(1, size, only_where_faster=False)
+        if kind == "ngram"
+        else llamactx.DraftModel(model, size, p_min, only_where_faster=False)
+    )
+    llamactx.generate(ctx, prompt, max_tokens=max_tokens, stop=stop, seq_id=seq, speculative=draft)
 
 
 def reset() -> None:
@@ -564,6 +592,7 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
     "engine_request": (
         engine_request,
         st.tuples(
+            st.integers(0, len(engines) - 1),
             st.one_of(token_lists, st.text(max_size=20)),
             ints,
             st.lists(st.text(max_size=3), max_size=3),
@@ -573,6 +602,18 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
         ),
     ),
     "engine_stats": (lambda: engine.stats(), st.tuples()),
+    "speculative_generation": (
+        speculative_generation,
+        st.tuples(
+            st.sampled_from(["ngram", "draft_model"]),
+            ints,
+            SAMPLING_FLOATS,
+            st.one_of(token_lists, st.text(max_size=20)),
+            small_ints,
+            st.lists(st.text(max_size=3), max_size=2),
+            seqs,
+        ),
+    ),
     "constrained_generation": (
         constrained_generation,
         st.tuples(CONSTRAINT_KINDS, constraint_texts, st.text(max_size=10), small_ints),
