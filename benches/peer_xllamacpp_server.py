@@ -44,6 +44,11 @@ def parse_args() -> argparse.Namespace:
         help="speculative decoding by n-gram lookup: llama-server's --spec-type ngram-simple "
         "--spec-ngram-size-n N --spec-ngram-size-m M",
     )
+    parser.add_argument(
+        "--draft-model",
+        metavar="FILE",
+        help="speculative decoding with a draft model: llama-server's --model-draft FILE (its default sizes)",
+    )
     return parser.parse_args()
 
 
@@ -62,6 +67,9 @@ def server_params(args: argparse.Namespace) -> xllamacpp.CommonParams:
     if args.spec_ngram:
         params.speculative.types = [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
         params.speculative.ngram_simple.size_n, params.speculative.ngram_simple.size_m = args.spec_ngram
+    if args.draft_model:
+        params.speculative.types = [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
+        params.speculative.draft.mparams.path = args.draft_model
     if args.embeddings:
         params.embedding = True
         params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN

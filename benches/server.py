@@ -9,7 +9,11 @@ official ``openai`` client, in one run on one machine:
 3. llama-cpp-python's server (one request at a time by design) at 8 streams;
 4. speculative decoding by n-gram lookup on both servers (``--spec-ngram`` and llama-server's
    ``ngram-simple``, with the same n-gram and draft sizes) at 1 and 8 streams, on a task whose
-   output quotes its prompt (a code block to repeat).
+   output quotes its prompt (a code block to repeat);
+5. the same with a draft model on both (``--draft-model`` and llama-server's ``draft-simple``,
+   both with llama.cpp's default draft sizes): SmolLM2 cut to its first layers
+   (``benches/speculative.py``'s ``draft_file``), which costs most of what SmolLM2 does, so this
+   compares the two servers' handling of a draft model, not a pairing worth using.
 
 Every server gets the same model, threads, slots and greedy requests on /v1/completions (raw
 prompts: both sides read the same tokens). For a scenario both servers start once, then it runs
@@ -19,7 +23,7 @@ on one server, then the same on the other (which goes first alternates), with pr
 cancels; a ratio is the median of the rounds' ratios.
 
     python benches/server.py --peer-python .venv-peers/bin/python [--threads 2] [--rounds 5]
-                             [--out bench-results] [--quick]
+                             [--out bench-results] [--quick] [--scenario TEXT]
 
 Writes server.json and server.png into --out. Without llama-cpp-python in the peer venv its
 scenario is skipped, and the JSON says so; ``--quick`` is a smoke test whose figures mean nothing.
@@ -70,11 +74,12 @@ class Scenario:
     max_tokens: int
     shared_prefix: bool = False
     first_stream: int = 0  # streams are numbered from it
-    #: Both servers draft by n-gram lookup, and each prompt asks to repeat a code block.
-    speculative: bool = False
+    #: Both servers draft ("ngram": by n-gram lookup; "draft": with a draft model), and each
+    #: prompt asks to repeat a code block.
+    speculation: str | None = None
 
     def prompt(self, round_number: int, stream: int, request: int) -> str:
-        if self.speculative:
+        if self.speculation:
             name = f"total_{round_number}_{stream}_{request}"
             return f"{CODE}\nThe same code, with compute_total renamed to {name}:\n\n"
         topic = TOPICS[(stream + request) % len(TOPICS)]
@@ -86,7 +91,7 @@ class Scenario:
     @property
     def cells_per_slot(self) -> int:
         # Room for the system prompt or the code block.
-        return CELLS_PER_SLOT * 2 if self.shared_prefix or self.speculative else CELLS_PER_SLOT
+        return CELLS_PER_SLOT * 2 if self.shared_prefix or self.speculation else CELLS_PER_SLOT
 
 
 FULL = [
@@ -94,8 +99,10 @@ FULL = [
     Scenario("8 streams", 8, 3, 64),
     Scenario("32 streams", 32, 2, 64),
     Scenario("8 streams, shared system prompt", 8, 3, 32, shared_prefix=True),
-    Scenario("1 stream, n-gram speculation", 1, 2, 192, speculative=True),
-    Scenario("8 streams, n-gram speculation", 8, 1, 192, speculative=True),
+    Scenario("1 stream, n-gram speculation", 1, 2, 192, speculation="ngram"),
+    Scenario("8 streams, n-gram speculation", 8, 1, 192, speculation="ngram"),
+    Scenario("1 stream, draft model", 1, 2, 192, speculation="draft"),
+    Scenario("8 streams, draft model", 8, 1, 192, speculation="draft"),
 ]
 QUICK = [Scenario("1 stream", 1, 1, 4), Scenario("2 streams, shared system prompt", 2, 1, 4, shared_prefix=True)]
 PEER_SCENARIO_STREAMS = 8  # llama-cpp-python's server is measured at 8 streams
@@ -155,23 +162,20 @@ def started(command: list[str], url: str, log: Path) -> Iterator[str]:
 
 
 def server_command(
-    server: str, model: str, port: int, threads: int, slots: int, ctx: int, peer: Path, spec_ngram: bool
+    server: str, model: str, port: int, threads: int, slots: int, ctx: int, peer: Path, speculation: list[str]
 ) -> list[str]:
-    """The command line of ``server``: the same model, port, threads, slots, context and, with
-    ``spec_ngram``, n-gram speculation."""
+    """The command line of ``server``: the same model, port, threads, slots, context and
+    ``speculation`` options."""
     where = ["--model", model, "--port", str(port)]
     if server == "llama-cpp-python":  # one request at a time: no slots to set
         tuning = ["--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(ctx)]
         return [str(peer), "-m", "llama_cpp.server", *where, "--host", "127.0.0.1", *tuning,
                 "--interrupt_requests", "False", "--verbose", "False"]  # fmt: skip
     program = [sys.executable, "-m", "llamactx", "serve"]
-    sizes = [str(NGRAM.size_ngram), str(NGRAM.size_mgram)]
-    speculation = ["--spec-ngram", "--spec-ngram-size-n", sizes[0], "--spec-ngram-size-m", sizes[1]]
     if server == "llama-server":
         program = [str(peer), str(BENCHES / "peer_xllamacpp_server.py")]
-        speculation = ["--spec-ngram", *sizes]
     tuning = ["--threads", str(threads), "--parallel", str(slots), "--ctx", str(ctx)]
-    return [*program, *where, *tuning, *(speculation if spec_ngram else [])]
+    return [*program, *where, *tuning, *speculation]
 
 
 def end_of_generation_bans(model: str) -> dict[str, int]:
@@ -232,6 +236,8 @@ class Setup:
     peer: Path
     logs: Path
     bans: dict[str, int]
+    #: The draft model of the "draft" scenarios.
+    draft: Path
 
     @contextmanager
     def serving(self, server: str, scenario: Scenario) -> Iterator[str]:
@@ -239,7 +245,8 @@ class Setup:
         port = free_port()
         slots = scenario.streams
         cells = slots * scenario.cells_per_slot
-        command = server_command(server, self.model, port, self.threads, slots, cells, self.peer, scenario.speculative)
+        drafting = self.drafting(server, scenario)
+        command = server_command(server, self.model, port, self.threads, slots, cells, self.peer, drafting)
         with started(command, f"http://127.0.0.1:{port}", self.log(server, scenario)) as url:
             yield url
 
@@ -252,6 +259,17 @@ class Setup:
         except openai.APIError as error:
             log = self.log(server, scenario)
             raise SystemExit(f"{server} failed in {scenario.name!r} ({error}); its log: {log}") from error
+
+    def drafting(self, server: str, scenario: Scenario) -> list[str]:
+        """``server``'s options for the speculation of ``scenario``: the same for both servers."""
+        if scenario.speculation == "ngram":
+            sizes = [str(NGRAM.size_ngram), str(NGRAM.size_mgram)]
+            if server == "llama-server":
+                return ["--spec-ngram", *sizes]
+            return ["--spec-ngram", "--spec-ngram-size-n", sizes[0], "--spec-ngram-size-m", sizes[1]]
+        if scenario.speculation == "draft":
+            return ["--draft-model", str(self.draft)]
+        return []
 
     def log(self, server: str, scenario: Scenario) -> Path:
         """Where ``server``'s stderr goes while it serves ``scenario``."""
@@ -272,14 +290,25 @@ def peer_has(peer: Path, module: str) -> bool:
     return subprocess.run([str(peer), "-c", f"import {module}"], capture_output=True, check=False).returncode == 0
 
 
-def run(model: str, peer: Path, threads: int, scenarios: list[Scenario], rounds: int, out: Path) -> dict[str, Any]:
-    setup = Setup(model, threads, peer, out / "logs", end_of_generation_bans(model))
+def run(
+    model: str,
+    peer: Path,
+    threads: int,
+    scenarios: list[Scenario],
+    rounds: int,
+    out: Path,
+    *,
+    with_python_peer: bool,
+    quick: bool,
+) -> dict[str, Any]:
+    draft = speculative.draft_file(Path(model), out / "models")
+    setup = Setup(model, threads, peer, out / "logs", end_of_generation_bans(model), draft)
     results: dict[str, Any] = {"threads": threads, "rounds": rounds, "scenarios": {}, "skipped": []}
     comparisons = [(scenario, "llama-server", rounds) for scenario in scenarios]
-    if peer_has(peer, "llama_cpp.server"):
+    if with_python_peer and peer_has(peer, "llama_cpp.server"):
         scenario = Scenario("8 streams vs llama-cpp-python", PEER_SCENARIO_STREAMS, 2, 64)
-        comparisons.append((replace_count(scenario, 2, 1) if scenarios is QUICK else scenario, "llama-cpp-python", 1))
-    else:
+        comparisons.append((replace_count(scenario, 2, 1) if quick else scenario, "llama-cpp-python", 1))
+    elif with_python_peer:
         results["skipped"].append("llama-cpp-python's server: not installed in the peer venv (make bench-peers)")
     out.mkdir(parents=True, exist_ok=True)
     for scenario, peer_server, scenario_rounds in comparisons:
@@ -343,6 +372,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--scenario", default="", help="only the scenarios whose name holds this text")
     arguments = parser.parse_args()
     if not peer_has(arguments.peer_python, "xllamacpp"):
         raise SystemExit(f"{arguments.peer_python} has no xllamacpp: run `make bench-peers`")
@@ -351,9 +381,11 @@ def main() -> None:
         model,
         arguments.peer_python,
         arguments.threads,
-        QUICK if arguments.quick else FULL,
+        [scenario for scenario in (QUICK if arguments.quick else FULL) if arguments.scenario in scenario.name],
         arguments.rounds,
         arguments.out,
+        with_python_peer=arguments.scenario in "8 streams vs llama-cpp-python",
+        quick=arguments.quick,
     )
 
 

@@ -113,7 +113,7 @@ def test_sampled_continuations_follow_the_models_distribution(
     output."""
     prompt = model.str_to_token(OPEN_PROMPT, model.add_bos_token())
     expected = continuation_probabilities(model, prompt)
-    drafting = llamactx.DraftModel(draft_model, p_min=0.0, only_where_faster=False)
+    drafting = llamactx.DraftModel(draft_model, only_where_faster=False)
     with llamactx.Engine(model, speculative=drafting, n_ctx=4096, n_seq_max=8) as engine:
         requests = [
             engine.submit(

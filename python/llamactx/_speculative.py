@@ -72,11 +72,12 @@ class DraftModel:
     sequence's tokens there between steps. ``stream``, ``generate`` and ``ChatSession.send``
     open one per call (reading the prompt into it once). How many tokens a request drafts
     adapts to how many were accepted. (llama-server's ``--model-draft``, ``--draft-max`` and
-    ``--draft-p-min``, whose defaults these are.) ``only_where_faster`` as in ``NgramDraft``."""
+    ``--draft-p-min``, whose defaults these are: with ``p_min`` 0, a draft stops only at
+    ``n_draft_max``.) ``only_where_faster`` as in ``NgramDraft``."""
 
     model: LlamaModel
-    n_draft_max: int = 16
-    p_min: float = 0.75
+    n_draft_max: int = 3
+    p_min: float = 0.0
     only_where_faster: bool = True
 
     def __post_init__(self) -> None:
