@@ -31,7 +31,7 @@ use crate::sampler::{guidance, PyLlamaSampler, SendSampler};
 use crate::tokens::check_vocab;
 pub use draft::PyDrafter;
 use draft::{DraftSource, NgramConfig, Speculation};
-use draft_model::{check_can_cut, check_draft_model, DraftContext};
+use draft_model::{check_can_cut, DraftContext};
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
 use scheduler::{Job, Scheduler};
@@ -178,6 +178,9 @@ impl PyEngineCore {
                 Ok::<_, PyErr>((draft_model.get().vocabulary()?, n_draft_max, p_min))
             })
             .transpose()?;
+        if ngram.is_some() && draft.is_some() {
+            return Err(Error::value("an engine drafts by n-gram lookup or with a draft model, not both").into());
+        }
         if ngram.is_some() || draft.is_some() {
             check_can_cut(&native_model)?;
         }
@@ -187,9 +190,9 @@ impl PyEngineCore {
             native.require_memory()?;
             let draft = match draft {
                 Some((draft_model, n_draft_max, p_min)) => {
-                    check_draft_model(&native_model, &draft_model)?;
                     let draft_options = draft_options(&native, &options);
                     Some(DraftContext::open(
+                        &native_model,
                         draft_model,
                         &draft_options,
                         usize::from(n_draft_max),
@@ -200,14 +203,8 @@ impl PyEngineCore {
             };
             Ok((native, draft))
         })?;
-        let source = match (ngram, draft) {
-            (Some(_), Some(_)) => {
-                return Err(Error::value("an engine drafts by n-gram lookup or with a draft model, not both").into())
-            }
-            (Some((size_ngram, size_mgram)), None) => Some(DraftSource::Ngram(NgramConfig { size_ngram, size_mgram })),
-            (None, Some(context)) => Some(DraftSource::Model(Box::new(context))),
-            (None, None) => None,
-        };
+        let ngram = ngram.map(|(size_ngram, size_mgram)| DraftSource::Ngram(NgramConfig { size_ngram, size_mgram }));
+        let source = ngram.or_else(|| draft.map(|context| DraftSource::Model(Box::new(context))));
         let speculation = source.map(|source| Speculation { source, gated });
         let (n_ctx, n_seq_max) = native.with(|context| (context.n_ctx(), context.n_seq_max()));
         let limits = Limits {

@@ -11,7 +11,7 @@ use llama_cpp_4::ngram::ngram_simple_draft;
 use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 
-use super::draft_model::{check_can_cut, check_draft_model, DraftContext};
+use super::draft_model::{check_can_cut, DraftContext};
 use crate::context::ContextOptions;
 use crate::errors::Error;
 use crate::gil::detached;
@@ -26,11 +26,12 @@ pub struct NgramConfig {
 }
 
 /// One request's wish for a draft: the tokens to follow `sampled`, which follows `history` (the
-/// tokens of sequence `seq` in the KV cache), at most `limit` of them.
+/// tokens of sequence `seq` in the KV cache), at most `limit` of them. Without a sampled token
+/// (a prompt being read), nothing is drafted.
 pub struct DraftRequest<'a> {
     pub seq: i32,
     pub history: &'a [LlamaToken],
-    pub sampled: LlamaToken,
+    pub sampled: Option<LlamaToken>,
     pub limit: usize,
 }
 
@@ -62,12 +63,11 @@ impl DraftSource {
             Self::Ngram(config) => requests
                 .iter()
                 .map(|request| {
-                    if request.limit == 0 {
+                    let Some(sampled) = request.sampled.filter(|_| request.limit > 0) else {
                         return Vec::new();
-                    }
-                    let mut draft =
-                        ngram_simple_draft(config.size_ngram, config.size_mgram, request.history, request.sampled)
-                            .unwrap_or_default();
+                    };
+                    let mut draft = ngram_simple_draft(config.size_ngram, config.size_mgram, request.history, sampled)
+                        .unwrap_or_default();
                     draft.truncate(request.limit);
                     draft
                 })
@@ -76,8 +76,8 @@ impl DraftSource {
         }
     }
 
-    /// Brings the draft model's sequences up to the requests' histories (their prompts, just
-    /// read by the target).
+    /// Brings the draft model's sequences up to the requests' histories (prompts just read by
+    /// the target: requests without a sampled token).
     pub fn follow(&mut self, requests: &[DraftRequest<'_>]) {
         if let Self::Model(context) = self {
             context.follow(requests);
@@ -259,8 +259,7 @@ impl PyDrafter {
             ..ContextOptions::default()
         };
         let context = detached(py, move || {
-            check_draft_model(&target, &draft)?;
-            DraftContext::open(draft, &options, usize::from(n_draft_max), p_min)
+            DraftContext::open(&target, draft, &options, usize::from(n_draft_max), p_min)
         })?;
         Ok(Self::from_source(DraftSource::Model(Box::new(context))))
     }
@@ -275,7 +274,7 @@ impl PyDrafter {
             let request = DraftRequest {
                 seq: 0,
                 history: &history,
-                sampled: LlamaToken(sampled),
+                sampled: Some(LlamaToken(sampled)),
                 limit: length.next(limit),
             };
             let draft = source.propose(&[request]).pop().unwrap_or_default();
@@ -310,7 +309,7 @@ mod tests {
         let request = DraftRequest {
             seq: 0,
             history,
-            sampled: LlamaToken(sampled),
+            sampled: Some(LlamaToken(sampled)),
             limit,
         };
         DraftSource::Ngram(CONFIG).propose(&[request]).remove(0)

@@ -29,7 +29,7 @@ pub struct DraftContext {
 /// Refuses speculative decoding for a model whose KV cache cannot be cut: rejected drafts
 /// leave by cutting their cells, which a recurrent state cannot undo.
 pub fn check_can_cut(model: &LlamaModel) -> Result<()> {
-    if model.is_recurrent() || model.is_hybrid() {
+    if !can_cut(model) {
         return Err(Error::value(
             "speculative decoding needs a model whose KV cache can be cut; this one is recurrent or hybrid",
         ));
@@ -37,9 +37,14 @@ pub fn check_can_cut(model: &LlamaModel) -> Result<()> {
     Ok(())
 }
 
+/// Whether the KV cache of `model` can be cut: not where a recurrent state holds the past.
+fn can_cut(model: &LlamaModel) -> bool {
+    !(model.is_recurrent() || model.is_hybrid())
+}
+
 /// Refuses a draft model whose tokens are not the target's, id for id (acceptance compares
 /// ids), or whose KV cache cannot be cut back after a rejected draft.
-pub fn check_draft_model(target: &LlamaModel, draft: &LlamaModel) -> Result<()> {
+fn check_draft_model(target: &LlamaModel, draft: &LlamaModel) -> Result<()> {
     let refuse = |why: String| {
         Err(Error::value(format!(
             "this draft model cannot draft for this model: {why}"
@@ -48,7 +53,7 @@ pub fn check_draft_model(target: &LlamaModel, draft: &LlamaModel) -> Result<()> 
     if draft.has_encoder() {
         return refuse("it has an encoder (T5-style); a draft model only decodes".to_owned());
     }
-    if draft.is_recurrent() || draft.is_hybrid() {
+    if !can_cut(draft) {
         return refuse("it is recurrent or hybrid: its state cannot be cut back after a rejected draft".to_owned());
     }
     let (target_vocab, draft_vocab) = (target.get_vocab(), draft.get_vocab());
@@ -73,12 +78,20 @@ pub fn check_draft_model(target: &LlamaModel, draft: &LlamaModel) -> Result<()> 
 }
 
 impl DraftContext {
-    /// A context of `model` with `options` (sequences and cells as the target's), drafting at
-    /// most `n_draft_max` tokens while each has probability `p_min` or more.
-    pub fn open(model: Arc<LlamaModel>, options: &ContextOptions, n_draft_max: usize, p_min: f32) -> Result<Self> {
+    /// A context of `model`, checked to draft for `target`, with `options` (sequences and
+    /// cells as the target's), drafting at most `n_draft_max` tokens while each has
+    /// probability `p_min` or more.
+    pub fn open(
+        target: &LlamaModel,
+        model: Arc<LlamaModel>,
+        options: &ContextOptions,
+        n_draft_max: usize,
+        p_min: f32,
+    ) -> Result<Self> {
         if !(0.0..=1.0).contains(&p_min) {
             return Err(Error::value(format!("p_min must be in 0..=1, got {p_min}")));
         }
+        check_draft_model(target, &model)?;
         let context = OpenContext::open(model, options)?;
         context.require_memory()?;
         let (n_batch, n_seq_max) = context.with(|context| (context.n_batch() as usize, context.n_seq_max()));
@@ -112,16 +125,16 @@ impl DraftContext {
         drafts
     }
 
-    /// Reads the requests' histories (not their sampled tokens) where this context lacks them:
-    /// a prompt just read by the target, so that the request's first draft does not wait for
-    /// it (and a step's measured speed is that of drafting, not of reading a prompt).
+    /// Reads the requests' tokens where this context lacks them, without drafting: a prompt
+    /// just read by the target, so that the request's first draft does not wait for it (and a
+    /// step's measured speed is that of drafting, not of reading a prompt).
     pub fn follow(&mut self, requests: &[DraftRequest<'_>]) {
         let outcome = (|| {
             let mut reading = Vec::new();
             for (index, request) in requests.iter().enumerate() {
                 reading.push((index, self.keep_shared(request)?));
             }
-            self.read(requests, &mut reading, false, &mut [])
+            self.read(requests, &mut reading, &mut [])
         })();
         if outcome.is_err() {
             self.reset();
@@ -154,13 +167,13 @@ impl DraftContext {
                 reading.push((index, self.keep_shared(request)?));
             }
         }
-        self.read(requests, &mut reading, true, drafts)?;
+        self.read(requests, &mut reading, drafts)?;
         self.continue_drafts(requests, drafts)
     }
 
-    /// Cuts the request's sequence here to the tokens it shares with the request's (at least
-    /// the sampled token is read again, for the output the draft starts from); returns how
-    /// many it keeps.
+    /// Cuts the request's sequence here to the tokens it shares with the request's history
+    /// (the sampled token is always read again, for the output the draft starts from);
+    /// returns how many it keeps.
     fn keep_shared(&mut self, request: &DraftRequest<'_>) -> Result<usize> {
         let seq = usize::try_from(request.seq)
             .ok()
@@ -169,10 +182,9 @@ impl DraftContext {
         let held = &self.held[seq];
         let shared = held
             .iter()
-            .zip(request.history.iter().chain([&request.sampled]))
+            .zip(request.history)
             .take_while(|(held, wanted)| held == wanted)
-            .count()
-            .min(request.history.len());
+            .count();
         if shared < held.len() {
             let kept = i64::try_from(shared).map_err(|_| Error::value("sequence too long"))?;
             if !self.context.clear_seq(Some(i64::from(request.seq)), Some(kept), None)? {
@@ -184,13 +196,12 @@ impl DraftContext {
     }
 
     /// Reads the requests' tokens from each one's position in `reading` to the end of its
-    /// history, and its sampled token `with_sampled`, in decodes of up to `n_batch` tokens;
+    /// history, then its sampled token if it has one, in decodes of up to `n_batch` tokens;
     /// the output of each sampled token gives the first token of its draft.
     fn read(
         &mut self,
         requests: &[DraftRequest<'_>],
         reading: &mut [(usize, usize)],
-        with_sampled: bool,
         drafts: &mut [Vec<LlamaToken>],
     ) -> Result<()> {
         loop {
@@ -198,10 +209,13 @@ impl DraftContext {
             let mut rows = Vec::new();
             for (index, next) in reading.iter_mut() {
                 let request = &requests[*index];
-                let end = request.history.len() + usize::from(with_sampled);
+                let end = request.history.len() + usize::from(request.sampled.is_some());
                 while *next < end && self.batch.tokens.len() < self.n_batch {
-                    let token = request.history.get(*next).copied().unwrap_or(request.sampled);
-                    let last = with_sampled && *next + 1 == end;
+                    // Past the history, only the sampled token is within `end`.
+                    let Some(token) = request.history.get(*next).copied().or(request.sampled) else {
+                        break;
+                    };
+                    let last = *next == request.history.len();
                     let row = self.add(request.seq, token, *next, last)?;
                     if last {
                         rows.push((*index, row));

@@ -496,15 +496,13 @@ impl Scheduler {
             .zip(plan::draft_lengths(&wanted, self.n_batch))
             .map(|(&index, limit)| {
                 let running = &self.running[index];
-                let (sampled, limit) = match running.phase {
-                    Phase::Generating(token) => (token, limit),
-                    // `order` holds generating requests only.
-                    _ => (LlamaToken::new(0), 0),
-                };
                 DraftRequest {
                     seq: running.seq,
                     history: &running.kv_tokens,
-                    sampled,
+                    sampled: match running.phase {
+                        Phase::Generating(token) => Some(token),
+                        _ => None,
+                    },
                     limit,
                 }
             })
@@ -525,8 +523,7 @@ impl Scheduler {
             .map(|running| DraftRequest {
                 seq: running.seq,
                 history: &running.kv_tokens,
-                // Unread: `follow` reads histories only.
-                sampled: LlamaToken::new(0),
+                sampled: None,
                 limit: 0,
             })
             .collect();
