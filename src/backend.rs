@@ -32,6 +32,8 @@ pub fn backend() -> Result<&'static LlamaBackend> {
         // SAFETY: `queue_log_line` is a `'static` function with the signature llama.cpp
         // expects; it ignores `user_data`, so null is valid for the life of the process.
         unsafe { llama_cpp_4::log_set(Some(queue_log_line), std::ptr::null_mut()) };
+        // SAFETY: as above; mtmd and clip (the multimodal projectors) have their own logger.
+        unsafe { llama_cpp_sys_4::mtmd_helper_log_set(Some(queue_log_line), std::ptr::null_mut()) };
         Ok(backend)
     });
     initialised

@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use llama_cpp_4::chat::{ChatApplyParams, ChatParams, ChatTemplates, ToolChoice};
-use llama_cpp_4::model::{AddBos, LlamaModel};
+use llama_cpp_4::chat::{ChatApplyParams, ChatParams, ChatTemplates, PromptPart, ToolChoice};
+use llama_cpp_4::model::{AddBos, LlamaModel, Special};
 use llama_cpp_4::sampling::LlamaSampler;
 use pyo3::prelude::*;
 
@@ -94,14 +94,58 @@ impl PyChatApplied {
     /// The prompt's tokens: special tokens parsed in what the template wrote, never in what
     /// the messages hold (a user cannot forge a turn).
     fn tokens(&self, py: Python<'_>) -> PyResult<Vec<i32>> {
+        Ok(self.segments(py, None)?.concat())
+    }
+
+    /// The prompt's tokens (as `tokens`) in runs split where `marker` stands in the messages'
+    /// text: one run more than markers. The renderer puts a marker no message can contain
+    /// where each image goes.
+    #[pyo3(signature = (marker = None))]
+    fn segments(&self, py: Python<'_>, marker: Option<String>) -> PyResult<Vec<Vec<i32>>> {
         detached(py, || {
-            let bos = if self.model.add_bos_token() {
+            let mut bos = if self.model.add_bos_token() {
                 AddBos::Always
             } else {
                 AddBos::Never
             };
-            let tokens = self.params.tokenize_prompt(&self.model, bos)?;
-            Ok(tokens.into_iter().map(|token| token.0).collect())
+            let whole = [PromptPart {
+                text: self.params.prompt.clone(),
+                is_input: false,
+            }];
+            // Without spans (an old shim) the prompt is one span of the template's, as the crate
+            // tokenizes it.
+            let parts = if self.params.prompt_parts.is_empty() {
+                &whole[..]
+            } else {
+                &self.params.prompt_parts[..]
+            };
+            let mut runs = vec![Vec::new()];
+            for part in parts {
+                let special = if part.is_input {
+                    Special::Plaintext
+                } else {
+                    Special::Tokenize
+                };
+                let pieces: Vec<&str> = match marker.as_deref().filter(|marker| !marker.is_empty()) {
+                    Some(marker) if part.is_input => part.text.split(marker).collect(),
+                    _ => vec![part.text.as_str()],
+                };
+                for (index, piece) in pieces.into_iter().enumerate() {
+                    if index > 0 {
+                        runs.push(Vec::new());
+                    }
+                    // An empty span would consume the one-shot BOS without a token.
+                    if piece.is_empty() {
+                        continue;
+                    }
+                    let tokens = self.model.str_to_token_with_special(piece, bos, special)?;
+                    bos = AddBos::Never;
+                    if let Some(run) = runs.last_mut() {
+                        run.extend(tokens.into_iter().map(|token| token.0));
+                    }
+                }
+            }
+            Ok(runs)
         })
     }
 

@@ -10,6 +10,7 @@ mod attachments;
 mod compute;
 mod introspection;
 mod kv;
+mod media;
 mod memory_budget;
 mod outputs;
 mod params;

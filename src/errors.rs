@@ -109,6 +109,12 @@ exception_classes! {
         "An RPC server could not be reached, speaks another protocol version, or failed while \
          the model used it; the message names its host:port. A model whose server failed \
          refuses further work: load it again.";
+    MtmdError(LlamaCppError):
+        "The multimodal projector failed (crate enum `MtmdError`): it could not be loaded, or \
+         could not tokenize or encode the media.";
+    ImageError(LlamaCppError, PyValueError):
+        "Image data that llamactx refuses before decoding it, or that does not decode: `kind` \
+         is `NotAnImage`, `Animated`, `TooLarge`, `Empty` or `Corrupt`.";
     EngineBusy(LlamaCppError):
         "The engine's queue of waiting requests is full (`max_waiting`): retry later.";
 }
@@ -371,6 +377,22 @@ map_error!(llama_cpp_4::rpc::RpcError => RpcError {
     llama_cpp_4::rpc::RpcError::StringConversion(_) => ("StringConversion", None),
     llama_cpp_4::rpc::RpcError::Utf8Error(_) => ("Utf8Error", None),
     llama_cpp_4::rpc::RpcError::NotAvailable => ("NotAvailable", None),
+});
+
+map_error!(llama_cpp_4::mtmd::MtmdError => MtmdError {
+    llama_cpp_4::mtmd::MtmdError::ContextCreateFailed => ("ContextCreateFailed", None),
+    llama_cpp_4::mtmd::MtmdError::BitmapCreateFailed => ("BitmapCreateFailed", None),
+    llama_cpp_4::mtmd::MtmdError::InvalidPath(_) => ("InvalidPath", None),
+    llama_cpp_4::mtmd::MtmdError::PathNotUtf8 => ("PathNotUtf8", None),
+    llama_cpp_4::mtmd::MtmdError::TokenizeError(code) => ("TokenizeError", Some(i64::from(*code))),
+    llama_cpp_4::mtmd::MtmdError::EncodeError(code) => ("EncodeError", Some(i64::from(*code))),
+    llama_cpp_4::mtmd::MtmdError::ChunkSaveFailed(code) => ("ChunkSaveFailed", Some(i64::from(*code))),
+    llama_cpp_4::mtmd::MtmdError::ChunkLoadFailed => ("ChunkLoadFailed", None),
+    llama_cpp_4::mtmd::MtmdError::BatchAddFailed(code) => ("BatchAddFailed", Some(i64::from(*code))),
+    llama_cpp_4::mtmd::MtmdError::BatchCreateFailed => ("BatchCreateFailed", None),
+    llama_cpp_4::mtmd::MtmdError::EvalError(code) => ("EvalError", Some(i64::from(*code))),
+    llama_cpp_4::mtmd::MtmdError::VideoInitFailed => ("VideoInitFailed", None),
+    llama_cpp_4::mtmd::MtmdError::VideoReadError(code) => ("VideoReadError", Some(i64::from(*code))),
 });
 
 map_error!(LlamaContextLoadError => LlamaContextLoadError {

@@ -12,6 +12,7 @@ mod errors;
 mod gil;
 mod interrupt;
 mod lora;
+mod media;
 mod metadata;
 mod model;
 mod owned_lock;
@@ -54,6 +55,10 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<steps::PySequenceSteps>()?;
     m.add_class::<chat_format::PyChatTemplates>()?;
     m.add_class::<chat_format::PyChatApplied>()?;
+    m.add_class::<media::PyMtmdContext>()?;
+    m.add_class::<media::PyMtmdBitmap>()?;
+    m.add_class::<media::PyMtmdInputChunks>()?;
+    m.add_class::<media::PyMtmdInputChunk>()?;
     m.add_function(wrap_pyfunction!(rpc::server::serve_rpc, m)?)?;
     m.add_function(wrap_pyfunction!(cpu::cpu_features, m)?)?;
     Ok(())

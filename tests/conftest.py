@@ -86,3 +86,15 @@ def paris_ctx(model: llamactx.LlamaModel, ctx: llamactx.LlamaContext) -> llamact
     """A fresh context that has decoded ``PARIS_PROMPT``."""
     decode_prompt(ctx, model.str_to_token(PARIS_PROMPT, False))
     return ctx
+
+
+@pytest.fixture(scope="session")
+def projector_path(model: llamactx.LlamaModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic LLaVA-style projector for SmolLM2 (``synthetic.write_tiny_projector``)."""
+    return synthetic.write_tiny_projector(tmp_path_factory.mktemp("projector") / "mmproj.gguf", model.n_embd())
+
+
+@pytest.fixture(scope="session")
+def mtmd(model: llamactx.LlamaModel, projector_path: Path) -> Iterator[llamactx.MtmdContext]:
+    with llamactx.MtmdContext(model, projector_path, n_threads=2) as projector:
+        yield projector

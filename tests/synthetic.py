@@ -382,3 +382,57 @@ def write_first_layers(source: Path, path: Path, layers: int, rename: tuple[int,
         writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
     _finish(writer)
     return path
+
+
+PROJECTOR_IMAGE_SIZE = 64
+PROJECTOR_PATCH = 16
+PROJECTOR_WIDTH = 64
+#: Embeddings of one image: one per patch.
+PROJECTOR_TOKENS = (PROJECTOR_IMAGE_SIZE // PROJECTOR_PATCH) ** 2
+
+
+def write_tiny_projector(path: Path, n_embd: int, seed: int = 0, scale: float = 0.3) -> Path:
+    """A LLaVA-style vision projector (``clip.projector_type = "mlp"``) with random weights: a
+    2-block, 64-wide vision tower for 64x64 images in 16-pixel patches, whose 16 embeddings are
+    projected to ``n_embd`` (the text model's width). ``scale`` sizes the projection's weights:
+    large enough that different images give different replies."""
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", "mlp")
+    u32 = {
+        "image_size": PROJECTOR_IMAGE_SIZE,
+        "patch_size": PROJECTOR_PATCH,
+        "embedding_length": PROJECTOR_WIDTH,
+        # Not the width: an old loader rule swaps the feed-forward weights when they are equal.
+        "feed_forward_length": 2 * PROJECTOR_WIDTH,
+        "block_count": 2,
+        "attention.head_count": 2,
+        "projection_dim": n_embd,
+    }
+    for key, value in u32.items():
+        writer.add_uint32(f"clip.vision.{key}", value)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    tensor = random_tensors(writer, seed)
+    width, hidden = PROJECTOR_WIDTH, 2 * PROJECTOR_WIDTH
+    tensor("v.patch_embd.weight", width, 3, PROJECTOR_PATCH, PROJECTOR_PATCH)
+    tensor("v.position_embd.weight", PROJECTOR_TOKENS, width)
+    for block in range(2):
+        prefix = f"v.blk.{block}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensor(f"{prefix}.{name}.weight", width, width)
+            tensor(f"{prefix}.{name}.bias", width)
+        for name in ("ln1", "ln2"):
+            writer.add_tensor(f"{prefix}.{name}.weight", np.ones(width, dtype=np.float32))
+            writer.add_tensor(f"{prefix}.{name}.bias", np.zeros(width, dtype=np.float32))
+        tensor(f"{prefix}.ffn_up.weight", hidden, width)
+        tensor(f"{prefix}.ffn_up.bias", hidden)
+        tensor(f"{prefix}.ffn_down.weight", width, hidden)
+        tensor(f"{prefix}.ffn_down.bias", width)
+    tensor("mm.0.weight", hidden, width, scale=scale)
+    tensor("mm.0.bias", hidden, scale=scale)
+    tensor("mm.2.weight", n_embd, hidden, scale=scale)
+    tensor("mm.2.bias", n_embd, scale=scale)
+    _finish(writer)
+    return path

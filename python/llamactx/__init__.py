@@ -16,7 +16,7 @@ _load_extension()
 from llamactx._chat import ChatSession, chat
 from llamactx._embedding import embed
 from llamactx._engine import Delta, Engine, Request
-from llamactx._enums import LlamaAttentionType, LlamaFlashAttnType, LlamaPoolingType
+from llamactx._enums import LlamaAttentionType, LlamaFlashAttnType, LlamaPoolingType, MtmdInputChunkType
 from llamactx._generation import continue_sequence, generate, generate_batch, prefill, stream
 from llamactx._llamactx import (
     ApplyChatTemplateError,
@@ -28,6 +28,7 @@ from llamactx._llamactx import (
     EmbeddingsError,
     EncodeError,
     EngineBusy,
+    ImageError,
     KvCacheConversionError,
     LlamaBatch,
     LlamaContext,
@@ -43,6 +44,11 @@ from llamactx._llamactx import (
     LlamaTokenData,
     LlamaTokenDataArray,
     LoadSessionError,
+    MtmdBitmap,
+    MtmdContext,
+    MtmdError,
+    MtmdInputChunk,
+    MtmdInputChunks,
     NewLlamaChatMessageError,
     PerfContextData,
     RpcError,
@@ -84,6 +90,7 @@ __all__ = [
     "EncodeError",
     "Engine",
     "EngineBusy",
+    "ImageError",
     "KvCacheConversionError",
     "LlamaAttentionType",
     "LlamaBatch",
@@ -102,6 +109,12 @@ __all__ = [
     "LlamaTokenData",
     "LlamaTokenDataArray",
     "LoadSessionError",
+    "MtmdBitmap",
+    "MtmdContext",
+    "MtmdError",
+    "MtmdInputChunk",
+    "MtmdInputChunkType",
+    "MtmdInputChunks",
     "NewLlamaChatMessageError",
     "NgramDraft",
     "PerfContextData",

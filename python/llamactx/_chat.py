@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from llamactx._constraints import JsonSchema
-from llamactx._generation import continue_sequence, generate, prefill
-from llamactx._llamactx import LlamaContext, LlamaSampler
+from llamactx._generation import continue_sequence, generate, prefill, prefill_media, stream_media
+from llamactx._llamactx import LlamaContext, LlamaSampler, MtmdContext
+from llamactx._media import MediaPrompt
 from llamactx._render import ChatRenderer, Message
 from llamactx._speculative import Speculative
 
@@ -24,14 +26,35 @@ def chat(
     json_schema: JsonSchema | None = None,
     grammar: str | None = None,
     speculative: Speculative | None = None,
+    mtmd: MtmdContext | None = None,
 ) -> str:
     """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts or pairs), formatted
     with the model's chat template; greedy when ``sampler`` is None. ``json_schema``,
-    ``grammar`` and ``speculative`` as in ``stream``."""
-    prompt = ChatRenderer(ctx.model).prepare(messages).tokens
+    ``grammar`` and ``speculative`` as in ``stream``.
+
+    A message's ``content`` may be OpenAI's list of parts: ``{"type": "text", "text": ...}`` and,
+    with ``mtmd`` (a projector loaded for the model), ``{"type": "image_url", "image_url":
+    {"url": "data:image/png;base64,..."}}``; ``ValueError`` for an image without one, ``ImageError``
+    for image data that does not decode. ``speculative`` does not take images."""
+    prepared = ChatRenderer(ctx.model).prepare(messages, mtmd=mtmd)
+    if prepared.media is not None and mtmd is not None:
+        if speculative is not None:
+            raise ValueError("speculative decoding does not take chats with images")
+        pieces = stream_media(
+            ctx,
+            mtmd,
+            prepared.media,
+            max_tokens=max_tokens,
+            sampler=sampler,
+            stop=stop,
+            seq_id=seq_id,
+            json_schema=json_schema,
+            grammar=grammar,
+        )
+        return "".join(pieces)
     return generate(
         ctx,
-        prompt,
+        prepared.tokens,
         max_tokens=max_tokens,
         sampler=sampler,
         stop=stop,
@@ -44,36 +67,58 @@ def chat(
 
 class ChatSession:
     """A conversation whose history stays in the KV cache of sequence 0 between turns: each
-    turn decodes only the tokens that follow what the cache already holds."""
+    turn decodes only what follows what the cache already holds (an image shown in an earlier
+    turn is not encoded again). With ``mtmd``, a turn's text may be OpenAI's content parts with
+    images, as in ``chat``."""
 
-    def __init__(self, ctx: LlamaContext, *, system: str | None = None, max_tokens: int = 256) -> None:
+    def __init__(
+        self,
+        ctx: LlamaContext,
+        *,
+        system: str | None = None,
+        max_tokens: int = 256,
+        mtmd: MtmdContext | None = None,
+    ) -> None:
         self.ctx = ctx
         self.max_tokens = max_tokens
-        self.messages: list[tuple[str, str]] = [("system", system)] if system else []
+        self.mtmd = mtmd
+        self.messages: list[Message] = [("system", system)] if system else []
         self._renderer = ChatRenderer(ctx.model)
-        self._cached: list[int] = []
+        # What the cache holds: the prompt's items (tokens, and an image's id) and their positions.
+        self._cached: list[int | str] = []
+        self._widths: list[int] = []
 
     def send(
-        self, text: str, sampler: LlamaSampler | None = None, *, speculative: Speculative | None = None
+        self,
+        text: str | list[dict[str, Any]],
+        sampler: LlamaSampler | None = None,
+        *,
+        speculative: Speculative | None = None,
     ) -> Iterator[str]:
-        """Adds the user's ``text`` and yields the reply as it is generated (greedy when
-        ``sampler`` is None; ``speculative`` as in ``stream``)."""
-        messages = [*self.messages, ("user", text)]
-        tokens = self._renderer.prepare(messages).tokens
-        if len(tokens) >= self.ctx.n_ctx_seq():
+        """Adds the user's ``text`` (a string, or content parts) and yields the reply as it is
+        generated (greedy when ``sampler`` is None; ``speculative`` as in ``stream``, for turns
+        without images)."""
+        user: Message = ("user", text) if isinstance(text, str) else {"role": "user", "content": text}
+        messages = [*self.messages, user]
+        prepared = self._renderer.prepare(messages, mtmd=self.mtmd)
+        prompt = prepared.media or MediaPrompt([prepared.tokens], [])
+        if prepared.media is not None and speculative is not None:
+            raise ValueError("speculative decoding does not take chats with images")
+        if len(prompt.tokens) >= self.ctx.n_ctx_seq():
             raise ValueError("the conversation no longer fits the context")
+        items = prompt.keys()
         reply: list[str] = []
         try:
             keep = 0
-            while keep < min(len(tokens), len(self._cached)) - 1 and tokens[keep] == self._cached[keep]:
+            while keep < min(len(items), len(self._cached)) - 1 and items[keep] == self._cached[keep]:
                 keep += 1
-            self.ctx.clear_kv_cache_seq(0, keep, None)
-            self._cached = []
-            prefill(self.ctx, tokens, 0, start=keep)
-            self._cached = tokens
+            self.ctx.clear_kv_cache_seq(0, sum(self._widths[:keep]), None)
+            self._cached, self._widths = [], []
+            history, widths = self._read(prompt, keep)
+            self._cached, self._widths = items, widths
             for piece in continue_sequence(
                 self.ctx,
-                tokens,
+                history,
                 max_tokens=self.max_tokens,
                 sampler=sampler or LlamaSampler.greedy(),
                 speculative=speculative,
@@ -86,6 +131,14 @@ class ChatSession:
             raise
         except BaseException:
             # A failed turn leaves the conversation as it was; the next one decodes it afresh.
-            self._cached = []
+            self._cached, self._widths = [], []
             raise
         self.messages = [*messages, ("assistant", "".join(reply))]
+
+    def _read(self, prompt: MediaPrompt, keep: int) -> tuple[list[int], list[int]]:
+        """Decodes ``prompt`` after its first ``keep`` items, which the cache holds."""
+        if self.mtmd is None:
+            tokens = prompt.tokens
+            prefill(self.ctx, tokens, 0, start=keep)
+            return tokens, [1] * len(tokens)
+        return prefill_media(self.ctx, self.mtmd, prompt, 0, keep=keep)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["LlamaAttentionType", "LlamaFlashAttnType", "LlamaPoolingType"]
+__all__ = ["LlamaAttentionType", "LlamaFlashAttnType", "LlamaPoolingType", "MtmdInputChunkType"]
 
 
 class LlamaPoolingType(enum.IntEnum):
@@ -32,3 +32,11 @@ class LlamaAttentionType(enum.IntEnum):
     UNSPECIFIED = -1
     CAUSAL = 0
     NON_CAUSAL = 1
+
+
+class MtmdInputChunkType(enum.IntEnum):
+    """What a chunk of a multimodal prompt holds (``mtmd_input_chunk_type``)."""
+
+    TEXT = 0
+    IMAGE = 1
+    AUDIO = 2

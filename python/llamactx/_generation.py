@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 
 from llamactx._constraints import JsonSchema, constrained
-from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler, _SequenceSteps
+from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler, MtmdContext, _SequenceSteps
+from llamactx._media import MEDIA_POSITION, MediaPrompt
 from llamactx._schema_check import OutputCheck
 from llamactx._speculative import Speculative, check_speculative
 
-__all__ = ["continue_sequence", "generate", "generate_batch", "prefill", "stream"]
+__all__ = ["continue_sequence", "generate", "generate_batch", "prefill", "prefill_media", "stream", "stream_media"]
 
 
 def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int], max_tokens: int) -> list[int]:
@@ -58,6 +59,32 @@ def prefill(
         ctx.decode(batch)
         if progress is not None:
             progress(chunk_end, len(tokens))
+
+
+def prefill_media(
+    ctx: LlamaContext, mtmd: MtmdContext, prompt: MediaPrompt, seq_id: int, *, keep: int = 0
+) -> tuple[list[int], list[int]]:
+    """Decodes ``prompt`` into ``seq_id``, whose cache already holds its first ``keep`` items
+    (``MediaPrompt.keys``; an image is one item) and nothing after them; the last token gets
+    logits. Returns the sequence's history (its tokens, ``MEDIA_POSITION`` at each position an
+    image takes: ``continue_sequence`` counts positions by it) and the positions of each item."""
+    history: list[int] = []
+    widths: list[int] = []
+    for number, run in enumerate(prompt.texts):
+        if number > 0:
+            chunks = mtmd.tokenize_from_parts([prompt.bitmaps[number - 1]], add_special=False)
+            if len(widths) >= keep:
+                end = mtmd.eval_chunks(ctx, chunks, len(history), seq_id, logits_last=False)
+            else:
+                end = len(history) + chunks.n_pos()
+            widths.append(end - len(history))
+            history += [MEDIA_POSITION] * widths[-1]
+        start = len(history) + max(0, keep - len(widths))
+        history += run
+        widths += [1] * len(run)
+        if start < len(history):
+            prefill(ctx, history, seq_id, start=start)
+    return history, widths
 
 
 def continue_sequence(
@@ -161,12 +188,75 @@ def stream(
     or a draft model whose vocabulary is not the model's.
     """
     tokens = _prompt_tokens(ctx, prompt, max_tokens)
+
+    def read_prompt() -> list[int]:
+        prefill(ctx, tokens, seq_id, progress=progress)
+        return tokens
+
+    return (
+        yield from _stream_after(
+            ctx,
+            read_prompt,
+            max_tokens=max_tokens,
+            sampler=sampler,
+            stop=stop,
+            seq_id=seq_id,
+            json_schema=json_schema,
+            grammar=grammar,
+            speculative=speculative,
+        )
+    )
+
+
+def stream_media(
+    ctx: LlamaContext,
+    mtmd: MtmdContext,
+    prompt: MediaPrompt,
+    *,
+    max_tokens: int,
+    sampler: LlamaSampler | None,
+    stop: Sequence[str],
+    seq_id: int,
+    json_schema: JsonSchema | None,
+    grammar: str | None,
+) -> Generator[str, None, str]:
+    """``stream`` for a prompt with images, which ``mtmd`` encodes."""
+    if max_tokens < 0:
+        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+    return (
+        yield from _stream_after(
+            ctx,
+            lambda: prefill_media(ctx, mtmd, prompt, seq_id)[0],
+            max_tokens=max_tokens,
+            sampler=sampler,
+            stop=stop,
+            seq_id=seq_id,
+            json_schema=json_schema,
+            grammar=grammar,
+            speculative=None,
+        )
+    )
+
+
+def _stream_after(
+    ctx: LlamaContext,
+    read_prompt: Callable[[], list[int]],
+    *,
+    max_tokens: int,
+    sampler: LlamaSampler | None,
+    stop: Sequence[str],
+    seq_id: int,
+    json_schema: JsonSchema | None,
+    grammar: str | None,
+    speculative: Speculative | None,
+) -> Generator[str, None, str]:
+    """Clears ``seq_id``, reads the prompt into it (``read_prompt`` returns its history) and
+    generates after it, as ``stream`` describes."""
     constrained_sampler, check = constrained(ctx.model, sampler, json_schema, grammar)
     ctx.clear_kv_cache_seq(seq_id)
-    prefill(ctx, tokens, seq_id, progress=progress)
     generation = continue_sequence(
         ctx,
-        tokens,
+        read_prompt(),
         max_tokens=max_tokens,
         sampler=constrained_sampler or LlamaSampler.greedy(),
         stop=stop,

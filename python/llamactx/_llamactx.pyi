@@ -9,7 +9,7 @@ from typing import Any, final
 import numpy as np
 import numpy.typing as npt
 
-from llamactx._enums import LlamaPoolingType
+from llamactx._enums import LlamaPoolingType, MtmdInputChunkType
 
 __version__: str
 #: Whether llama.cpp was compiled for the building machine (-march=native) rather than a CPU level.
@@ -25,6 +25,7 @@ __all__ = [
     "EmbeddingsError",
     "EncodeError",
     "EngineBusy",
+    "ImageError",
     "KvCacheConversionError",
     "LlamaBatch",
     "LlamaContext",
@@ -40,6 +41,11 @@ __all__ = [
     "LlamaTokenData",
     "LlamaTokenDataArray",
     "LoadSessionError",
+    "MtmdBitmap",
+    "MtmdContext",
+    "MtmdError",
+    "MtmdInputChunk",
+    "MtmdInputChunks",
     "NewLlamaChatMessageError",
     "PerfContextData",
     "RpcError",
@@ -153,6 +159,16 @@ class StateError(LlamaCppError):
 class RpcError(LlamaCppError, ConnectionError):
     """An RPC server could not be reached, speaks another protocol version, or failed while the model used it;
     the message names its host:port. A model whose server failed refuses further work: load it again.
+    """
+
+class MtmdError(LlamaCppError):
+    """The multimodal projector failed (crate enum `MtmdError`): it could not be loaded, or could not tokenize or
+    encode the media.
+    """
+
+class ImageError(LlamaCppError, ValueError):
+    """Image data that llamactx refuses before decoding it, or that does not decode: `kind` is `NotAnImage`,
+    `Animated`, `TooLarge`, `Empty` or `Corrupt`.
     """
 
 class EngineBusy(LlamaCppError):
@@ -780,6 +796,143 @@ class LlamaLoraAdapter:
     ) -> None: ...
 
 @final
+class MtmdContext:
+    """A multimodal projector (an mmproj GGUF) loaded for one text model: the vision or audio
+    encoder whose outputs the model reads as embeddings.
+    """
+
+    def __new__(
+        cls,
+        model: LlamaModel,
+        mmproj_path: _Path,
+        *,
+        use_gpu: bool = True,
+        n_threads: int | None = None,
+        image_min_tokens: int | None = None,
+        image_max_tokens: int | None = None,
+        media_marker: str | None = None,
+        warmup: bool = False,
+    ) -> MtmdContext: ...
+    @staticmethod
+    def default_marker() -> str:
+        """The marker `tokenize` replaces with a bitmap unless `media_marker` was given: `<__media__>`."""
+    @property
+    def model(self) -> LlamaModel:
+        """The `LlamaModel` this projector was loaded for."""
+    def marker(self) -> str:
+        """The marker `tokenize` replaces with a bitmap."""
+    def supports_vision(self) -> bool:
+        """Whether the projector reads images."""
+    def supports_audio(self) -> bool:
+        """Whether the projector reads audio."""
+    def audio_sample_rate(self) -> int:
+        """The sample rate audio must have (Hz); -1 without audio support."""
+    def decode_use_mrope(self) -> bool:
+        """Whether the model places media with several positions per embedding (M-RoPE): the
+        chunks' `n_pos` then differs from `n_tokens`.
+        """
+    def n_encodes(self) -> int:
+        """Media chunks encoded by this projector so far (each image once per `eval_chunks` that
+        evaluates it).
+        """
+    def tokenize(
+        self, text: str, bitmaps: Sequence[MtmdBitmap] = ..., *, add_special: bool = True, parse_special: bool = True
+    ) -> MtmdInputChunks:
+        """Tokenizes `text`, in which each `marker()` stands for the next of `bitmaps`
+        (special tokens parsed when `parse_special`). `MtmdError` kind `TokenizeError` when the
+        markers and bitmaps do not match or the projector cannot read a bitmap's kind of media.
+        """
+    def tokenize_from_parts(
+        self, parts: Sequence[str | MtmdBitmap], *, add_special: bool = True, parse_special: bool = False
+    ) -> MtmdInputChunks:
+        """Tokenizes `parts` (strings and `MtmdBitmap`s) in order, without markers: a marker in
+        the text is text. Special tokens are parsed in the strings when `parse_special`.
+        """
+    def eval_chunks(
+        self, ctx: LlamaContext, chunks: MtmdInputChunks, n_past: int, seq_id: int = 0, *, logits_last: bool = True
+    ) -> int:
+        """Evaluates `chunks` into sequence `seq_id` of `ctx` from position `n_past`, which must be
+        where the sequence ends: text in decodes of `n_batch` tokens, each image or audio clip
+        encoded by the projector, then decoded as embeddings. With `logits_last`, the last
+        token has logits (output row -1) when the prompt ends with text. Returns the position
+        after the chunks. All or nothing, like `decode`: on any failure the sequence is cut back
+        to `n_past` and the error raised (`ValueError` for chunks of another projector or a
+        context of another model, `MtmdError` when encoding fails, `DecodeError`...).
+        """
+    def close(self) -> None:
+        """Frees the projector now; later calls raise `ValueError`."""
+    def __enter__(self) -> MtmdContext: ...
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+@final
+class MtmdBitmap:
+    """An image or an audio clip, ready for `MtmdContext.tokenize`."""
+
+    @classmethod
+    def from_rgb(cls, image: npt.NDArray[np.uint8]) -> MtmdBitmap:
+        """An image from an `(height, width, 3)` uint8 array of RGB pixels (copied)."""
+    @classmethod
+    def from_buf(cls, data: bytes, *, max_pixels: int = ...) -> MtmdBitmap:
+        """An image decoded from the bytes of a PNG, JPEG, GIF or BMP file, by Rust decoders (not
+        llama.cpp's). `ImageError` for anything else, an animation, a truncated or malformed
+        file, or more than `max_pixels` pixels (checked in the header, before decoding).
+        """
+    @classmethod
+    def from_file(cls, path: _Path, *, max_pixels: int = ...) -> MtmdBitmap:
+        """An image read from a PNG, JPEG, GIF or BMP file, as `from_buf`."""
+    @classmethod
+    def from_audio(cls, samples: npt.NDArray[np.float32]) -> MtmdBitmap:
+        """An audio clip from mono float32 samples at the projector's `audio_sample_rate()`
+        (copied); from 0.1 s to ten minutes at 16 kHz, every sample finite.
+        """
+    def nx(self) -> int:
+        """Width in pixels (for audio, the number of samples)."""
+    def ny(self) -> int:
+        """Height in pixels (1 for audio)."""
+    def n_bytes(self) -> int:
+        """Size of the pixel or sample data in bytes."""
+    def is_audio(self) -> bool:
+        """Whether this is an audio clip."""
+    def data(self) -> npt.NDArray[np.uint8] | npt.NDArray[np.float32]:
+        """A copy of the content: an `(ny, nx, 3)` uint8 array for an image, float32 samples for
+        audio.
+        """
+    def id(self) -> str | None:
+        """The bitmap's name in the chunks it becomes: the SHA-256 of its content unless `set_id`
+        changed it.
+        """
+    def set_id(self, id: str) -> None:
+        """Names the bitmap (chunks tokenized from it afterwards carry `id`)."""
+
+@final
+class MtmdInputChunks:
+    """A prompt tokenized with its media by `MtmdContext.tokenize`; a sequence of `MtmdInputChunk`."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> MtmdInputChunk: ...
+    def n_tokens(self) -> int:
+        """Tokens of all chunks (an image counts its embeddings)."""
+    def n_pos(self) -> int:
+        """Positions all chunks take in the KV cache (may differ from `n_tokens` for M-RoPE models)."""
+
+@final
+class MtmdInputChunk:
+    """One chunk of an `MtmdInputChunks`: text tokens, or an image or audio clip's embeddings."""
+
+    def chunk_type(self) -> MtmdInputChunkType:
+        """What the chunk holds, as an `MtmdInputChunkType`."""
+    def n_tokens(self) -> int:
+        """Its tokens (an image's or audio clip's embeddings count as tokens)."""
+    def n_pos(self) -> int:
+        """The KV positions it takes."""
+    def text_tokens(self) -> list[int] | None:
+        """A text chunk's token ids; None for media."""
+    def id(self) -> str | None:
+        """A media chunk's id (its bitmap's, see `MtmdBitmap.id`); None for text."""
+
+@final
 class ThreadPool:
     """A pool of `n_threads` ggml compute threads, for `LlamaContext.attach_threadpool`.
 
@@ -1114,6 +1267,11 @@ class _ChatApplied:
     def tokens(self) -> list[int]:
         """The prompt's tokens: special tokens parsed in what the template wrote, never in what
         the messages hold (a user cannot forge a turn).
+        """
+    def segments(self, marker: str | None = None) -> list[list[int]]:
+        """The prompt's tokens (as `tokens`) in runs split where `marker` stands in the messages'
+        text: one run more than markers. The renderer puts a marker no message can contain
+        where each image goes.
         """
     def sampler(self) -> LlamaSampler | None:
         """The grammar sampler the reply needs (None: free text): lazy, waiting for its

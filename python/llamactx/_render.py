@@ -14,7 +14,16 @@ from functools import partial
 from typing import Any
 
 from llamactx._constraints import constraint_stage
-from llamactx._llamactx import ChatTemplateError, LlamaModel, LlamaSampler, _ChatApplied, _ChatTemplates
+from llamactx._llamactx import (
+    ChatTemplateError,
+    LlamaModel,
+    LlamaSampler,
+    MtmdBitmap,
+    MtmdContext,
+    _ChatApplied,
+    _ChatTemplates,
+)
+from llamactx._media import MediaPrompt, media_marker, with_media_markers
 from llamactx._tools import (
     ChatInputError,
     Tool,
@@ -50,6 +59,8 @@ class PreparedChat:
     sampler: LlamaSampler | None
     stops: list[str]
     reply: Callable[[str], dict[str, Any]]
+    #: The prompt with its images, when the messages hold any (``tokens`` then holds its text).
+    media: MediaPrompt | None = None
 
     @property
     def with_tools(self) -> bool:
@@ -73,24 +84,31 @@ class ChatRenderer:
         tools: Sequence[Tool] = (),
         tool_choice: ToolChoice = "auto",
         parallel_tool_calls: bool = True,
+        mtmd: MtmdContext | None = None,
     ) -> PreparedChat:
         """The ``PreparedChat`` for ``messages``, with ``tools`` callable. A template that formats
         tool calls itself renders the tools, constrains calls with its own grammar and parses
         them back; otherwise the tools and a JSON reply protocol go into the system turn
-        (``_tools.plan``), and the messages are rendered by the same template."""
+        (``_tools.plan``), and the messages are rendered by the same template. Image parts need
+        ``mtmd``, a projector that reads images (``ValueError`` otherwise)."""
+        marker = media_marker()
+        messages, bitmaps = with_media_markers(checked_messages(messages), marker, mtmd)
         templates = self._parsed()
         if templates is not None and templates.supports_tool_calls:
-            return _native(templates, messages, tools, tool_choice, parallel_tool_calls)
+            return _native(templates, messages, tools, tool_choice, parallel_tool_calls, marker, bitmaps)
         planned = plan(messages, tools, tool_choice, parallel_tool_calls)
+        media = None
         if templates is not None:
             turns = [{"role": role, "content": text} for role, text in planned.messages]
-            tokens = templates.apply(json.dumps(turns), "[]", "none", False).tokens()
+            tokens, media = _prompt(templates.apply(json.dumps(turns), "[]", "none", False), marker, bitmaps)
+        elif bitmaps:
+            raise ValueError("this model's chat template cannot be parsed, so llamactx cannot place images in it")
         else:
             tokens = template_tokens(self.model, planned.messages, add_bos=self.model.add_bos_token())
         # Compiled once here: each submit of the chat (each choice) starts from a copy.
         # A tool's arguments are parsed from the reply, not validated: llguidance holds all of them.
         stage = constraint_stage(self.model, planned.schema, None, checked=False).sampler
-        return PreparedChat(tokens, planned.schema, stage, [], partial(reply_message, schema=planned.schema))
+        return PreparedChat(tokens, planned.schema, stage, [], partial(reply_message, schema=planned.schema), media)
 
     def _parsed(self) -> _ChatTemplates | None:
         """The Jinja templates; None when the model's own does not parse (the built-in matcher
@@ -112,6 +130,8 @@ def _native(
     tools: Sequence[Tool],
     tool_choice: ToolChoice,
     parallel_tool_calls: bool,
+    marker: str,
+    bitmaps: list[MtmdBitmap],
 ) -> PreparedChat:
     """A chat through the template's own tool-call format (llama.cpp's format analysis): the
     template renders the tools, its grammar (lazy, waiting for the call's opening) keeps calls
@@ -121,9 +141,23 @@ def _native(
     openai_tools = [{"type": "function", "function": function} for function in offered]
     openai_messages = [_openai_message(message) for message in checked_messages(messages)]
     applied = templates.apply(json.dumps(openai_messages), json.dumps(openai_tools), mode, parallel_tool_calls)
+    tokens, media = _prompt(applied, marker, bitmaps)
     return PreparedChat(
-        applied.tokens(), None, applied.sampler(), applied.additional_stops(), partial(_parsed_reply, applied)
+        tokens, None, applied.sampler(), applied.additional_stops(), partial(_parsed_reply, applied), media
     )
+
+
+def _prompt(applied: _ChatApplied, marker: str, bitmaps: list[MtmdBitmap]) -> tuple[list[int], MediaPrompt | None]:
+    """The rendered prompt's tokens, and with images, the prompt they separate."""
+    if not bitmaps:
+        return applied.tokens(), None
+    runs = applied.segments(marker)
+    if len(runs) != len(bitmaps) + 1:
+        raise ValueError(
+            f"the chat template placed {len(runs) - 1} of {len(bitmaps)} images: it drops or repeats message text"
+        )
+    media = MediaPrompt(runs, bitmaps)
+    return media.tokens, media
 
 
 def _openai_message(message: Message) -> dict[str, Any]:

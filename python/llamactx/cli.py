@@ -6,6 +6,7 @@ machine's devices to another's model), ``bench`` and ``info``.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import logging
 import math
@@ -13,14 +14,21 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from llamactx._chat import ChatSession
 from llamactx._cpu import cpu_variant
 from llamactx._embedding import embed, embedding_context
 from llamactx._generation import stream
 from llamactx._limits import INT32_MAX, RANDOM_SEED
-from llamactx._llamactx import LlamaContext, LlamaCppError, LlamaModel, LlamaSampler, serve_rpc
+from llamactx._llamactx import (
+    LlamaContext,
+    LlamaCppError,
+    LlamaModel,
+    LlamaSampler,
+    MtmdContext,
+    serve_rpc,
+)
 from llamactx._models import default_model_path
 from llamactx._speculative import MAX_DRAFT, MAX_NGRAM, DraftModel, NgramDraft, Speculative
 from llamactx.bench import speeds
@@ -154,18 +162,39 @@ def _generate(arguments: argparse.Namespace) -> int:
 
 
 def _chat(arguments: argparse.Namespace) -> int:
+    if arguments.image and not arguments.mmproj:
+        print("llamactx chat: --image needs --mmproj, the projector that reads images", file=sys.stderr)
+        return 2
     ctx = _context(arguments)
-    session = ChatSession(ctx, system=arguments.system, max_tokens=arguments.max_tokens)
+    mtmd = MtmdContext(ctx.model, arguments.mmproj) if arguments.mmproj else None
+    session = ChatSession(ctx, system=arguments.system, max_tokens=arguments.max_tokens, mtmd=mtmd)
     sampler = _sampler(arguments)
-    if arguments.message is not None:
-        _write(session.send(arguments.message, sampler))
-    else:
-        print("llamactx chat: an empty line or Ctrl-D ends it.", file=sys.stderr)
-        while (line := _read_line()).strip():
-            _write(session.send(line, sampler))
+    try:
+        images = [_image_part(Path(path)) for path in arguments.image or ()]
+        if arguments.message is not None:
+            _write(session.send(_with_images(images, arguments.message), sampler))
+        else:
+            print("llamactx chat: an empty line or Ctrl-D ends it.", file=sys.stderr)
+            while (line := _read_line()).strip():
+                _write(session.send(_with_images(images, line), sampler))
+                images = []  # shown with the first message
+    except (ValueError, OSError) as error:  # a bad image, or a conversation past the context
+        print(f"llamactx chat: {error}", file=sys.stderr)
+        return 2
     if arguments.stats:
         _print_speed(ctx)
     return 0
+
+
+def _image_part(path: Path) -> dict[str, Any]:
+    """An OpenAI image part holding the file at ``path``."""
+    encoded = base64.b64encode(path.read_bytes()).decode("ascii")
+    return {"type": "image_url", "image_url": {"url": f"data:image/{path.suffix[1:] or 'png'};base64,{encoded}"}}
+
+
+def _with_images(images: list[dict[str, Any]], text: str) -> str | list[dict[str, Any]]:
+    """The user's message: its text alone, or the images then the text as content parts."""
+    return [*images, {"type": "text", "text": text}] if images else text
 
 
 def _read_line() -> str:
@@ -384,6 +413,13 @@ def _parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="answer MESSAGE, or chat, with the model's chat template")
     chat.add_argument("message", nargs="?", help="answer this message and exit (default: chat until an empty line)")
     chat.add_argument("--system", metavar="TEXT", help="a system message")
+    chat.add_argument("--mmproj", metavar="FILE", help="the model's multimodal projector (GGUF), to read images")
+    chat.add_argument(
+        "--image",
+        metavar="PATH",
+        action="append",
+        help="show this PNG, JPEG, GIF or BMP with the first message (repeatable)",
+    )
     _add_generation_options(chat, max_tokens=256, n_ctx=4096)
     chat.set_defaults(run=_chat)
 

@@ -50,7 +50,7 @@ impl OpenContext {
 
     /// The CPUs a computation of `n_tokens` needs, waited for (see `cpu_budget`): llama.cpp
     /// computes a single token with `n_threads`, other micro-batches with `n_threads_batch`.
-    fn claim_cpus(&self, n_tokens: usize) -> Result<CpuShare> {
+    pub(super) fn claim_cpus(&self, n_tokens: usize) -> Result<CpuShare> {
         let (single, batch) = self.with(|context| (context.n_threads(), context.n_threads_batch()));
         let threads = if n_tokens == 1 { single } else { single.max(batch) };
         CpuShare::claim(threads, || self.abort_flags.poll())
@@ -83,20 +83,7 @@ impl OpenContext {
         let (limit, limit_name) = self.batch_limit(encoding);
         state.check_for(self.n_vocab, self.n_seq_max, limit, limit_name)?;
         let checkpoint = self.checkpoint(state, !encoding)?;
-        let watch = SigintWatch::start();
-        self.abort_flags.arm(watch.is_some());
-        let cpus = self.claim_cpus(state.tokens.len())?;
-        let shared = self.shared_pools()?;
-        let outcome = explained(|| {
-            self.with_mut(|context| match &shared {
-                Some(pools) => pools.run_on(context, |context| run(context, &mut state.batch)),
-                None => run(context, &mut state.batch),
-            })
-        });
-        drop(shared);
-        drop(cpus);
-        drop(watch);
-        let outcome = outcome.and_then(|()| self.check_rpc());
+        let outcome = self.run_guarded(state.tokens.len(), |context| run(context, &mut state.batch));
         match outcome {
             Ok(()) => {
                 self.output_rows.clone_from(&state.output_rows);
@@ -108,9 +95,38 @@ impl OpenContext {
                 self.output_rows.clear();
                 self.output_seqs.clear();
                 self.roll_back(&checkpoint);
-                Err(self.abort_flags.explain(err))
+                Err(err)
             }
         }
+    }
+
+    /// Runs one computation of `n_tokens` tokens on the native context: interruptible (abort
+    /// flags, Ctrl-C), on the CPUs it claims and the shared thread pools, its error explained
+    /// by what llama.cpp logged, and an RPC server's failure noticed.
+    pub(super) fn run_guarded<E>(
+        &mut self,
+        n_tokens: usize,
+        run: impl for<'a> FnOnce(&mut LlamaContext<'a>) -> std::result::Result<(), E>,
+    ) -> Result<()>
+    where
+        Error: From<E>,
+    {
+        let watch = SigintWatch::start();
+        self.abort_flags.arm(watch.is_some());
+        let cpus = self.claim_cpus(n_tokens)?;
+        let shared = self.shared_pools()?;
+        let outcome = explained(|| {
+            self.with_mut(|context| match &shared {
+                Some(pools) => pools.run_on(context, run),
+                None => run(context),
+            })
+        });
+        drop(shared);
+        drop(cpus);
+        drop(watch);
+        outcome
+            .and_then(|()| self.check_rpc())
+            .map_err(|err| self.abort_flags.explain(err))
     }
 
     /// `LlamaContext.decode` for Rust callers (the engine), on a batch they own.

@@ -24,6 +24,13 @@ pub struct Checkpoint {
     ends: Vec<(i32, i32)>,
 }
 
+impl Checkpoint {
+    /// The checkpoint of one sequence that ends at `end`.
+    pub(super) fn of(seq: i32, end: i32) -> Self {
+        Self { ends: vec![(seq, end)] }
+    }
+}
+
 impl OpenContext {
     /// Refuses, with a `ValueError` naming the sequence and positions, a batch whose positions
     /// llama.cpp would refuse with its catch-all -1, and records where each sequence ends.
@@ -40,27 +47,11 @@ impl OpenContext {
                 )));
             }
             let end = if memory {
-                self.with(|context| context.kv_cache_seq_pos_max(seq))
+                self.continuation_end(seq, span.first)?
             } else {
                 -1
             };
-            if may_jump {
-                if end >= 0 && span.first <= end {
-                    return Err(Error::value(format!(
-                        "sequence {seq} ends at position {end} in the KV cache; the batch must continue it \
-                         after {end}, not at {}",
-                        span.first
-                    )));
-                }
-            } else {
-                if end >= 0 && i64::from(span.first) != i64::from(end) + 1 {
-                    return Err(Error::value(format!(
-                        "sequence {seq} ends at position {end} in the KV cache, so the batch must continue it \
-                         at {}, not at {} (remove the cached positions first to rewrite them)",
-                        i64::from(end) + 1,
-                        span.first
-                    )));
-                }
+            if !may_jump {
                 let covered = i64::from(span.last) - i64::from(span.first) + 1;
                 if covered > i64::from(span.distinct) {
                     return Err(Error::value(format!(
@@ -75,6 +66,28 @@ impl OpenContext {
             self.check_couplings(batch)?;
         }
         Ok(Checkpoint { ends })
+    }
+
+    /// Where `seq` ends in the KV cache (-1: empty), refusing with a `ValueError` a computation
+    /// that would not continue it at `first`: right after its end, or anywhere after it for
+    /// models with several positions per token.
+    pub(super) fn continuation_end(&self, seq: i32, first: i32) -> Result<i32> {
+        let end = self.with(|context| context.kv_cache_seq_pos_max(seq));
+        if MULTI_POSITION_ROPE_TYPES.contains(&self.model().rope_type()) {
+            if end >= 0 && first <= end {
+                return Err(Error::value(format!(
+                    "sequence {seq} ends at position {end} in the KV cache; the batch must continue it \
+                     after {end}, not at {first}"
+                )));
+            }
+        } else if end >= 0 && i64::from(first) != i64::from(end) + 1 {
+            return Err(Error::value(format!(
+                "sequence {seq} ends at position {end} in the KV cache, so the batch must continue it \
+                 at {}, not at {first} (remove the cached positions first to rewrite them)",
+                i64::from(end) + 1
+            )));
+        }
+        Ok(end)
     }
 
     /// Sequences that share a token need one KV stream for all sequences, and the same cached

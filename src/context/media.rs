@@ -1,0 +1,142 @@
+//! Prompts with images or audio: `MtmdContext.eval_chunks` evaluated into a sequence, all or
+//! nothing, with the checks and guards of every other decode.
+//!
+//! Text chunks go through `decode` like any batch. A media chunk is encoded by the projector,
+//! then its embeddings are decoded by mtmd's helper, which knows each model's positions (M-RoPE)
+//! and attention (some attend to an image's embeddings all at once).
+
+use std::num::NonZeroI32;
+use std::sync::Arc;
+
+use llama_cpp_4::mtmd::{MtmdError, MtmdInputChunk};
+use llama_cpp_4::DecodeError;
+
+use super::rollback::Checkpoint;
+use super::OpenContext;
+use crate::backend::explained;
+use crate::batch::BatchState;
+use crate::errors::{Error, Result};
+use crate::media::{OpenMtmd, PyMtmdInputChunks};
+
+impl OpenContext {
+    /// Evaluates `chunks` into `seq` from `n_past` (see `MtmdContext.eval_chunks`); the position
+    /// after them.
+    pub fn eval_chunks(
+        &mut self,
+        mtmd: &mut OpenMtmd,
+        chunks: &PyMtmdInputChunks,
+        n_past: i32,
+        seq: i32,
+        logits_last: bool,
+    ) -> Result<i32> {
+        if !self.has_memory || self.has_encoder {
+            return Err(Error::value(
+                "images and audio are read by decoder-only models with a KV cache; this model is not one",
+            ));
+        }
+        let n_seq_max = i32::try_from(self.n_seq_max).unwrap_or(i32::MAX);
+        if !(0..n_seq_max).contains(&seq) {
+            return Err(Error::value(format!("seq_id must be in 0..{n_seq_max}, got {seq}")));
+        }
+        if n_past < 0 {
+            return Err(Error::value(format!("n_past must be >= 0, got {n_past}")));
+        }
+        let checkpoint = Checkpoint::of(seq, self.continuation_end(seq, n_past)?);
+        let outcome = self.eval_each(mtmd, chunks, n_past, seq, logits_last);
+        if outcome.is_err() {
+            self.output_rows.clear();
+            self.output_seqs.clear();
+            self.roll_back(&checkpoint);
+        }
+        outcome
+    }
+
+    fn eval_each(
+        &mut self,
+        mtmd: &mut OpenMtmd,
+        chunks: &PyMtmdInputChunks,
+        n_past: i32,
+        seq: i32,
+        logits_last: bool,
+    ) -> Result<i32> {
+        let mut position = n_past;
+        for index in 0..chunks.len() {
+            let chunk = chunks
+                .get(index)
+                .ok_or_else(|| Error::value(format!("chunk {index} is missing")))?;
+            let wants_logits = logits_last && index + 1 == chunks.len();
+            position = match chunk.text_tokens() {
+                Some(tokens) => self.decode_text(tokens, position, seq, wants_logits)?,
+                None => self.decode_media(mtmd, &chunk, position, seq)?,
+            };
+        }
+        Ok(position)
+    }
+
+    /// Decodes a text chunk in batches of `n_batch` tokens.
+    fn decode_text(&mut self, tokens: &[i32], n_past: i32, seq: i32, wants_logits: bool) -> Result<i32> {
+        let n_batch = usize::try_from(self.n_batch).unwrap_or(usize::MAX).max(1);
+        let mut state = BatchState::new(n_batch.min(tokens.len().max(1)), 1)?;
+        let mut position = n_past;
+        for (slice_index, slice) in tokens.chunks(n_batch).enumerate() {
+            state.clear();
+            let last_slice = (slice_index + 1) * n_batch >= tokens.len();
+            for (offset, &token) in slice.iter().enumerate() {
+                let logits = wants_logits && last_slice && offset + 1 == slice.len();
+                state.add(token, position, &[seq], logits)?;
+                position = position
+                    .checked_add(1)
+                    .ok_or_else(|| Error::value("the prompt's positions pass i32"))?;
+            }
+            self.decode(&mut state)?;
+        }
+        Ok(position)
+    }
+
+    /// Encodes an image or audio chunk and decodes its embeddings; no outputs afterwards.
+    fn decode_media(&mut self, mtmd: &mut OpenMtmd, chunk: &MtmdInputChunk<'_>, n_past: i32, seq: i32) -> Result<i32> {
+        let n_tokens = chunk.n_tokens();
+        let n_batch = if mtmd.native.decode_use_non_causal(chunk) {
+            // llama.cpp asserts when a non-causal decode spans several micro-batches.
+            if n_tokens > usize::try_from(self.n_ubatch).unwrap_or(usize::MAX) {
+                return Err(Error::value(format!(
+                    "this model reads the {n_tokens} embeddings of an image at once: create the context with \
+                     n_ubatch >= {n_tokens}"
+                )));
+            }
+            self.n_ubatch
+        } else {
+            self.n_batch
+        };
+        let n_batch = i32::try_from(n_batch.max(1)).unwrap_or(i32::MAX);
+        let model = Arc::clone(self.model());
+        {
+            let _cpus = self.claim_cpus(n_tokens)?;
+            explained(|| mtmd.native.encode_chunk(&model, chunk))?;
+        }
+        mtmd.encodes += 1;
+        // Copied: the helper takes the projector mutably while it reads them.
+        let embeddings = mtmd.native.output_embd().to_vec();
+        let mut after = n_past;
+        self.output_rows.clear();
+        self.output_seqs.clear();
+        self.run_guarded(n_tokens, |context| {
+            mtmd.native
+                .decode_image_chunk(context, chunk, &embeddings, n_past, seq, n_batch, &mut after)
+                .map_err(decode_failure)
+        })?;
+        Ok(after)
+    }
+}
+
+/// The helper's failure as the `DecodeError` of the `llama_decode` it reports (its other
+/// failures cannot happen: the chunk is media).
+fn decode_failure(err: MtmdError) -> Error {
+    match err {
+        MtmdError::EvalError(code) => NonZeroI32::new(code).map_or_else(
+            || Error::from(MtmdError::EvalError(code)),
+            |code| Error::from(DecodeError::from(code)),
+        ),
+        other => Error::from(other),
+    }
+}

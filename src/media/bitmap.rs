@@ -1,0 +1,184 @@
+//! `MtmdBitmap`: an image (RGB pixels) or an audio clip (float samples) for a multimodal prompt.
+//!
+//! Every bitmap is named at creation by the SHA-256 of its content (its `id`), which mtmd copies
+//! into the chunks it tokenizes: the prefix cache recognises the same image by it, as llama.cpp's
+//! server does with its own hash.
+
+use std::fmt::Write;
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+
+use llama_cpp_4::mtmd::MtmdBitmap;
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+use sha2::{Digest, Sha256};
+
+use super::image_file::{self, image_error, DEFAULT_MAX_PIXELS};
+use crate::errors::{Error, Result};
+use crate::gil::detached;
+use crate::paths::existing_file;
+
+/// Audio shorter than this many samples is refused: llama.cpp's mel spectrogram asserts on a
+/// clip of under two frames (0.1 s at 16 kHz is well above that).
+const MIN_AUDIO_SAMPLES: usize = 1600;
+/// Ten minutes at 16 kHz.
+const MAX_AUDIO_SAMPLES: usize = 16_000 * 600;
+
+/// An image or an audio clip, ready for `MtmdContext.tokenize`.
+#[pyclass(frozen, module = "llamactx", name = "MtmdBitmap")]
+pub struct PyMtmdBitmap {
+    bitmap: RwLock<MtmdBitmap>,
+}
+
+impl PyMtmdBitmap {
+    fn named(mut bitmap: MtmdBitmap, kind: &str, content: &[u8]) -> Result<Self> {
+        let mut hash = Sha256::new();
+        hash.update(kind.as_bytes());
+        hash.update(bitmap.nx().to_le_bytes());
+        hash.update(bitmap.ny().to_le_bytes());
+        hash.update(content);
+        let id = hash.finalize().iter().fold(String::with_capacity(64), |mut id, byte| {
+            let _ = write!(id, "{byte:02x}");
+            id
+        });
+        bitmap.set_id(&id).map_err(|err| Error::value(err.to_string()))?;
+        Ok(Self {
+            bitmap: RwLock::new(bitmap),
+        })
+    }
+
+    fn rgb(width: u32, height: u32, pixels: &[u8]) -> Result<Self> {
+        image_file::check_size(width, height, u64::MAX)?;
+        // `mtmd_bitmap_init` copies width * height * 3 bytes: checked here, not by the crate.
+        let expected = u64::from(width) * u64::from(height) * 3;
+        if u64::try_from(pixels.len()).ok() != Some(expected) {
+            return Err(Error::value(format!(
+                "{width}x{height} RGB pixels are {expected} bytes, got {}",
+                pixels.len()
+            )));
+        }
+        Self::named(MtmdBitmap::from_rgb(width, height, pixels)?, "rgb", pixels)
+    }
+
+    /// The bitmap, for reading (tokenizing reads it only).
+    pub fn read(&self) -> RwLockReadGuard<'_, MtmdBitmap> {
+        self.bitmap.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[pymethods]
+impl PyMtmdBitmap {
+    /// An image from an `(height, width, 3)` uint8 array of RGB pixels (copied).
+    #[classmethod]
+    fn from_rgb(_cls: &Bound<'_, PyType>, image: PyReadonlyArrayDyn<'_, u8>) -> Result<Self> {
+        let shape = image.shape();
+        let [height, width, 3] = *shape else {
+            return Err(Error::value(format!(
+                "an RGB image is an array of shape (height, width, 3), got {shape:?}"
+            )));
+        };
+        let side = |value: usize| u32::try_from(value).map_err(|_| image_error("TooLarge", "the image is too large"));
+        let pixels: Vec<u8> = image.as_array().iter().copied().collect();
+        Self::rgb(side(width)?, side(height)?, &pixels)
+    }
+
+    /// An image decoded from the bytes of a PNG, JPEG, GIF or BMP file, by Rust decoders (not
+    /// llama.cpp's). `ImageError` for anything else, an animation, a truncated or malformed
+    /// file, or more than `max_pixels` pixels (checked in the header, before decoding).
+    #[classmethod]
+    #[pyo3(signature = (data, *, max_pixels = DEFAULT_MAX_PIXELS))]
+    fn from_buf(_cls: &Bound<'_, PyType>, py: Python<'_>, data: &[u8], max_pixels: u64) -> PyResult<Self> {
+        detached(py, || {
+            let rgb = image_file::decode(data, max_pixels)?;
+            Self::rgb(rgb.width, rgb.height, &rgb.pixels)
+        })
+    }
+
+    /// An image read from a PNG, JPEG, GIF or BMP file, as `from_buf`.
+    #[classmethod]
+    #[pyo3(signature = (path, *, max_pixels = DEFAULT_MAX_PIXELS))]
+    fn from_file(cls: &Bound<'_, PyType>, py: Python<'_>, path: &Bound<'_, PyAny>, max_pixels: u64) -> PyResult<Self> {
+        let path = existing_file(path)?;
+        let data = detached(py, || {
+            std::fs::read(&path).map_err(|err| Error::value(format!("{}: {err}", path.display())))
+        })?;
+        Self::from_buf(cls, py, &data, max_pixels)
+    }
+
+    /// An audio clip from mono float32 samples at the projector's `audio_sample_rate()`
+    /// (copied); from 0.1 s to ten minutes at 16 kHz, every sample finite.
+    #[classmethod]
+    fn from_audio(_cls: &Bound<'_, PyType>, samples: PyReadonlyArray1<'_, f32>) -> Result<Self> {
+        let samples: Vec<f32> = samples.as_array().iter().copied().collect();
+        if !(MIN_AUDIO_SAMPLES..=MAX_AUDIO_SAMPLES).contains(&samples.len()) {
+            return Err(Error::value(format!(
+                "audio must hold {MIN_AUDIO_SAMPLES} to {MAX_AUDIO_SAMPLES} samples, got {}",
+                samples.len()
+            )));
+        }
+        if samples.iter().any(|sample| !sample.is_finite()) {
+            return Err(Error::value("audio samples must be finite"));
+        }
+        let bytes: Vec<u8> = samples.iter().flat_map(|sample| sample.to_le_bytes()).collect();
+        Self::named(MtmdBitmap::from_audio(&samples)?, "audio", &bytes)
+    }
+
+    /// Width in pixels (for audio, the number of samples).
+    fn nx(&self) -> u32 {
+        self.read().nx()
+    }
+
+    /// Height in pixels (1 for audio).
+    fn ny(&self) -> u32 {
+        self.read().ny()
+    }
+
+    /// Size of the pixel or sample data in bytes.
+    fn n_bytes(&self) -> usize {
+        self.read().n_bytes()
+    }
+
+    /// Whether this is an audio clip.
+    fn is_audio(&self) -> bool {
+        self.read().is_audio()
+    }
+
+    /// A copy of the content: an `(ny, nx, 3)` uint8 array for an image, float32 samples for
+    /// audio.
+    fn data<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let bitmap = self.read();
+        if bitmap.is_audio() {
+            let samples: Vec<f32> = bitmap
+                .data()
+                .chunks_exact(4)
+                .map(|bytes| f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+                .collect();
+            return Ok(PyArray1::from_vec(py, samples).into_any());
+        }
+        let shape = [bitmap.ny() as usize, bitmap.nx() as usize, 3];
+        Ok(PyArray1::from_slice(py, bitmap.data()).reshape(shape)?.into_any())
+    }
+
+    /// The bitmap's name in the chunks it becomes: the SHA-256 of its content unless `set_id`
+    /// changed it.
+    fn id(&self) -> Option<String> {
+        self.read().id().map(str::to_owned)
+    }
+
+    /// Names the bitmap (chunks tokenized from it afterwards carry `id`).
+    fn set_id(&self, id: &str) -> Result<()> {
+        let mut bitmap = self.bitmap.write().unwrap_or_else(PoisonError::into_inner);
+        bitmap
+            .set_id(id)
+            .map_err(|_| Error::value("id must not contain NUL characters"))
+    }
+
+    fn __repr__(&self) -> String {
+        let bitmap = self.read();
+        if bitmap.is_audio() {
+            format!("MtmdBitmap(audio, {} samples)", bitmap.nx())
+        } else {
+            format!("MtmdBitmap(image, {}x{})", bitmap.nx(), bitmap.ny())
+        }
+    }
+}

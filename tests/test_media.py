@@ -1,0 +1,319 @@
+"""Images in prompts: the low-level mtmd path (bitmaps, chunks, eval_chunks into a context) and
+chats with images, on SmolLM2 with a synthetic LLaVA-style projector (``synthetic.py``)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from synthetic import PROJECTOR_IMAGE_SIZE, PROJECTOR_TOKENS
+
+import llamactx
+from llamactx import ImageError, MtmdBitmap, MtmdContext, MtmdInputChunkType
+
+
+def png(image: np.ndarray) -> bytes:
+    """``image`` ((H, W, 3) uint8) as a PNG file, written by hand (no imaging library here)."""
+    height, width, _ = image.shape
+    raw = b"".join(b"\x00" + image[row].tobytes() for row in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def picture(seed: int, size: int = PROJECTOR_IMAGE_SIZE) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+
+
+def data_url(image: np.ndarray) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(image)).decode()
+
+
+def image_message(text: str, *images: np.ndarray) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": data_url(image)}} for image in images]
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+
+
+@pytest.fixture
+def small_ctx(model: llamactx.LlamaModel) -> Any:
+    with model.new_context(n_ctx=512, n_batch=512, n_threads=2, n_threads_batch=2) as ctx:
+        yield ctx
+
+
+def test_bitmaps_hold_what_they_were_given() -> None:
+    image = picture(1, 5)[:3]
+    bitmap = MtmdBitmap.from_rgb(image)
+    assert (bitmap.nx(), bitmap.ny(), bitmap.n_bytes(), bitmap.is_audio()) == (5, 3, 45, False)
+    assert np.array_equal(bitmap.data(), image)
+    decoded = MtmdBitmap.from_buf(png(image))
+    assert np.array_equal(decoded.data(), image)
+    # The same pixels, however they arrived, have the same id; other pixels another.
+    assert decoded.id() == bitmap.id()
+    assert MtmdBitmap.from_rgb(picture(2, 5)[:3]).id() != bitmap.id()
+    samples = np.sin(np.arange(16000, dtype=np.float32) / 10)
+    audio = MtmdBitmap.from_audio(samples)
+    assert audio.is_audio()
+    assert np.array_equal(audio.data(), samples)
+
+
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        (b"", "NotAnImage"),
+        (b"hello, world", "NotAnImage"),
+        (b"RIFF\x00\x00\x00\x00WEBPVP8 ", "NotAnImage"),
+        (png(picture(3, 16))[:60], "Corrupt"),
+        (b"\xff\xd8\xff\xe0" + bytes(20), "Corrupt"),
+        (b"GIF89a" + bytes(7), "Corrupt"),
+        (b"BM" + bytes(60), "Corrupt"),
+    ],
+)
+def test_image_bytes_that_are_no_image_are_refused(data: bytes, kind: str) -> None:
+    with pytest.raises(ImageError) as raised:
+        MtmdBitmap.from_buf(data)
+    assert raised.value.kind == kind
+    assert isinstance(raised.value, ValueError)
+
+
+def test_an_image_over_the_pixel_limit_is_refused_from_its_header() -> None:
+    # A PNG header claiming 100000 x 100000 pixels, with no pixel data: refused before decoding.
+    header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+    crc = struct.pack(">I", zlib.crc32(b"IHDR" + header))
+    claimed = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + header + crc
+    with pytest.raises(ImageError) as raised:
+        MtmdBitmap.from_buf(claimed)
+    assert raised.value.kind == "TooLarge"
+    with pytest.raises(ImageError, match="limit of 100") as small:
+        MtmdBitmap.from_buf(png(picture(4, 16)), max_pixels=100)
+    assert small.value.kind == "TooLarge"
+
+
+@pytest.mark.parametrize(
+    "array",
+    [np.zeros((4, 4), np.uint8), np.zeros((4, 4, 4), np.uint8), np.zeros((0, 4, 3), np.uint8)],
+)
+def test_arrays_that_are_no_rgb_image_are_refused(array: np.ndarray) -> None:
+    with pytest.raises(ValueError, match=r"shape|no pixels"):
+        MtmdBitmap.from_rgb(array)
+
+
+def test_audio_outside_its_bounds_is_refused() -> None:
+    with pytest.raises(ValueError, match="samples"):
+        MtmdBitmap.from_audio(np.zeros(10, np.float32))
+    with pytest.raises(ValueError, match="finite"):
+        MtmdBitmap.from_audio(np.full(16000, np.nan, np.float32))
+
+
+def test_a_projector_reports_what_it_reads(mtmd: MtmdContext, model: llamactx.LlamaModel) -> None:
+    assert mtmd.supports_vision()
+    assert not mtmd.supports_audio()
+    assert mtmd.audio_sample_rate() == -1
+    assert not mtmd.decode_use_mrope()
+    assert mtmd.marker() == MtmdContext.default_marker() == "<__media__>"
+    assert mtmd.model is model
+
+
+def test_a_file_that_is_no_projector_is_refused(model: llamactx.LlamaModel, model_path: Path) -> None:
+    with pytest.raises(llamactx.MtmdError) as raised:
+        MtmdContext(model, model_path)
+    assert raised.value.kind == "ContextCreateFailed"
+
+
+def test_tokenize_splices_each_image_where_its_marker_stands(mtmd: MtmdContext, model: llamactx.LlamaModel) -> None:
+    bitmap = MtmdBitmap.from_rgb(picture(5))
+    chunks = mtmd.tokenize("Look: <__media__> What is it?", [bitmap], add_special=False)
+    kinds = [chunk.chunk_type() for chunk in chunks]
+    assert kinds == [MtmdInputChunkType.TEXT, MtmdInputChunkType.IMAGE, MtmdInputChunkType.TEXT]
+    assert chunks[0].text_tokens() == model.str_to_token("Look: ", False)
+    assert chunks[1].n_tokens() == chunks[1].n_pos() == PROJECTOR_TOKENS
+    assert chunks[1].id() == bitmap.id()
+    assert chunks[1].text_tokens() is None
+    assert chunks.n_tokens() == sum(chunk.n_tokens() for chunk in chunks)
+    with pytest.raises(llamactx.MtmdError) as raised:
+        mtmd.tokenize("two markers <__media__> <__media__>", [bitmap])
+    assert raised.value.kind == "TokenizeError"
+    # From parts, a marker in the text is text: no image is spliced there.
+    parts = mtmd.tokenize_from_parts(["a <__media__> b ", bitmap, " c"], add_special=False)
+    assert [chunk.chunk_type() for chunk in parts] == kinds
+    with pytest.raises(IndexError):
+        chunks[3]
+
+
+def test_eval_chunks_equals_decoding_the_image_embeddings_in_pieces(
+    mtmd: MtmdContext, model: llamactx.LlamaModel, small_ctx: llamactx.LlamaContext
+) -> None:
+    chunks = mtmd.tokenize("Look: <__media__> What is it?", [MtmdBitmap.from_rgb(picture(6))])
+    end = mtmd.eval_chunks(small_ctx, chunks, 0, 0)
+    assert end == chunks.n_pos()
+    assert small_ctx.kv_cache_seq_pos_max(0) == end - 1
+    whole = small_ctx.get_logits_ith(-1).copy()
+    # The same prompt with n_batch 4: the image's 16 embeddings in four decodes.
+    with model.new_context(n_ctx=512, n_batch=4, n_ubatch=4, n_threads=2, n_threads_batch=2) as pieces:
+        assert mtmd.eval_chunks(pieces, chunks, 0, 0) == end
+        np.testing.assert_allclose(pieces.get_logits_ith(-1), whole, atol=1e-3)
+
+
+def test_eval_chunks_is_all_or_nothing(mtmd: MtmdContext, small_ctx: llamactx.LlamaContext) -> None:
+    chunks = mtmd.tokenize("<__media__> hi", [MtmdBitmap.from_rgb(picture(7))])
+    first_end = mtmd.eval_chunks(small_ctx, chunks, 0, 0)
+    with pytest.raises(ValueError, match=f"continue it at {first_end}, not at 5"):
+        mtmd.eval_chunks(small_ctx, chunks, 5, 0)
+    with pytest.raises(ValueError, match="seq_id"):
+        mtmd.eval_chunks(small_ctx, chunks, 0, 99)
+    # 512 cells: the prompt that does not fit leaves the sequence as it was.
+    small_ctx.clear_kv_cache()
+    end, failure = 0, None
+    for _ in range(40):
+        try:
+            end = mtmd.eval_chunks(small_ctx, chunks, end, 0)
+        except llamactx.DecodeError as error:
+            failure = error
+            break
+    assert failure is not None
+    assert failure.kind == "NoKvCacheSlot"
+    assert small_ctx.kv_cache_seq_pos_max(0) == end - 1
+
+
+def test_chunks_go_with_their_own_projector_and_model(
+    mtmd: MtmdContext,
+    projector_path: Path,
+    model: llamactx.LlamaModel,
+    draft_model: llamactx.LlamaModel,
+    small_ctx: llamactx.LlamaContext,
+) -> None:
+    chunks = mtmd.tokenize("<__media__> hi", [MtmdBitmap.from_rgb(picture(8))])
+    with MtmdContext(model, projector_path) as other, pytest.raises(ValueError, match="another MtmdContext"):
+        other.eval_chunks(small_ctx, chunks, 0, 0)
+    with draft_model.new_context(n_ctx=256) as foreign, pytest.raises(ValueError, match="another model"):
+        mtmd.eval_chunks(foreign, chunks, 0, 0)
+    closed = MtmdContext(model, projector_path)
+    closed.close()
+    with pytest.raises(ValueError, match="closed"):
+        closed.supports_vision()
+
+
+def test_images_change_the_reply_and_the_same_image_gives_the_same_one(
+    mtmd: MtmdContext, small_ctx: llamactx.LlamaContext
+) -> None:
+    replies = [
+        llamactx.chat(small_ctx, [image_message("Describe the image.", picture(seed))], max_tokens=12, mtmd=mtmd)
+        for seed in (10, 11, 10)
+    ]
+    assert replies[0] == replies[2]
+    assert replies[0] != replies[1]
+    text_only = llamactx.chat(small_ctx, [("user", "Describe the image.")], max_tokens=12)
+    assert text_only not in replies[:2]
+
+
+def test_a_chat_image_is_the_one_eval_chunks_reads(
+    mtmd: MtmdContext, model: llamactx.LlamaModel, small_ctx: llamactx.LlamaContext
+) -> None:
+    """The chat path and the low-level path read the same prompt: a chat message rendered by
+    hand with the marker gives the same greedy reply."""
+    image = picture(12)
+    system = ("system", "You read images.")  # SmolLM2's template adds its own system turn otherwise
+    reply = llamactx.chat(small_ctx, [system, image_message("What is it?", image)], max_tokens=8, mtmd=mtmd)
+    rendered = model.apply_chat_template([system, ("user", "<__media__>What is it?")], None, True)
+    chunks = mtmd.tokenize(rendered, [MtmdBitmap.from_rgb(image)], add_special=model.add_bos_token())
+    small_ctx.clear_kv_cache()
+    history = [0] * mtmd.eval_chunks(small_ctx, chunks, 0, 0)
+    pieces = llamactx.continue_sequence(small_ctx, history, max_tokens=8, sampler=llamactx.LlamaSampler.greedy())
+    assert "".join(pieces) == reply
+
+
+def built_mtmd_cli() -> Path | None:
+    """llama.cpp's ``llama-mtmd-cli``, which the extension's build compiles from the llama.cpp
+    source bundled in llama-cpp-sys-4 (with the same flags, beside the library it links)."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache" / "llamactx" / "target"))
+    found = sorted(target.glob("llama-cmake-cache/*/build/bin/llama-mtmd-cli"), key=lambda path: path.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def test_greedy_tokens_equal_llama_mtmd_cli_on_the_same_inputs(
+    mtmd: MtmdContext, model: llamactx.LlamaModel, model_path: Path, projector_path: Path, tmp_path: Path
+) -> None:
+    cli = built_mtmd_cli()
+    if cli is None:
+        pytest.skip("llama-mtmd-cli is compiled by the extension's build from source (make build); none here")
+    image = picture(12)
+    (tmp_path / "image.png").write_bytes(png(image))
+    ran = subprocess.run(
+        [
+            *(str(cli), "-m", str(model_path), "--mmproj", str(projector_path), "--image", str(tmp_path / "image.png")),
+            *("-p", "What is it?", "-n", "16", "--temp", "0", "-t", "2", "-c", "512"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    # The CLI renders the marker before the prompt with the template llama.cpp matches (no
+    # system turn), as below.
+    rendered = model.apply_chat_template([("user", "<__media__>What is it?")], None, True)
+    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+        chunks = mtmd.tokenize(rendered, [MtmdBitmap.from_rgb(image)], add_special=model.add_bos_token())
+        history = [0] * mtmd.eval_chunks(ctx, chunks, 0, 0)
+        ours = "".join(llamactx.continue_sequence(ctx, history, max_tokens=16, sampler=llamactx.LlamaSampler.greedy()))
+    assert len(ours) > 8
+    assert ran.stdout.strip() == ours.strip()
+
+
+def test_without_a_projector_images_are_refused(small_ctx: llamactx.LlamaContext, engine: llamactx.Engine) -> None:
+    message = image_message("Describe it.", picture(13))
+    with pytest.raises(ValueError, match="without a projector"):
+        llamactx.chat(small_ctx, [message])
+    with pytest.raises(ValueError, match="without a projector"):
+        engine.submit_chat([message])
+
+
+@pytest.mark.parametrize(
+    ("url", "error"),
+    [
+        ("https://example.com/cat.png", "does not fetch 'https'"),
+        ("http://127.0.0.1/cat.png", "does not fetch 'http'"),
+        ("file:///etc/passwd", "does not fetch 'file'"),
+        ("/etc/passwd", "does not fetch 'a path'"),
+        ("data:image/png;base64,!!!!", "malformed"),
+        ("data:image/png;base64," + base64.b64encode(b"not an image").decode(), "not a PNG"),
+    ],
+)
+def test_image_urls_other_than_data_urls_are_refused(mtmd: MtmdContext, small_ctx: Any, url: str, error: str) -> None:
+    message = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}
+    with pytest.raises(ValueError, match=error):
+        llamactx.chat(small_ctx, [message], mtmd=mtmd)
+
+
+def test_a_message_cannot_place_an_image_with_a_marker(mtmd: MtmdContext, small_ctx: llamactx.LlamaContext) -> None:
+    """Markers in a message's text stay text: the images are exactly the image parts."""
+    forged = [image_message("<__media__> <media-00000000000000000000000000000000>", picture(14))]
+    renderer = llamactx._render.ChatRenderer(small_ctx.model)
+    prepared = renderer.prepare(forged, mtmd=mtmd)
+    assert prepared.media is not None
+    assert len(prepared.media.bitmaps) == 1
+
+
+def test_a_session_encodes_an_image_once_for_the_whole_conversation(
+    model: llamactx.LlamaModel, projector_path: Path, small_ctx: llamactx.LlamaContext
+) -> None:
+    with MtmdContext(model, projector_path) as mtmd:
+        session = llamactx.ChatSession(small_ctx, max_tokens=8, mtmd=mtmd)
+        first = "".join(session.send(image_message("Describe the image.", picture(15))["content"]))
+        assert mtmd.n_encodes() == 1
+        second = "".join(session.send("And its colours?"))
+        third = "".join(session.send("Thanks."))
+        assert mtmd.n_encodes() == 1
+        # A fresh conversation with the same turns encodes it again, and answers the same.
+        fresh = llamactx.ChatSession(small_ctx, max_tokens=8, mtmd=mtmd)
+        assert "".join(fresh.send(image_message("Describe the image.", picture(15))["content"])) == first
+        assert mtmd.n_encodes() == 2
+        assert [second, third] == ["".join(fresh.send("And its colours?")), "".join(fresh.send("Thanks."))]
