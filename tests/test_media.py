@@ -5,30 +5,17 @@ from __future__ import annotations
 
 import base64
 import os
-import struct
 import subprocess
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from support.images import png, png_header
 from synthetic import PROJECTOR_IMAGE_SIZE, PROJECTOR_TOKENS
 
 import llamactx
 from llamactx import ImageError, MtmdBitmap, MtmdContext, MtmdInputChunkType
-
-
-def png(image: np.ndarray) -> bytes:
-    """``image`` ((H, W, 3) uint8) as a PNG file, written by hand (no imaging library here)."""
-    height, width, _ = image.shape
-    raw = b"".join(b"\x00" + image[row].tobytes() for row in range(height))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
 
 
 def picture(seed: int, size: int = PROJECTOR_IMAGE_SIZE) -> np.ndarray:
@@ -87,15 +74,15 @@ def test_image_bytes_that_are_no_image_are_refused(data: bytes, kind: str) -> No
 
 def test_an_image_over_the_pixel_limit_is_refused_from_its_header() -> None:
     # A PNG header claiming 100000 x 100000 pixels, with no pixel data: refused before decoding.
-    header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
-    crc = struct.pack(">I", zlib.crc32(b"IHDR" + header))
-    claimed = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + header + crc
+    claimed = png_header(100_000, 100_000)
     with pytest.raises(ImageError) as raised:
         MtmdBitmap.from_buf(claimed)
     assert raised.value.kind == "TooLarge"
     with pytest.raises(ImageError, match="limit of 100") as small:
         MtmdBitmap.from_buf(png(picture(4, 16)), max_pixels=100)
     assert small.value.kind == "TooLarge"
+    with pytest.raises(ValueError, match="at most 134217728"):
+        MtmdBitmap.from_buf(claimed, max_pixels=2**40)
 
 
 @pytest.mark.parametrize(

@@ -84,7 +84,8 @@ impl PyMtmdBitmap {
 
     /// An image decoded from the bytes of a PNG, JPEG, GIF or BMP file, by Rust decoders (not
     /// llama.cpp's). `ImageError` for anything else, an animation, a truncated or malformed
-    /// file, or more than `max_pixels` pixels (checked in the header, before decoding).
+    /// file, or more than `max_pixels` pixels (checked in the header, before decoding);
+    /// `ValueError` for `max_pixels` above 2**27.
     #[classmethod]
     #[pyo3(signature = (data, *, max_pixels = DEFAULT_MAX_PIXELS))]
     fn from_buf(_cls: &Bound<'_, PyType>, py: Python<'_>, data: &[u8], max_pixels: u64) -> PyResult<Self> {

@@ -14,7 +14,10 @@ use crate::errors::{Error, ExcClass, Result};
 /// image to at most a few megapixels anyway).
 pub const DEFAULT_MAX_PIXELS: u64 = 1 << 25;
 
-/// The longest side any decoder is allowed to allocate for, whatever `max_pixels` says.
+/// The most `max_pixels` may be: 2^27 pixels decode to 512 MiB of 8-bit RGBA.
+pub const MAX_PIXELS_CEILING: u64 = 1 << 27;
+
+/// The longest side any decoder is allowed to allocate for.
 const MAX_SIDE: u32 = 1 << 16;
 
 /// A decoded image: `width * height` RGB pixels, row by row.
@@ -24,10 +27,16 @@ pub struct Rgb {
     pub pixels: Vec<u8>,
 }
 
-/// Decodes a PNG, JPEG, GIF or BMP file of at most `max_pixels` pixels to RGB (alpha dropped, as
+/// Decodes a PNG, JPEG, GIF or BMP file of at most `max_pixels` pixels (`ValueError` above
+/// `MAX_PIXELS_CEILING`) to RGB (alpha dropped, as
 /// stb_image does when asked for three channels). `ImageError` with `kind` `NotAnImage`,
 /// `Animated`, `TooLarge`, `Empty` (zero width or height) or `Corrupt` (truncated or malformed).
 pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Rgb> {
+    if max_pixels > MAX_PIXELS_CEILING {
+        return Err(Error::value(format!(
+            "max_pixels may be at most {MAX_PIXELS_CEILING}, got {max_pixels}"
+        )));
+    }
     let format = sniff(bytes)?;
     let animated = match format {
         ImageFormat::Png => png_is_animated(bytes),

@@ -10,6 +10,7 @@ an internal error, a crash) fails.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import sys
@@ -29,6 +30,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests/, for the GGU
 import fake_rpc
 import synthetic
 from hostile_constraints import chained_lark, chained_schema, wide_schema
+from support import images
 
 # RuntimeError: a callback that calls back into the context it runs in.
 ALLOWED = (llamactx.LlamaCppError, ValueError, IndexError, TypeError, OverflowError, FileNotFoundError, RuntimeError)
@@ -58,6 +60,11 @@ engines = [
 ]
 # For `embed`: texts and token ids, as the server's /v1/embeddings takes them.
 embedder = llamactx._embedding.embedding_context(model, 2, 32, 1)
+# A synthetic projector, for images of any bytes, into the context above.
+PROJECTOR_FOLDER = tempfile.TemporaryDirectory()
+mtmd = llamactx.MtmdContext(
+    model, synthetic.write_tiny_projector(Path(PROJECTOR_FOLDER.name) / "mmproj.gguf", model.n_embd()), n_threads=1
+)
 
 hostile_ints = st.sampled_from([-(2**63), -(2**31) - 1, -(2**31), -2, -1, 2**31 - 1, 2**31, 2**32, 2**40, 2**63 - 1])
 small_ints = st.integers(-3, 40)
@@ -120,6 +127,44 @@ def speculative_generation(
         else llamactx.DraftModel(model, size, p_min, only_where_faster=False)
     )
     llamactx.generate(ctx, prompt, max_tokens=max_tokens, stop=stop, seq_id=seq, speculative=draft)
+
+
+def image_file_bytes(kind: str, width: int, height: int, colour: int, cut: int, noise: bytes) -> bytes:
+    """Image bytes of every sort: a valid PNG of any size and colour type (cut short by ``cut``
+    bytes when positive), a header claiming any size, or a signature followed by ``noise``."""
+    if kind == "png":
+        # Real pixels only for small images: the huge sizes are for the headers below.
+        data = images.random_png(width % 81, height % 81, colour)
+        return data[: len(data) - cut] if cut > 0 else data
+    if kind == "png header":
+        return images.png_header(width, height, colour) + noise
+    signature = {"jpeg": b"\xff\xd8\xff", "gif": b"GIF89a", "bmp": b"BM", "raw": b""}[kind]
+    return signature + noise
+
+
+image_data = st.builds(
+    image_file_bytes,
+    st.sampled_from(["png", "png", "png header", "jpeg", "gif", "bmp", "raw"]),
+    st.one_of(st.integers(0, 80), st.sampled_from([2**16, 2**31 - 1, 2**32 - 1])),
+    st.one_of(st.integers(0, 80), st.sampled_from([2**16, 2**31 - 1])),
+    st.sampled_from(sorted(images.PNG_CHANNELS)),
+    st.integers(-4, 40),
+    st.binary(max_size=64),
+)
+
+
+def image_into_context(data: bytes, max_pixels: int, text: str, n_past: int, seq: int) -> None:
+    """Image bytes decoded, tokenized with text around them and evaluated anywhere."""
+    bitmap = llamactx.MtmdBitmap.from_buf(data, max_pixels=max_pixels)
+    chunks = mtmd.tokenize_from_parts([text, bitmap, text])
+    mtmd.eval_chunks(ctx, chunks, n_past, seq)
+
+
+def image_chat(data: bytes, text: str, url_scheme: str) -> None:
+    """A chat whose message holds the bytes as an image part."""
+    url = f"{url_scheme}{base64.b64encode(data).decode()}"
+    parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
+    llamactx.chat(ctx, [{"role": "user", "content": parts}], max_tokens=2, mtmd=mtmd)
 
 
 def reset() -> None:
@@ -602,6 +647,18 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
         ),
     ),
     "engine_stats": (lambda: engine.stats(), st.tuples()),
+    "image_into_context": (
+        image_into_context,
+        st.tuples(image_data, st.one_of(st.just(2**25), ints), st.text(max_size=6), positions, seqs),
+    ),
+    "image_chat": (
+        image_chat,
+        st.tuples(
+            image_data,
+            st.text(max_size=6),
+            st.sampled_from(["data:image/png;base64,", "data:image/gif;base64,", "http://", "data:image/png,"]),
+        ),
+    ),
     "speculative_generation": (
         speculative_generation,
         st.tuples(
