@@ -5,6 +5,7 @@
 mod draft;
 mod draft_model;
 mod logprobs;
+mod media_prompt;
 mod plan;
 mod prefix_cache;
 mod request;
@@ -25,6 +26,7 @@ use crate::batch::BatchState;
 use crate::context::{ContextOptions, OpenContext};
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
+use crate::media::{PyMtmdContext, PyMtmdInputChunks};
 use crate::model::PyLlamaModel;
 use crate::sampler::params::PySamplingParams;
 use crate::sampler::{guidance, PyLlamaSampler, SendSampler};
@@ -32,6 +34,7 @@ use crate::tokens::check_vocab;
 pub use draft::PyDrafter;
 use draft::{DraftSource, NgramConfig, Speculation};
 use draft_model::{check_can_cut, DraftContext};
+use media_prompt::{assemble, MediaInput};
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
 use scheduler::{Job, Scheduler};
@@ -102,6 +105,29 @@ pub struct PyEngineCore {
     n_seq_max: u32,
     /// The process the engine thread runs in: a forked child has none of it.
     pid: u32,
+    /// The projector of prompts with images, which they are encoded by at submit.
+    mtmd: Option<Py<PyMtmdContext>>,
+    /// Whether the engine drafts (prompts with images are not drafted for).
+    drafts: bool,
+}
+
+/// `ValueError` unless `projector` was loaded for `model` and places media as the engine
+/// does (one position per embedding: M-RoPE projectors are not served yet).
+fn check_projector(projector: &PyMtmdContext, model: &Arc<LlamaModel>) -> Result<()> {
+    if !projector.is_for(model) {
+        return Err(Error::value(
+            "the MtmdContext was loaded for another model than the engine's",
+        ));
+    }
+    let guard = projector.lock()?;
+    let open = guard.as_ref().ok_or_else(|| Error::closed("MtmdContext"))?;
+    if open.native.decode_use_mrope() {
+        return Err(Error::value(
+            "the engine places an image's embeddings one position each; this projector uses M-RoPE \
+             (use chat or MtmdContext.eval_chunks)",
+        ));
+    }
+    Ok(())
 }
 
 /// Why an engine from before a fork cannot be used.
@@ -109,21 +135,59 @@ const FORKED: &str =
     "this Engine was started in the parent of this forked process, where its thread stays; make a new one here";
 
 impl PyEngineCore {
-    fn refuse(&self, tokens: &[i32], sampling: &PySamplingParams) -> Result<()> {
-        if tokens.is_empty() {
+    /// Refuses a prompt of `length` positions whose text is `text` (all of it without images).
+    fn refuse(&self, text: &[i32], length: usize, sampling: &PySamplingParams) -> Result<()> {
+        if length == 0 {
             return Err(Error::value("the prompt has no tokens"));
         }
-        check_vocab(tokens, self.limits.n_vocab)?;
+        check_vocab(text, self.limits.n_vocab)?;
         sampling.check_vocabulary(self.limits.n_vocab)?;
-        if tokens.len() >= self.limits.n_ctx_seq {
+        if length >= self.limits.n_ctx_seq {
             return Err(Error::value(format!(
-                "the prompt has {} tokens; a sequence of this engine holds {} (n_ctx / n_seq_max), and the prompt \
-                 must leave room for a token",
-                tokens.len(),
+                "the prompt has {length} tokens; a sequence of this engine holds {} (n_ctx / n_seq_max), and the \
+                 prompt must leave room for a token",
                 self.limits.n_ctx_seq
             )));
         }
         Ok(())
+    }
+
+    /// The prompt of `tokens` with `media` spliced in (their media encoded now, in this
+    /// thread, without the GIL), and its images.
+    fn with_media(
+        &self,
+        py: Python<'_>,
+        tokens: Vec<i32>,
+        media: Vec<(usize, Bound<'_, PyMtmdInputChunks>)>,
+    ) -> Result<(media_prompt::MediaPrompt, Vec<scheduler::MediaSpan>)> {
+        if media.is_empty() {
+            let prompt = media_prompt::MediaPrompt {
+                tokens: tokens.iter().map(|&token| LlamaToken::new(token)).collect(),
+                text: tokens,
+                media: Vec::new(),
+            };
+            return Ok((prompt, Vec::new()));
+        }
+        let Some(mtmd) = &self.mtmd else {
+            return Err(Error::value(
+                "this engine was started without a projector (mtmd): it cannot read images",
+            ));
+        };
+        if self.drafts {
+            return Err(Error::value("speculative decoding does not take prompts with images"));
+        }
+        let inputs: Vec<MediaInput> = media
+            .iter()
+            .map(|(at, chunks)| MediaInput {
+                at: *at,
+                chunks: Arc::clone(&chunks.get().chunks),
+                made_by: chunks.get().made_by,
+            })
+            .collect();
+        let mtmd = mtmd.get();
+        let mut prompt = detached(py, || assemble(mtmd, &self.model, &tokens, &inputs)).map_err(Error::Python)?;
+        let spans = std::mem::take(&mut prompt.media);
+        Ok((prompt, spans))
     }
 
     fn stop(&self) -> Result<()> {
@@ -149,7 +213,7 @@ impl PyEngineCore {
 #[pymethods]
 impl PyEngineCore {
     #[new]
-    #[pyo3(signature = (model, max_waiting, prefix_cache, *, ngram=None, draft=None, gated=true, **options))]
+    #[pyo3(signature = (model, max_waiting, prefix_cache, *, ngram=None, draft=None, gated=true, mtmd=None, **options))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -159,6 +223,7 @@ impl PyEngineCore {
         ngram: Option<(u16, u16)>,
         draft: Option<(Bound<'_, PyLlamaModel>, u16, f32)>,
         gated: bool,
+        mtmd: Option<Py<PyMtmdContext>>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let options = ContextOptions::from_kwargs(options)?;
@@ -184,6 +249,9 @@ impl PyEngineCore {
         if ngram.is_some() || draft.is_some() {
             check_can_cut(&native_model)?;
         }
+        if let Some(projector) = &mtmd {
+            check_projector(projector.get(), &native_model)?;
+        }
         let (native, draft) = detached(py, || {
             let native = OpenContext::open(Arc::clone(&native_model), &options)?;
             // Generation keeps each sequence in the KV cache between steps.
@@ -205,6 +273,7 @@ impl PyEngineCore {
         })?;
         let ngram = ngram.map(|(size_ngram, size_mgram)| DraftSource::Ngram(NgramConfig { size_ngram, size_mgram }));
         let source = ngram.or_else(|| draft.map(|context| DraftSource::Model(Box::new(context))));
+        let drafts = source.is_some();
         let speculation = source.map(|source| Speculation { source, gated });
         let (n_ctx, n_seq_max) = native.with(|context| (context.n_ctx(), context.n_seq_max()));
         let limits = Limits {
@@ -219,9 +288,10 @@ impl PyEngineCore {
         });
         let batch = BatchState::new(native.with(|context| context.n_batch()) as usize, 1)?;
         let scheduled = Arc::clone(&shared);
+        let projector = mtmd.as_ref().map(|projector| projector.clone_ref(py));
         let thread = std::thread::Builder::new()
             .name("llamactx-engine".to_owned())
-            .spawn(move || Scheduler::new(native, scheduled, batch, prefix_cache, speculation).run())
+            .spawn(move || Scheduler::new(native, scheduled, batch, prefix_cache, speculation, projector).run())
             .map_err(|err| Error::Runtime(format!("could not start the engine thread: {err}")))?;
         Ok(Self {
             shared,
@@ -231,12 +301,15 @@ impl PyEngineCore {
             n_ctx,
             n_seq_max,
             pid: std::process::id(),
+            mtmd,
+            drafts,
         })
     }
 
-    /// Queues a request for `tokens`. `ValueError` for a prompt that can never run,
-    /// `EngineBusy` when `max_waiting` requests already wait.
-    #[pyo3(signature = (tokens, max_tokens, stop, sampling, logprobs, constraint))]
+    /// Queues a request for `tokens`, with each of `media` (`(at, chunks)`: an image's chunks
+    /// from the engine's projector, to go before text token `at`) spliced in. `ValueError` for
+    /// a prompt that can never run, `EngineBusy` when `max_waiting` requests already wait.
+    #[pyo3(signature = (tokens, max_tokens, stop, sampling, logprobs, constraint, media=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
@@ -247,6 +320,7 @@ impl PyEngineCore {
         sampling: Option<&Bound<'_, PySamplingParams>>,
         logprobs: usize,
         constraint: Option<&Bound<'_, PyAny>>,
+        media: Vec<(usize, Bound<'_, PyMtmdInputChunks>)>,
     ) -> PyResult<PyRequestCore> {
         if logprobs > logprobs::MAX_TOP {
             return Err(Error::value(format!("logprobs must be in 0..={}, got {logprobs}", logprobs::MAX_TOP)).into());
@@ -257,7 +331,8 @@ impl PyEngineCore {
             return Err(Error::value(FORKED).into());
         }
         let sampling = sampling.map_or_else(PySamplingParams::greedy, |sampling| sampling.get().clone());
-        self.refuse(&tokens, &sampling)?;
+        let (prompt, media) = self.with_media(py, tokens, media)?;
+        self.refuse(&prompt.text, prompt.tokens.len(), &sampling)?;
         let grammar = match constraint {
             Some(prepared) if prepared.is_instance_of::<PyLlamaSampler>() => {
                 Some(prepared.cast::<PyLlamaSampler>()?.get().copy_for(py, &self.model)?)
@@ -274,13 +349,14 @@ impl PyEngineCore {
         let request = Arc::new(RequestShared::new(Arc::clone(&self.shared)));
         let job = Job {
             request: Arc::clone(&request),
-            prompt: tokens.into_iter().map(LlamaToken::new).collect(),
+            prompt: prompt.tokens,
             max_tokens,
             stop,
             sampling,
             grammar,
             logprobs,
             submitted: Instant::now(),
+            media,
         };
         {
             let mut inbox = self.shared.inbox();

@@ -9,6 +9,7 @@ mod bitmap;
 mod chunks;
 pub mod image_file;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -30,11 +31,46 @@ use crate::threadpool::{available_cpus, check_threads};
 /// Numbers each `MtmdContext`, so that chunks know which one made them.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Embeddings kept by image id: a conversation (or several requests) about one image encodes
+/// it once. Bounded in count and bytes, the oldest dropped first.
+const KEPT_ENCODINGS: usize = 16;
+const KEPT_ENCODING_BYTES: usize = 256 << 20;
+
 /// A projector, open.
 pub struct OpenMtmd {
     pub native: MtmdContext,
     /// Image and audio chunks encoded so far.
     pub encodes: u64,
+    /// The embeddings of recently encoded media, by chunk id, oldest first.
+    kept: VecDeque<(String, Arc<Vec<f32>>)>,
+}
+
+impl OpenMtmd {
+    /// The embeddings of media chunk `index` of `chunks`: encoded now, or kept from an earlier
+    /// encode of the same media (same id). `model` is the text model, whose width they have.
+    pub fn encoded(&mut self, model: &LlamaModel, chunks: &SharedChunks, index: usize) -> Result<Arc<Vec<f32>>> {
+        let chunk = chunks
+            .0
+            .get(index)
+            .ok_or_else(|| Error::value(format!("chunk {index} is missing")))?;
+        let id = chunk.id().filter(|id| !id.is_empty()).map(str::to_owned);
+        if let Some(found) = id.as_ref().and_then(|id| self.kept.iter().find(|(kept, _)| kept == id)) {
+            return Ok(Arc::clone(&found.1));
+        }
+        explained(|| self.native.encode_chunk(model, &chunk))?;
+        self.encodes += 1;
+        let embeddings = Arc::new(self.native.output_embd().to_vec());
+        if let Some(id) = id {
+            self.kept.push_back((id, Arc::clone(&embeddings)));
+            let bytes = |kept: &VecDeque<(String, Arc<Vec<f32>>)>| {
+                kept.iter().map(|(_, values)| values.len() * 4).sum::<usize>()
+            };
+            while self.kept.len() > KEPT_ENCODINGS || bytes(&self.kept) > KEPT_ENCODING_BYTES {
+                self.kept.pop_front();
+            }
+        }
+        Ok(embeddings)
+    }
 }
 
 /// A multimodal projector (an mmproj GGUF) loaded for one text model: the vision or audio
@@ -56,6 +92,16 @@ impl PyMtmdContext {
             return Err(Error::closed("MtmdContext"));
         }
         Ok(guard)
+    }
+
+    /// The projector's identity in the chunks it makes.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether it is the projector of `model`.
+    pub fn is_for(&self, model: &Arc<LlamaModel>) -> bool {
+        Arc::ptr_eq(&self.text_model, model)
     }
 
     /// `ValueError` unless `chunks` were tokenized by this projector.
@@ -88,7 +134,7 @@ impl PyMtmdContext {
             Ok(SharedChunks(chunks))
         })?;
         Ok(PyMtmdInputChunks {
-            chunks,
+            chunks: Arc::new(chunks),
             made_by: self.id,
         })
     }
@@ -161,7 +207,11 @@ impl PyMtmdContext {
             explained(|| MtmdContext::init_from_file(&path, &text_model, params))
         })?;
         Ok(Self {
-            native: Mutex::new(Some(OpenMtmd { native, encodes: 0 })),
+            native: Mutex::new(Some(OpenMtmd {
+                native,
+                encodes: 0,
+                kept: VecDeque::new(),
+            })),
             text_model: model.get().native()?,
             model: model.clone().unbind(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -206,8 +256,8 @@ impl PyMtmdContext {
         self.read(MtmdContext::decode_use_mrope)
     }
 
-    /// Media chunks encoded by this projector so far (each image once per `eval_chunks` that
-    /// evaluates it).
+    /// Media chunks encoded by this projector so far. The embeddings of the last 16 media
+    /// (up to 256 MiB) are kept by id: evaluating the same image again does not encode it.
     fn n_encodes(&self) -> Result<u64> {
         Ok(self.lock()?.as_ref().map_or(0, |open| open.encodes))
     }
@@ -289,7 +339,7 @@ impl PyMtmdContext {
         let chunks = chunks.get();
         self.check_made(chunks)?;
         ctx.get().run(py, |context| {
-            if !Arc::ptr_eq(context.model(), &self.text_model) {
+            if !self.is_for(context.model()) {
                 return Err(Error::value(
                     "the context runs another model than the one this MtmdContext was loaded for",
                 ));

@@ -299,8 +299,70 @@ def test_a_session_encodes_an_image_once_for_the_whole_conversation(
         second = "".join(session.send("And its colours?"))
         third = "".join(session.send("Thanks."))
         assert mtmd.n_encodes() == 1
-        # A fresh conversation with the same turns encodes it again, and answers the same.
+        # A fresh conversation decodes the image again from the embeddings the projector kept,
+        # and answers the same.
         fresh = llamactx.ChatSession(small_ctx, max_tokens=8, mtmd=mtmd)
         assert "".join(fresh.send(image_message("Describe the image.", picture(15))["content"])) == first
-        assert mtmd.n_encodes() == 2
+        assert mtmd.n_encodes() == 1
         assert [second, third] == ["".join(fresh.send("And its colours?")), "".join(fresh.send("Thanks."))]
+
+
+@pytest.fixture(scope="module")
+def image_engine(model: llamactx.LlamaModel, mtmd: MtmdContext) -> Any:
+    with llamactx.Engine(model, mtmd=mtmd, n_ctx=2048, n_seq_max=4, n_threads=2, n_threads_batch=2) as engine:
+        yield engine
+
+
+def test_the_engine_replies_to_an_image_as_chat_does(
+    image_engine: llamactx.Engine, mtmd: MtmdContext, model: llamactx.LlamaModel
+) -> None:
+    messages = [image_message("Describe the image.", picture(20))]
+    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+        expected = llamactx.chat(ctx, messages, max_tokens=12, mtmd=mtmd)
+    assert image_engine.submit_chat(messages, max_tokens=12).result().text == expected
+
+
+def test_the_engine_serves_image_chats_at_once_as_one_at_a_time(
+    image_engine: llamactx.Engine, mtmd: MtmdContext, model: llamactx.LlamaModel
+) -> None:
+    conversations = [[image_message(f"Image {n}: what is in it?", picture(30 + n))] for n in range(6)]
+    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+        one_at_a_time = [llamactx.chat(ctx, messages, max_tokens=10, mtmd=mtmd) for messages in conversations]
+    requests = [image_engine.submit_chat(messages, max_tokens=10) for messages in conversations]
+    assert [request.result().text for request in requests] == one_at_a_time
+    assert len(set(one_at_a_time)) > 1
+
+
+def test_a_conversation_about_an_image_reads_it_once(model: llamactx.LlamaModel, projector_path: Path) -> None:
+    with (
+        MtmdContext(model, projector_path, n_threads=2) as projector,
+        llamactx.Engine(model, mtmd=projector, n_ctx=1024, n_seq_max=2, n_threads=2) as engine,
+    ):
+        first_turn = [image_message("Describe the image.", picture(40))]
+        reply = engine.submit_chat(first_turn, max_tokens=8).result().text
+        computed = engine.stats()["prompt_tokens_computed"]
+        second_turn = [*first_turn, {"role": "assistant", "content": reply}, {"role": "user", "content": "More?"}]
+        second = engine.submit_chat(second_turn, max_tokens=8)
+        second.result().text
+        prompt_length = len(engine.prepare_chat(second_turn).tokens) + PROJECTOR_TOKENS
+        stats = engine.stats()
+        assert stats["prefix_cache_hits"] == 1
+        # Only what follows the first turn's cached prompt and reply was read.
+        assert stats["prompt_tokens_computed"] - computed < prompt_length - PROJECTOR_TOKENS
+        assert projector.n_encodes() == 1
+        # Another image in the same place is no cache hit for its positions: it is encoded.
+        engine.submit_chat([image_message("Describe the image.", picture(41))], max_tokens=4).result().text
+        assert projector.n_encodes() == 2
+
+
+def test_an_engine_refuses_images_it_cannot_read(
+    model: llamactx.LlamaModel, mtmd: MtmdContext, draft_model: llamactx.LlamaModel, projector_path: Path
+) -> None:
+    message = [image_message("Describe it.", picture(42))]
+    drafting = llamactx.NgramDraft(only_where_faster=False)
+    with llamactx.Engine(model, mtmd=mtmd, speculative=drafting, n_ctx=512, n_seq_max=1) as engine:
+        with pytest.raises(ValueError, match="speculative decoding does not take"):
+            engine.submit_chat(message)
+        assert engine.submit_chat([("user", "Hi")], max_tokens=2).result().text
+    with pytest.raises(ValueError, match="another model"):
+        llamactx.Engine(draft_model, mtmd=mtmd, n_ctx=512, n_seq_max=1)

@@ -9,6 +9,7 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from functools import partial
+from itertools import accumulate
 from typing import Any
 
 from llamactx._constraints import JsonSchema, constraint
@@ -16,11 +17,14 @@ from llamactx._llamactx import (
     Completion,
     LlamaModel,
     LlamaSampler,
+    MtmdContext,
+    MtmdInputChunks,
     SamplingParams,
     _EngineCore,
     _RequestCore,
     _Waker,
 )
+from llamactx._media import MediaPrompt
 from llamactx._render import ChatRenderer, Message, PreparedChat
 from llamactx._schema_check import OutputCheck
 from llamactx._speculative import Speculative, check_speculative
@@ -193,6 +197,10 @@ class Engine:
     With ``speculative`` (an ``NgramDraft`` or a ``DraftModel``), requests draft tokens (from
     their own text, or with a draft model) and verify them in one decode: the same output in
     fewer decodes (``Completion.drafted_tokens`` and ``accepted_tokens`` say how many).
+    With ``mtmd`` (an ``MtmdContext`` loaded for ``model``), chats may hold images: each is
+    encoded at submit, in the submitting thread, while the engine keeps stepping; its
+    embeddings are decoded in a step entry of their own, and the prefix cache recognises the
+    same image in a later request (a conversation's next turn reads only what follows).
     ``close()`` (or leaving a ``with`` block, or the interpreter's exit) ends every request
     still waiting or running as "cancelled".
     """
@@ -205,6 +213,7 @@ class Engine:
         prefix_cache: bool = True,
         chat_template: str | None = None,
         speculative: Speculative | None = None,
+        mtmd: MtmdContext | None = None,
         **options: Any,
     ) -> None:
         if max_waiting < 0:
@@ -214,8 +223,9 @@ class Engine:
         options.setdefault("n_seq_max", 8)
         self.model = model
         drafting = {} if speculative is None else speculative._engine_options()
-        self._core = _EngineCore(model, max_waiting, prefix_cache, **drafting, **options)
+        self._core = _EngineCore(model, max_waiting, prefix_cache, **drafting, mtmd=mtmd, **options)
         self._renderer = ChatRenderer(model, chat_template)
+        self.mtmd = mtmd
         # Python joins non-daemon threads before it runs `atexit` handlers: a thread waiting
         # on a request would keep the interpreter from exiting. This hook runs before that.
         _close_at_exit(self._core)
@@ -241,9 +251,30 @@ class Engine:
         ``ValueError`` for a prompt that cannot fit a sequence, ``SchemaError`` for a schema
         llguidance cannot compile, ``SamplerInitError`` for GBNF llama.cpp cannot parse,
         ``EngineBusy`` when ``max_waiting`` requests wait."""
+        return self._submit(self.tokens(prompt), max_tokens, stop, sampling, logprobs, json_schema, grammar)
+
+    def _submit(
+        self,
+        tokens: list[int],
+        max_tokens: int,
+        stop: str | Sequence[str],
+        sampling: SamplingParams | None,
+        logprobs: int,
+        json_schema: JsonSchema | None,
+        grammar: str | LlamaSampler | None,
+        media: MediaPrompt | None = None,
+    ) -> Request:
         stops = [stop] if isinstance(stop, str) else list(stop)
         spec, check = constraint(json_schema, grammar)
-        return Request(self._core.submit(self.tokens(prompt), max_tokens, stops, sampling, logprobs, spec), check)
+        images: list[tuple[int, MtmdInputChunks]] = []
+        if media is not None:
+            if self.mtmd is None:
+                raise ValueError("this engine was started without a projector (mtmd): it cannot read images")
+            # Each image goes after the text runs before it.
+            starts = accumulate(len(run) for run in media.texts[:-1])
+            chunks = (self.mtmd.tokenize_from_parts([bitmap], add_special=False) for bitmap in media.bitmaps)
+            images = list(zip(starts, chunks, strict=True))
+        return Request(self._core.submit(tokens, max_tokens, stops, sampling, logprobs, spec, images), check)
 
     def submit_chat(
         self,
@@ -295,7 +326,7 @@ class Engine:
         template, the constraint ``tools`` put on the reply, the template's extra stop strings
         and the parser of the reply into OpenAI's message. Submit it (once or many times, e.g.
         for several choices) with ``submit_prepared``. Errors as ``submit_chat``'s."""
-        return self._renderer.prepare(messages, tools, tool_choice, parallel_tool_calls)
+        return self._renderer.prepare(messages, tools, tool_choice, parallel_tool_calls, self.mtmd)
 
     def submit_prepared(
         self,
@@ -318,14 +349,15 @@ class Engine:
                 "tools", "tools constrain the reply themselves: give json_schema or grammar without tools"
             )
         stops = [stop] if isinstance(stop, str) else list(stop)
-        request = self.submit(
+        request = self._submit(
             chat.tokens,
-            max_tokens=max_tokens,
-            stop=[*stops, *chat.stops],
-            sampling=sampling,
-            logprobs=logprobs,
-            json_schema=json_schema,
-            grammar=grammar if chat.sampler is None else chat.sampler,
+            max_tokens,
+            [*stops, *chat.stops],
+            sampling,
+            logprobs,
+            json_schema,
+            grammar if chat.sampler is None else chat.sampler,
+            chat.media,
         )
         request._reply = chat.reply
         return request

@@ -832,8 +832,8 @@ class MtmdContext:
         chunks' `n_pos` then differs from `n_tokens`.
         """
     def n_encodes(self) -> int:
-        """Media chunks encoded by this projector so far (each image once per `eval_chunks` that
-        evaluates it).
+        """Media chunks encoded by this projector so far. The embeddings of the last 16 media
+        (up to 256 MiB) are kept by id: evaluating the same image again does not encode it.
         """
     def tokenize(
         self, text: str, bitmaps: Sequence[MtmdBitmap] = ..., *, add_special: bool = True, parse_special: bool = True
@@ -877,7 +877,8 @@ class MtmdBitmap:
     def from_buf(cls, data: bytes, *, max_pixels: int = ...) -> MtmdBitmap:
         """An image decoded from the bytes of a PNG, JPEG, GIF or BMP file, by Rust decoders (not
         llama.cpp's). `ImageError` for anything else, an animation, a truncated or malformed
-        file, or more than `max_pixels` pixels (checked in the header, before decoding).
+        file, or more than `max_pixels` pixels (checked in the header, before decoding);
+        `ValueError` for `max_pixels` above 2**27.
         """
     @classmethod
     def from_file(cls, path: _Path, *, max_pixels: int = ...) -> MtmdBitmap:
@@ -1182,6 +1183,7 @@ class _EngineCore:
         ngram: tuple[int, int] | None = None,
         draft: tuple[LlamaModel, int, float] | None = None,
         gated: bool = True,
+        mtmd: MtmdContext | None = None,
         **options: Any,
     ) -> _EngineCore: ...
     def submit(
@@ -1192,9 +1194,11 @@ class _EngineCore:
         sampling: SamplingParams | None,
         logprobs: int,
         constraint: tuple[str, str] | LlamaSampler | None,
+        media: Sequence[tuple[int, MtmdInputChunks]] = ...,
     ) -> _RequestCore:
-        """Queues a request for `tokens`. `ValueError` for a prompt that can never run,
-        `EngineBusy` when `max_waiting` requests already wait.
+        """Queues a request for `tokens`, with each of `media` (`(at, chunks)`: an image's chunks
+        from the engine's projector, to go before text token `at`) spliced in. `ValueError` for
+        a prompt that can never run, `EngineBusy` when `max_waiting` requests already wait.
         """
     def stats(self) -> dict[str, float]:
         """Counts of now: running and waiting requests, KV cells used by running requests, kept

@@ -13,7 +13,6 @@ use llama_cpp_4::DecodeError;
 
 use super::rollback::Checkpoint;
 use super::OpenContext;
-use crate::backend::explained;
 use crate::batch::BatchState;
 use crate::errors::{Error, Result};
 use crate::media::{OpenMtmd, PyMtmdInputChunks};
@@ -67,7 +66,7 @@ impl OpenContext {
             let wants_logits = logits_last && index + 1 == chunks.len();
             position = match chunk.text_tokens() {
                 Some(tokens) => self.decode_text(tokens, position, seq, wants_logits)?,
-                None => self.decode_media(mtmd, &chunk, position, seq)?,
+                None => self.decode_media(mtmd, chunks, index, position, seq)?,
             };
         }
         Ok(position)
@@ -93,8 +92,40 @@ impl OpenContext {
         Ok(position)
     }
 
-    /// Encodes an image or audio chunk and decodes its embeddings; no outputs afterwards.
-    fn decode_media(&mut self, mtmd: &mut OpenMtmd, chunk: &MtmdInputChunk<'_>, n_past: i32, seq: i32) -> Result<i32> {
+    /// Encodes an image or audio chunk (or takes its kept embeddings) and decodes them.
+    fn decode_media(
+        &mut self,
+        mtmd: &mut OpenMtmd,
+        chunks: &PyMtmdInputChunks,
+        index: usize,
+        n_past: i32,
+        seq: i32,
+    ) -> Result<i32> {
+        let model = Arc::clone(self.model());
+        let embeddings = {
+            let chunk = chunks
+                .get(index)
+                .ok_or_else(|| Error::value(format!("chunk {index} is missing")))?;
+            let _cpus = self.claim_cpus(chunk.n_tokens())?;
+            mtmd.encoded(&model, &chunks.chunks, index)?
+        };
+        let chunk = chunks
+            .get(index)
+            .ok_or_else(|| Error::value(format!("chunk {index} is missing")))?;
+        self.decode_encoded(mtmd, &chunk, &embeddings, n_past, seq)
+    }
+
+    /// Decodes the embeddings of media `chunk` (as the projector encoded it) into `seq` at
+    /// `n_past`; the position after it. No outputs afterwards. On failure the sequence is left
+    /// as it was (the helper's earlier micro-batches are removed).
+    pub fn decode_encoded(
+        &mut self,
+        mtmd: &mut OpenMtmd,
+        chunk: &MtmdInputChunk<'_>,
+        embeddings: &[f32],
+        n_past: i32,
+        seq: i32,
+    ) -> Result<i32> {
         let n_tokens = chunk.n_tokens();
         let n_batch = if mtmd.native.decode_use_non_causal(chunk) {
             // llama.cpp asserts when a non-causal decode spans several micro-batches.
@@ -109,23 +140,19 @@ impl OpenContext {
             self.n_batch
         };
         let n_batch = i32::try_from(n_batch.max(1)).unwrap_or(i32::MAX);
-        let model = Arc::clone(self.model());
-        {
-            let _cpus = self.claim_cpus(n_tokens)?;
-            explained(|| mtmd.native.encode_chunk(&model, chunk))?;
-        }
-        mtmd.encodes += 1;
-        // Copied: the helper takes the projector mutably while it reads them.
-        let embeddings = mtmd.native.output_embd().to_vec();
+        let checkpoint = Checkpoint::of(seq, self.continuation_end(seq, n_past)?);
         let mut after = n_past;
         self.output_rows.clear();
         self.output_seqs.clear();
-        self.run_guarded(n_tokens, |context| {
+        let outcome = self.run_guarded(n_tokens, |context| {
             mtmd.native
-                .decode_image_chunk(context, chunk, &embeddings, n_past, seq, n_batch, &mut after)
+                .decode_image_chunk(context, chunk, embeddings, n_past, seq, n_batch, &mut after)
                 .map_err(decode_failure)
-        })?;
-        Ok(after)
+        });
+        if outcome.is_err() {
+            self.roll_back(&checkpoint);
+        }
+        outcome.map(|()| after)
     }
 }
 

@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
+use pyo3::Py;
 
 use super::draft::{DraftGate, DraftLength, DraftRequest, Speculation};
 use super::logprobs::top_logprobs;
@@ -26,6 +27,7 @@ use super::{Counters, EngineShared, Inbox};
 use crate::batch::BatchState;
 use crate::context::OpenContext;
 use crate::errors::{Error, Result};
+use crate::media::{PyMtmdContext, SharedChunks};
 use crate::sampler::custom::prepare_first_stages;
 use crate::sampler::params::{GreedyPick, PySamplingParams};
 use crate::sampler::{no_token_left, refuse_unfinished_end, select, try_accept, SendSampler};
@@ -43,6 +45,21 @@ pub struct Job {
     /// Alternatives to report per generated token (0: no log-probabilities).
     pub logprobs: usize,
     pub submitted: Instant,
+    /// The prompt's images, in order; each takes its positions in `prompt` with placeholder
+    /// tokens (`media::placeholders`).
+    pub media: Vec<MediaSpan>,
+}
+
+/// An image (or audio clip) of a prompt, encoded at submit: its embeddings are decoded as a
+/// step entry of their own, in a decode of their own.
+pub struct MediaSpan {
+    /// Where it starts in the prompt.
+    pub at: usize,
+    /// The positions it takes.
+    pub width: usize,
+    pub chunks: Arc<SharedChunks>,
+    pub index: usize,
+    pub embeddings: Arc<Vec<f32>>,
 }
 
 impl Drop for Job {
@@ -56,6 +73,29 @@ impl Drop for Job {
 }
 
 impl Job {
+    /// The image that starts at `position` of the prompt.
+    fn media_at(&self, position: usize) -> Option<&MediaSpan> {
+        self.media.iter().find(|span| span.at == position)
+    }
+
+    /// Where the text run of the prompt that goes on at `position` ends: at the next image,
+    /// or at the prompt's end.
+    fn text_end(&self, position: usize) -> usize {
+        self.media
+            .iter()
+            .map(|span| span.at)
+            .find(|&at| at >= position)
+            .unwrap_or(self.prompt.len())
+    }
+
+    /// `reused` cached prompt tokens, moved back to the start of an image it would cut.
+    fn whole_media(&self, reused: usize) -> usize {
+        self.media
+            .iter()
+            .find(|span| span.at < reused && reused < span.at + span.width)
+            .map_or(reused, |span| span.at)
+    }
+
     /// The KV cells the request may come to use.
     fn cells(&self, n_ctx_seq: usize) -> usize {
         self.prompt.len().saturating_add(self.max_tokens).min(n_ctx_seq)
@@ -191,6 +231,8 @@ pub struct Scheduler {
     n_ctx_seq: usize,
     /// Where every request's drafts come from, if anywhere.
     speculation: Option<Speculation>,
+    /// The projector whose embeddings image prompts decode, if the engine reads images.
+    mtmd: Option<Py<PyMtmdContext>>,
     /// Whether a step drafts, from what drafting measured at its number of requests.
     gate: DraftGate,
     /// Every counter `stats()` reports, counted here only.
@@ -205,6 +247,7 @@ impl Scheduler {
         batch: BatchState,
         prefix_cache: bool,
         speculation: Option<Speculation>,
+        mtmd: Option<Py<PyMtmdContext>>,
     ) -> Self {
         let (n_batch, n_ctx, n_ctx_seq, n_seq_max) = native.with(|context| {
             (
@@ -226,6 +269,7 @@ impl Scheduler {
             n_ctx,
             n_ctx_seq,
             speculation,
+            mtmd,
             gate: DraftGate::default(),
             counters: Counters::default(),
         }
@@ -319,13 +363,14 @@ impl Scheduler {
             .iter()
             .filter(|running| running.phase.is_live())
             .map(|running| (running.seq, running.kv_tokens.as_slice()));
-        let Some(placement) = self.cache.place(&self.free_seqs, running, &job.prompt) else {
+        let Some(mut placement) = self.cache.place(&self.free_seqs, running, &job.prompt) else {
             job.request.fail(Error::Runtime(
                 "the engine admitted a request without a free sequence".to_owned(),
             ));
             return;
         };
         self.free_seqs.retain(|&seq| seq != placement.seq);
+        placement.reused = job.whole_media(placement.reused);
         let reused = match self.reuse(placement) {
             Ok(()) => placement.reused,
             // Reading the whole prompt is always possible; the slot was emptied for it.
@@ -428,6 +473,7 @@ impl Scheduler {
                 running.phase = Phase::Ended(End::Cancelled);
             }
         }
+        self.read_media();
         let room = self.read_prompts(0, self.n_batch);
         let arrived_from = self.running.len();
         if room > 0 {
@@ -617,7 +663,7 @@ impl Scheduler {
             .enumerate()
             .skip(from)
             .filter(|(_, running)| matches!(running.phase, Phase::Reading))
-            .map(|(index, running)| (index, running.job.prompt.len().saturating_sub(running.kv_len())));
+            .map(|(index, running)| (index, running.job.text_end(running.kv_len()) - running.kv_len()));
         let (chunks, room) = plan::prompt_chunks(reading, room, self.n_batch);
         if chunks.is_empty() {
             return room;
@@ -631,6 +677,51 @@ impl Scheduler {
             }
         }
         room
+    }
+
+    /// Decodes the image each reading request is at, if any: each in a decode of its own (mtmd
+    /// decodes one image per call), from the embeddings encoded at submit. A failure (which
+    /// changed nothing) fails that request only.
+    fn read_media(&mut self) {
+        let Some(mtmd) = &self.mtmd else {
+            return;
+        };
+        let mtmd = mtmd.get();
+        let mut failed = Vec::new();
+        for index in 0..self.running.len() {
+            let running = &self.running[index];
+            if !matches!(running.phase, Phase::Reading) {
+                continue;
+            }
+            let Some(span) = running.job.media_at(running.kv_len()) else {
+                continue;
+            };
+            let (at, width, seq) = (span.at, span.width, running.seq);
+            let (chunks, chunk_index, embeddings) =
+                (Arc::clone(&span.chunks), span.index, Arc::clone(&span.embeddings));
+            let outcome = (|| {
+                let mut guard = mtmd.lock()?;
+                let open = guard.as_mut().ok_or_else(|| Error::closed("MtmdContext"))?;
+                let chunk = chunks
+                    .0
+                    .get(chunk_index)
+                    .ok_or_else(|| Error::value("an image chunk is missing"))?;
+                let position = i32::try_from(at).map_err(|_| Error::value("the prompt is too long"))?;
+                self.native.decode_encoded(open, &chunk, &embeddings, position, seq)
+            })();
+            match outcome {
+                Ok(_) => {
+                    self.counters.prompt_tokens_computed += width as u64;
+                    let running = &mut self.running[index];
+                    let read = &running.job.prompt[at..at + width];
+                    running.kv_tokens.extend_from_slice(read);
+                }
+                Err(err) => failed.push((index, err)),
+            }
+        }
+        for (index, err) in failed {
+            self.fail([index].into_iter(), err);
+        }
     }
 
     /// Decodes the given `(index in running, tokens)` prompt chunks in one batch, then samples

@@ -1,6 +1,8 @@
 //! `MtmdInputChunks`: a prompt tokenized with its media, as mtmd returns it: runs of text tokens
 //! and image or audio chunks, in order. Immutable once made.
 
+use std::sync::Arc;
+
 use llama_cpp_4::mtmd::{MtmdInputChunk, MtmdInputChunkType, MtmdInputChunks};
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
@@ -17,7 +19,7 @@ unsafe impl Sync for SharedChunks {}
 /// A prompt tokenized with its media by `MtmdContext.tokenize`; a sequence of `MtmdInputChunk`.
 #[pyclass(frozen, sequence, module = "llamactx", name = "MtmdInputChunks")]
 pub struct PyMtmdInputChunks {
-    pub chunks: SharedChunks,
+    pub chunks: Arc<SharedChunks>,
     /// The `MtmdContext` that made them: only it can encode their media (a chunk holds the image
     /// preprocessed for its projector).
     pub made_by: u64,
