@@ -6,11 +6,14 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import openai
 import pytest
+from serving import ENGINE_OPTIONS, MODEL_ID, running_server
 from support.images import png, png_header
 from synthetic import PROJECTOR_IMAGE_SIZE, PROJECTOR_TOKENS
 
@@ -342,16 +345,17 @@ def test_a_conversation_about_an_image_reads_it_once(model: llamactx.LlamaModel,
         reply = engine.submit_chat(first_turn, max_tokens=8).result().text
         computed = engine.stats()["prompt_tokens_computed"]
         second_turn = [*first_turn, {"role": "assistant", "content": reply}, {"role": "user", "content": "More?"}]
-        second = engine.submit_chat(second_turn, max_tokens=8)
-        second.result().text
-        prompt_length = len(engine.prepare_chat(second_turn).tokens) + PROJECTOR_TOKENS
+        engine.submit_chat(second_turn, max_tokens=8).result()
+        first_length = len(engine.prepare_chat(first_turn).tokens) + PROJECTOR_TOKENS
+        second_length = len(engine.prepare_chat(second_turn).tokens) + PROJECTOR_TOKENS
         stats = engine.stats()
         assert stats["prefix_cache_hits"] == 1
-        # Only what follows the first turn's cached prompt and reply was read.
-        assert stats["prompt_tokens_computed"] - computed < prompt_length - PROJECTOR_TOKENS
+        # Only what follows the first turn's prompt (image included) was read: the reply's 8
+        # tokens at most, and the new turn.
+        assert stats["prompt_tokens_computed"] - computed <= second_length - first_length + 8
         assert projector.n_encodes() == 1
         # Another image in the same place is no cache hit for its positions: it is encoded.
-        engine.submit_chat([image_message("Describe the image.", picture(41))], max_tokens=4).result().text
+        engine.submit_chat([image_message("Describe the image.", picture(41))], max_tokens=4).result()
         assert projector.n_encodes() == 2
 
 
@@ -366,3 +370,65 @@ def test_an_engine_refuses_images_it_cannot_read(
         assert engine.submit_chat([("user", "Hi")], max_tokens=2).result().text
     with pytest.raises(ValueError, match="another model"):
         llamactx.Engine(draft_model, mtmd=mtmd, n_ctx=512, n_seq_max=1)
+
+
+def test_the_server_replies_to_an_image_as_chat_and_the_engine_do(
+    model_path: Path, model: llamactx.LlamaModel, mtmd: MtmdContext, projector_path: Path
+) -> None:
+    messages = [image_message("What is in this image?", picture(50))]
+    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+        expected = llamactx.chat(ctx, messages, max_tokens=12, mtmd=mtmd)
+    with llamactx.Engine(model, mtmd=mtmd, **ENGINE_OPTIONS) as engine:
+        assert engine.submit_chat(messages, max_tokens=12).result().text == expected
+    with running_server(model_path, "--no-prefix-cache", "--mmproj", str(projector_path)) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        reply = client.chat.completions.create(
+            model=MODEL_ID,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=12,
+            temperature=0,
+        )
+        assert reply.choices[0].message.content == expected
+        fetched = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}]}]
+        with pytest.raises(openai.BadRequestError, match="does not fetch"):
+            client.chat.completions.create(model=MODEL_ID, messages=fetched, max_tokens=2)  # type: ignore[arg-type]
+        broken = [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
+        ]
+        with pytest.raises(openai.BadRequestError, match="not a PNG"):
+            client.chat.completions.create(model=MODEL_ID, messages=broken, max_tokens=2)  # type: ignore[arg-type]
+        assert server.metrics()["llamactx_engine_running"] == 0
+
+
+def test_a_server_without_a_projector_answers_images_with_400(model_path: Path) -> None:
+    with running_server(model_path) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        with pytest.raises(openai.BadRequestError, match="without a projector"):
+            client.chat.completions.create(
+                model=MODEL_ID,
+                messages=[image_message("What is it?", picture(51))],  # type: ignore[list-item]
+                max_tokens=2,
+            )
+
+
+def test_serve_refuses_a_file_that_is_no_projector(model_path: Path) -> None:
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llamactx",
+            "serve",
+            "--model",
+            str(model_path),
+            "--port",
+            "0",
+            "--mmproj",
+            str(model_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 2
+    assert "llamactx serve: failed to create mtmd context" in ran.stderr

@@ -473,6 +473,11 @@ def _parser() -> argparse.ArgumentParser:
             help=f"{meaning} (default: %(default)s)",
         )
     serve.add_argument(
+        "--mmproj",
+        metavar="FILE",
+        help="the model's multimodal projector (GGUF): chats may hold images as data: URLs (never fetched)",
+    )
+    serve.add_argument(
         "--draft-model",
         metavar="FILE",
         help="speculative decoding with this smaller GGUF model of the same vocabulary: the same output in fewer "

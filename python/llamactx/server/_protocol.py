@@ -192,6 +192,21 @@ class TextPart(_Body):
     text: str
 
 
+class ImageUrl(_Body):
+    #: A ``data:image/...;base64`` URL (``llamactx._media.bitmap_of_url`` refuses any other).
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Body):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+#: A part of a message's content: text, or (for a server started with a projector) an image.
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class FunctionCall(_Body):
     name: str
     arguments: str
@@ -205,7 +220,7 @@ class ToolCall(_Body):
 
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None

@@ -15,7 +15,7 @@ from types import FrameType
 import uvicorn
 
 from llamactx._engine import Engine
-from llamactx._llamactx import LlamaContext, LlamaModel
+from llamactx._llamactx import LlamaContext, LlamaModel, MtmdContext, MtmdError
 from llamactx._speculative import Speculative
 from llamactx.server._app import create_app
 
@@ -84,16 +84,18 @@ def serve(
     options["flash_attn_type"] = arguments.flash_attn
     with sock:
         try:
+            mtmd = MtmdContext(model, arguments.mmproj, n_threads=arguments.threads) if arguments.mmproj else None
             engine = Engine(
                 model,
                 max_waiting=arguments.max_waiting,
                 prefix_cache=not arguments.no_prefix_cache,
                 speculative=speculative,
+                mtmd=mtmd,
                 n_ctx=arguments.ctx,
                 n_seq_max=arguments.parallel,
                 **options,
             )
-        except ValueError as error:  # e.g. a draft model of another vocabulary
+        except (ValueError, MtmdError, OSError) as error:  # e.g. a draft model of another vocabulary, no projector
             print(f"llamactx serve: {error}", file=sys.stderr)
             return 2
         try:
