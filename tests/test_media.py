@@ -4,7 +4,6 @@ chats with images, on SmolLM2 with a synthetic LLaVA-style projector (``syntheti
 from __future__ import annotations
 
 import base64
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import openai
 import pytest
 from serving import ENGINE_OPTIONS, MODEL_ID, running_server
 from support.images import png, png_header
+from support.processes import built_mtmd_cli
 from synthetic import PROJECTOR_IMAGE_SIZE, PROJECTOR_TOKENS
 
 import llamactx
@@ -219,14 +219,6 @@ def test_a_chat_image_is_the_one_eval_chunks_reads(
     history = [0] * mtmd.eval_chunks(small_ctx, chunks, 0, 0)
     pieces = llamactx.continue_sequence(small_ctx, history, max_tokens=8, sampler=llamactx.LlamaSampler.greedy())
     assert "".join(pieces) == reply
-
-
-def built_mtmd_cli() -> Path | None:
-    """llama.cpp's ``llama-mtmd-cli``, which the extension's build compiles from the llama.cpp
-    source bundled in llama-cpp-sys-4 (with the same flags, beside the library it links)."""
-    target = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache" / "llamactx" / "target"))
-    found = sorted(target.glob("llama-cmake-cache/*/build/bin/llama-mtmd-cli"), key=lambda path: path.stat().st_mtime)
-    return found[-1] if found else None
 
 
 def test_greedy_tokens_equal_llama_mtmd_cli_on_the_same_inputs(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,3 +37,11 @@ def load_script(name: str) -> ModuleType:
     sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def built_mtmd_cli() -> Path | None:
+    """llama.cpp's ``llama-mtmd-cli``, which the extension's build compiles from the llama.cpp
+    source bundled in llama-cpp-sys-4 (with the same flags, beside the library it links)."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache" / "llamactx" / "target"))
+    found = sorted(target.glob("llama-cmake-cache/*/build/bin/llama-mtmd-cli"), key=lambda path: path.stat().st_mtime)
+    return found[-1] if found else None
