@@ -424,3 +424,38 @@ def test_serve_refuses_a_file_that_is_no_projector(model_path: Path) -> None:
     )
     assert ran.returncode == 2
     assert "llamactx serve: failed to create mtmd context" in ran.stderr
+
+
+def test_the_cli_chats_about_an_image_file(model_path: Path, projector_path: Path, tmp_path: Path) -> None:
+    image = tmp_path / "picture.png"
+    image.write_bytes(png(picture(60)))
+    command = [sys.executable, "-m", "llamactx", "chat", "--model", str(model_path), "-n", "6", "--greedy"]
+    shown = subprocess.run(
+        [*command, "--mmproj", str(projector_path), "--image", str(image), "Describe it."],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    other = image.with_name("other.png")
+    other.write_bytes(png(picture(61)))
+    second = subprocess.run(
+        [*command, "--mmproj", str(projector_path), "--image", str(other), "Describe it."],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert shown.stdout.strip()
+    assert shown.stdout != second.stdout
+    for bad, message in (([], "--image needs --mmproj"), (["--mmproj", str(projector_path)], "not a PNG")):
+        (tmp_path / "fake.png").write_text("no image")
+        refused = subprocess.run(
+            [*command, *bad, "--image", str(tmp_path / "fake.png"), "hi"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert refused.returncode == 2
+        assert message in refused.stderr
