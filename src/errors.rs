@@ -115,6 +115,9 @@ exception_classes! {
     ImageError(LlamaCppError, PyValueError):
         "Image data that llamactx refuses before decoding it, or that does not decode: `kind` \
          is `NotAnImage`, `Animated`, `TooLarge`, `Empty` or `Corrupt`.";
+    AudioError(LlamaCppError, PyValueError):
+        "Audio data that llamactx refuses or that does not decode: `kind` is `NotAudio`, \
+         `Unsupported`, `TooLong`, `Empty` or `Corrupt`.";
     EngineBusy(LlamaCppError):
         "The engine's queue of waiting requests is full (`max_waiting`): retry later.";
 }

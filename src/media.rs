@@ -5,6 +5,7 @@
 //! Image files are decoded by Rust decoders under limits (`image_file`), never by mtmd's
 //! stb_image; only pixels and float samples reach llama.cpp.
 
+mod audio_file;
 mod bitmap;
 mod chunks;
 pub mod image_file;

@@ -436,3 +436,70 @@ def write_tiny_projector(path: Path, n_embd: int, seed: int = 0, scale: float = 
     tensor("mm.2.bias", n_embd, scale=scale)
     _finish(writer)
     return path
+
+
+AUDIO_PROJECTOR_WIDTH = 16
+AUDIO_PROJECTOR_MEL_BINS = 80
+#: llama.cpp cuts every clip into 30-second chunks of 3000 mel frames, which the stride-2 convolution halves.
+AUDIO_PROJECTOR_POSITIONS = 1500
+#: Encoder positions stacked into one embedding (``clip.audio.projector.stack_factor``); it divides 1500.
+AUDIO_PROJECTOR_STACK = 60
+#: Embeddings of one clip (of each 30-second chunk of a longer one): 1500 positions / 60.
+AUDIO_PROJECTOR_TOKENS = AUDIO_PROJECTOR_POSITIONS // AUDIO_PROJECTOR_STACK
+#: The sample rate llama.cpp's loader sets for a Whisper-style encoder (the file cannot change it).
+AUDIO_PROJECTOR_SAMPLE_RATE = 16000
+
+
+def write_tiny_audio_projector(path: Path, n_embd: int, seed: int = 0, scale: float = 0.3) -> Path:
+    """An Ultravox-style audio projector (``clip.projector_type = "ultravox"``) with random
+    weights: a 2-block, 16-wide Whisper encoder over 80 mel bins whose 1500 positions are stacked
+    60 at a time into 25 embeddings projected to ``n_embd`` (the text model's width). The loader
+    imposes the rest: 16 kHz audio, cut into 30-second chunks (a shorter clip padded with silence,
+    so any clip of 2 samples up to 30 s gives one chunk of 25 embeddings; one sample aborts), a
+    kernel-3 convolution pair, at least 1500 position embeddings, attention biases on q, v and out
+    but none on k, ``clip.audio.projector.stack_factor`` and the ``u32``/``f32`` key types.
+    ``scale`` sizes the projection's weights: large enough that different clips give different
+    replies."""
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_bool("clip.has_audio_encoder", True)
+    writer.add_string("clip.projector_type", "ultravox")
+    width, hidden, stack = AUDIO_PROJECTOR_WIDTH, 2 * AUDIO_PROJECTOR_WIDTH, AUDIO_PROJECTOR_STACK
+    u32 = {
+        "num_mel_bins": AUDIO_PROJECTOR_MEL_BINS,
+        "embedding_length": width,
+        "feed_forward_length": hidden,
+        "block_count": 2,
+        "attention.head_count": 2,
+        "projection_dim": n_embd,
+        "projector.stack_factor": stack,
+    }
+    for key, value in u32.items():
+        writer.add_uint32(f"clip.audio.{key}", value)
+    writer.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
+    tensor = random_tensors(writer, seed)
+    # numpy shapes are ggml's reversed: conv1d.1 is [kernel, n_mel, width] in ggml, its bias [1, width].
+    tensor("a.conv1d.1.weight", width, AUDIO_PROJECTOR_MEL_BINS, 3)
+    tensor("a.conv1d.1.bias", width, 1)
+    tensor("a.conv1d.2.weight", width, width, 3)
+    tensor("a.conv1d.2.bias", width, 1)
+    tensor("a.position_embd.weight", AUDIO_PROJECTOR_POSITIONS, width)
+    for block in range(2):
+        prefix = f"a.blk.{block}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensor(f"{prefix}.{name}.weight", width, width)
+            if name != "attn_k":  # Whisper's key projection has no bias; the graph asserts there is none
+                tensor(f"{prefix}.{name}.bias", width)
+        for name in ("ln1", "ln2"):
+            writer.add_tensor(f"{prefix}.{name}.weight", np.ones(width, dtype=np.float32))
+            writer.add_tensor(f"{prefix}.{name}.bias", np.zeros(width, dtype=np.float32))
+        tensor(f"{prefix}.ffn_up.weight", hidden, width)
+        tensor(f"{prefix}.ffn_up.bias", hidden)
+        tensor(f"{prefix}.ffn_down.weight", width, hidden)
+        tensor(f"{prefix}.ffn_down.bias", width)
+    # Projector: RMS norm, mlp.1 to 2*hidden, SwiGLU to hidden, RMS norm, mlp.2 to n_embd (no biases).
+    writer.add_tensor("mm.a.norm_pre.weight", np.ones(width * stack, dtype=np.float32))
+    tensor("mm.a.mlp.1.weight", 2 * hidden, width * stack, scale=scale)
+    writer.add_tensor("mm.a.norm_mid.weight", np.ones(hidden, dtype=np.float32))
+    tensor("mm.a.mlp.2.weight", n_embd, hidden, scale=scale)
+    _finish(writer)
+    return path

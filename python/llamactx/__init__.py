@@ -20,6 +20,7 @@ from llamactx._enums import LlamaAttentionType, LlamaFlashAttnType, LlamaPooling
 from llamactx._generation import continue_sequence, generate, generate_batch, prefill, stream
 from llamactx._llamactx import (
     ApplyChatTemplateError,
+    AudioError,
     BatchAddError,
     ChatTemplateError,
     Completion,
@@ -77,6 +78,7 @@ logging.getLogger("llamactx").addHandler(logging.NullHandler())
 
 __all__ = [
     "ApplyChatTemplateError",
+    "AudioError",
     "BatchAddError",
     "ChatSession",
     "ChatTemplateError",

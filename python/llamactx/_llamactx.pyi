@@ -17,6 +17,7 @@ NATIVE_BUILD: bool
 __all__ = [
     "NATIVE_BUILD",
     "ApplyChatTemplateError",
+    "AudioError",
     "BatchAddError",
     "ChatTemplateError",
     "Completion",
@@ -164,6 +165,11 @@ class RpcError(LlamaCppError, ConnectionError):
 class MtmdError(LlamaCppError):
     """The multimodal projector failed (crate enum `MtmdError`): it could not be loaded, or could not tokenize or
     encode the media.
+    """
+
+class AudioError(LlamaCppError, ValueError):
+    """Audio data that llamactx refuses or that does not decode: `kind` is `NotAudio`, `Unsupported`, `TooLong`,
+    `Empty` or `Corrupt`.
     """
 
 class ImageError(LlamaCppError, ValueError):
@@ -874,15 +880,17 @@ class MtmdBitmap:
     def from_rgb(cls, image: npt.NDArray[np.uint8]) -> MtmdBitmap:
         """An image from an `(height, width, 3)` uint8 array of RGB pixels (copied)."""
     @classmethod
-    def from_buf(cls, data: bytes, *, max_pixels: int = ...) -> MtmdBitmap:
-        """An image decoded from the bytes of a PNG, JPEG, GIF or BMP file, by Rust decoders (not
-        llama.cpp's). `ImageError` for anything else, an animation, a truncated or malformed
-        file, or more than `max_pixels` pixels (checked in the header, before decoding);
-        `ValueError` for `max_pixels` above 2**27.
+    def from_buf(cls, data: bytes, *, max_pixels: int = ..., sample_rate: int = ...) -> MtmdBitmap:
+        """An image decoded from the bytes of a PNG, JPEG, GIF or BMP file, or an audio clip from
+        a WAV file, by Rust decoders (not llama.cpp's). `ImageError` for an image refused: not
+        one of the formats, an animation, a truncated or malformed file, or more than
+        `max_pixels` pixels (checked in the header, before decoding); `ValueError` for
+        `max_pixels` above 2**27. A WAV file is mixed down to mono and resampled to
+        `sample_rate` (the projector's `audio_sample_rate()`); `AudioError` for one refused.
         """
     @classmethod
-    def from_file(cls, path: _Path, *, max_pixels: int = ...) -> MtmdBitmap:
-        """An image read from a PNG, JPEG, GIF or BMP file, as `from_buf`."""
+    def from_file(cls, path: _Path, *, max_pixels: int = ..., sample_rate: int = ...) -> MtmdBitmap:
+        """An image or audio clip read from a file, as `from_buf`."""
     @classmethod
     def from_audio(cls, samples: npt.NDArray[np.float32]) -> MtmdBitmap:
         """An audio clip from mono float32 samples at the projector's `audio_sample_rate()`

@@ -19,9 +19,17 @@ from typing import Any
 from llamactx._llamactx import MtmdBitmap, MtmdContext
 from llamactx._tools import ChatInputError
 
-__all__ = ["MAX_IMAGE_BYTES", "MEDIA_POSITION", "MediaPrompt", "bitmap_of_url", "media_marker", "with_media_markers"]
+__all__ = [
+    "MAX_IMAGE_BYTES",
+    "MEDIA_POSITION",
+    "MediaPrompt",
+    "bitmap_of_audio",
+    "bitmap_of_url",
+    "media_marker",
+    "with_media_markers",
+]
 
-#: The largest image file a content part may carry (decoded from base64).
+#: The largest image or audio file a content part may carry (decoded from base64).
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 _DATA_URL = re.compile(r"data:image/[a-z0-9.+-]+;base64,", re.IGNORECASE)
 #: Stands, in a sequence's history, for each position an image takes: no token id is negative.
@@ -45,22 +53,42 @@ def bitmap_of_url(url: object) -> MtmdBitmap:
         raise ChatInputError(
             "messages", f"image URLs must be data:image/...;base64 URLs; llamactx does not fetch {scheme!r} URLs"
         )
-    encoded = url[match.end() :]
+    bitmap = MtmdBitmap.from_buf(_decoded(url[match.end() :], "an image"))
+    if bitmap.is_audio():
+        raise ChatInputError("messages", "an image_url part holds a WAV file: send audio as an input_audio part")
+    return bitmap
+
+
+def bitmap_of_audio(audio: object, sample_rate: int) -> MtmdBitmap:
+    """The clip of an ``input_audio`` part (``{"data": base64, "format": "wav"}``), mixed down
+    to mono and resampled to ``sample_rate`` (``AudioError`` for a WAV file refused);
+    ``ChatInputError`` for another format or data that is no WAV file."""
+    if not isinstance(audio, Mapping) or not isinstance(audio.get("data"), str):
+        raise ChatInputError("messages", 'an input_audio part needs {"data": base64 text, "format": "wav"}')
+    if audio.get("format", "wav") != "wav":
+        raise ChatInputError("messages", f"only WAV audio is read, not {str(audio.get('format'))[:16]!r}")
+    data = _decoded(audio["data"], "an audio clip")
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise ChatInputError("messages", "an input_audio part's data is not a WAV file")
+    return MtmdBitmap.from_buf(data, sample_rate=sample_rate)
+
+
+def _decoded(encoded: str, what: str) -> bytes:
+    """The bytes of base64 ``encoded``, at most ``MAX_IMAGE_BYTES`` of them."""
     if len(encoded) > (MAX_IMAGE_BYTES // 3 + 1) * 4:
-        raise ChatInputError("messages", f"an image may hold at most {MAX_IMAGE_BYTES} bytes")
+        raise ChatInputError("messages", f"{what} may hold at most {MAX_IMAGE_BYTES} bytes")
     try:
-        data = base64.b64decode(encoded, validate=True)
+        return base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError) as err:
-        raise ChatInputError("messages", f"an image's base64 data is malformed: {err}") from None
-    return MtmdBitmap.from_buf(data)
+        raise ChatInputError("messages", f"{what}'s base64 data is malformed: {err}") from None
 
 
 def with_media_markers(
     messages: Sequence[Mapping[str, Any] | tuple[str, str]], marker: str, mtmd: MtmdContext | None
 ) -> tuple[list[Mapping[str, Any] | tuple[str, str]], list[MtmdBitmap]]:
-    """``messages`` with every list of content parts joined into one text, each image part
-    replaced by ``marker``, and the images in order. ``ValueError`` for an image without a
-    projector that reads images, ``ChatInputError`` for a part llamactx does not read."""
+    """``messages`` with every list of content parts joined into one text, each image or audio
+    part replaced by ``marker``, and the bitmaps in order. ``ValueError`` for media without a
+    projector that reads them, ``ChatInputError`` for a part llamactx does not read."""
     out: list[Mapping[str, Any] | tuple[str, str]] = []
     bitmaps: list[MtmdBitmap] = []
     for index, message in enumerate(messages):
@@ -82,6 +110,11 @@ def with_media_markers(
                 image_url = part.get("image_url")
                 url = image_url.get("url") if isinstance(image_url, Mapping) else image_url
                 bitmaps.append(bitmap_of_url(url))
+                texts.append(marker)
+            elif kind == "input_audio":
+                if mtmd is None or not mtmd.supports_audio():
+                    raise ValueError(f"{where} is audio, and the model was loaded without a projector that reads audio")
+                bitmaps.append(bitmap_of_audio(part.get("input_audio"), mtmd.audio_sample_rate()))
                 texts.append(marker)
             else:
                 raise ChatInputError("messages", f"{where}: content parts of type {kind!r} are not supported")

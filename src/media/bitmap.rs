@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 use sha2::{Digest, Sha256};
 
+use super::audio_file;
 use super::image_file::{self, image_error, DEFAULT_MAX_PIXELS};
 use crate::errors::{Error, Result};
 use crate::gil::detached;
@@ -60,6 +61,20 @@ impl PyMtmdBitmap {
         Self::named(MtmdBitmap::from_rgb(width, height, pixels)?, "rgb", pixels)
     }
 
+    fn audio(samples: &[f32]) -> Result<Self> {
+        if !(MIN_AUDIO_SAMPLES..=MAX_AUDIO_SAMPLES).contains(&samples.len()) {
+            return Err(Error::value(format!(
+                "audio must hold {MIN_AUDIO_SAMPLES} to {MAX_AUDIO_SAMPLES} samples, got {}",
+                samples.len()
+            )));
+        }
+        if samples.iter().any(|sample| !sample.is_finite()) {
+            return Err(Error::value("audio samples must be finite"));
+        }
+        let bytes: Vec<u8> = samples.iter().flat_map(|sample| sample.to_le_bytes()).collect();
+        Self::named(MtmdBitmap::from_audio(samples)?, "audio", &bytes)
+    }
+
     /// The bitmap, for reading (tokenizing reads it only).
     pub fn read(&self) -> RwLockReadGuard<'_, MtmdBitmap> {
         self.bitmap.read().unwrap_or_else(PoisonError::into_inner)
@@ -82,28 +97,45 @@ impl PyMtmdBitmap {
         Self::rgb(side(width)?, side(height)?, &pixels)
     }
 
-    /// An image decoded from the bytes of a PNG, JPEG, GIF or BMP file, by Rust decoders (not
-    /// llama.cpp's). `ImageError` for anything else, an animation, a truncated or malformed
-    /// file, or more than `max_pixels` pixels (checked in the header, before decoding);
-    /// `ValueError` for `max_pixels` above 2**27.
+    /// An image decoded from the bytes of a PNG, JPEG, GIF or BMP file, or an audio clip from
+    /// a WAV file, by Rust decoders (not llama.cpp's). `ImageError` for an image refused: not
+    /// one of the formats, an animation, a truncated or malformed file, or more than
+    /// `max_pixels` pixels (checked in the header, before decoding); `ValueError` for
+    /// `max_pixels` above 2**27. A WAV file is mixed down to mono and resampled to
+    /// `sample_rate` (the projector's `audio_sample_rate()`); `AudioError` for one refused.
     #[classmethod]
-    #[pyo3(signature = (data, *, max_pixels = DEFAULT_MAX_PIXELS))]
-    fn from_buf(_cls: &Bound<'_, PyType>, py: Python<'_>, data: &[u8], max_pixels: u64) -> PyResult<Self> {
+    #[pyo3(signature = (data, *, max_pixels = DEFAULT_MAX_PIXELS, sample_rate = 16_000))]
+    fn from_buf(
+        _cls: &Bound<'_, PyType>,
+        py: Python<'_>,
+        data: &[u8],
+        max_pixels: u64,
+        sample_rate: u32,
+    ) -> PyResult<Self> {
         detached(py, || {
+            if audio_file::is_wav(data) {
+                return Self::audio(&audio_file::decode(data, sample_rate)?);
+            }
             let rgb = image_file::decode(data, max_pixels)?;
             Self::rgb(rgb.width, rgb.height, &rgb.pixels)
         })
     }
 
-    /// An image read from a PNG, JPEG, GIF or BMP file, as `from_buf`.
+    /// An image or audio clip read from a file, as `from_buf`.
     #[classmethod]
-    #[pyo3(signature = (path, *, max_pixels = DEFAULT_MAX_PIXELS))]
-    fn from_file(cls: &Bound<'_, PyType>, py: Python<'_>, path: &Bound<'_, PyAny>, max_pixels: u64) -> PyResult<Self> {
+    #[pyo3(signature = (path, *, max_pixels = DEFAULT_MAX_PIXELS, sample_rate = 16_000))]
+    fn from_file(
+        cls: &Bound<'_, PyType>,
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        max_pixels: u64,
+        sample_rate: u32,
+    ) -> PyResult<Self> {
         let path = existing_file(path)?;
         let data = detached(py, || {
             std::fs::read(&path).map_err(|err| Error::value(format!("{}: {err}", path.display())))
         })?;
-        Self::from_buf(cls, py, &data, max_pixels)
+        Self::from_buf(cls, py, &data, max_pixels, sample_rate)
     }
 
     /// An audio clip from mono float32 samples at the projector's `audio_sample_rate()`
@@ -111,17 +143,7 @@ impl PyMtmdBitmap {
     #[classmethod]
     fn from_audio(_cls: &Bound<'_, PyType>, samples: PyReadonlyArray1<'_, f32>) -> Result<Self> {
         let samples: Vec<f32> = samples.as_array().iter().copied().collect();
-        if !(MIN_AUDIO_SAMPLES..=MAX_AUDIO_SAMPLES).contains(&samples.len()) {
-            return Err(Error::value(format!(
-                "audio must hold {MIN_AUDIO_SAMPLES} to {MAX_AUDIO_SAMPLES} samples, got {}",
-                samples.len()
-            )));
-        }
-        if samples.iter().any(|sample| !sample.is_finite()) {
-            return Err(Error::value("audio samples must be finite"));
-        }
-        let bytes: Vec<u8> = samples.iter().flat_map(|sample| sample.to_le_bytes()).collect();
-        Self::named(MtmdBitmap::from_audio(&samples)?, "audio", &bytes)
+        Self::audio(&samples)
     }
 
     /// Width in pixels (for audio, the number of samples).

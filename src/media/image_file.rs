@@ -116,7 +116,10 @@ fn sniff(bytes: &[u8]) -> Result<ImageFormat> {
         .ok_or_else(|| {
             image_error(
                 "NotAnImage",
-                format!("the data ({} bytes) is not a PNG, JPEG, GIF or BMP image", bytes.len()),
+                format!(
+                    "the data ({} bytes) is not a PNG, JPEG, GIF or BMP image (nor a WAV file)",
+                    bytes.len()
+                ),
             )
         })
 }

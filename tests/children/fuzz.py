@@ -30,7 +30,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests/, for the GGU
 import fake_rpc
 import synthetic
 from hostile_constraints import chained_lark, chained_schema, wide_schema
-from support import images
+from support import audio, images
 
 # RuntimeError: a callback that calls back into the context it runs in.
 ALLOWED = (llamactx.LlamaCppError, ValueError, IndexError, TypeError, OverflowError, FileNotFoundError, RuntimeError)
@@ -130,21 +130,31 @@ def speculative_generation(
 
 
 def image_file_bytes(kind: str, width: int, height: int, colour: int, cut: int, noise: bytes) -> bytes:
-    """Image bytes of every sort: a valid PNG of any size and colour type (cut short by ``cut``
-    bytes when positive), a header claiming any size, or a signature followed by ``noise``."""
+    """Image and audio bytes of every sort: a valid PNG of any size and colour type or a WAV
+    file of any length and rate (cut short by ``cut`` bytes when positive), a header claiming
+    any size, or a signature followed by ``noise``."""
     if kind == "png":
         # Real pixels only for small images: the huge sizes are for the headers below.
         data = images.random_png(width % 81, height % 81, colour)
         return data[: len(data) - cut] if cut > 0 else data
     if kind == "png header":
         return images.png_header(width, height, colour) + noise
-    signature = {"jpeg": b"\xff\xd8\xff", "gif": b"GIF89a", "bmp": b"BM", "raw": b""}[kind]
+    if kind == "wav":
+        data = audio.wav(audio.tone(440 + width, (height % 81) / 40, 8000 + 1000 * colour), 8000 + 1000 * colour)
+        return data[: len(data) - cut] if cut > 0 else data
+    signature = {
+        "jpeg": b"\xff\xd8\xff",
+        "gif": b"GIF89a",
+        "bmp": b"BM",
+        "wav header": b"RIFF\0\0\0\0WAVEfmt ",
+        "raw": b"",
+    }[kind]
     return signature + noise
 
 
 image_data = st.builds(
     image_file_bytes,
-    st.sampled_from(["png", "png", "png header", "jpeg", "gif", "bmp", "raw"]),
+    st.sampled_from(["png", "png", "png header", "jpeg", "gif", "bmp", "wav", "wav header", "raw"]),
     st.one_of(st.integers(0, 80), st.sampled_from([2**16, 2**31 - 1, 2**32 - 1])),
     st.one_of(st.integers(0, 80), st.sampled_from([2**16, 2**31 - 1])),
     st.sampled_from(sorted(images.PNG_CHANNELS)),

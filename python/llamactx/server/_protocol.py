@@ -203,8 +203,20 @@ class ImagePart(_Body):
     image_url: ImageUrl
 
 
-#: A part of a message's content: text, or (for a server started with a projector) an image.
-ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+class InputAudio(_Body):
+    #: A WAV file, base64 (``llamactx._media.bitmap_of_audio`` refuses other formats).
+    data: str
+    format: Literal["wav", "mp3"]
+
+
+class AudioPart(_Body):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+#: A part of a message's content: text, or (for a server started with a projector) an image or
+#: an audio clip.
+ContentPart = Annotated[TextPart | ImagePart | AudioPart, Field(discriminator="type")]
 
 
 class FunctionCall(_Body):

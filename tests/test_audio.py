@@ -1,0 +1,149 @@
+"""Audio in prompts: WAV files decoded in Rust, and chats with ``input_audio`` parts, on SmolLM2
+with a synthetic Ultravox-style projector (``synthetic.write_tiny_audio_projector``)."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.audio import tone, wav
+from support.processes import built_mtmd_cli
+from synthetic import AUDIO_PROJECTOR_SAMPLE_RATE, AUDIO_PROJECTOR_TOKENS, write_tiny_audio_projector
+
+import llamactx
+from llamactx import AudioError, MtmdBitmap, MtmdContext
+
+
+@pytest.fixture(scope="module")
+def audio_projector_path(model: llamactx.LlamaModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_audio_projector(tmp_path_factory.mktemp("audio") / "mmproj.gguf", model.n_embd())
+
+
+@pytest.fixture(scope="module")
+def listener(model: llamactx.LlamaModel, audio_projector_path: Path) -> Iterator[MtmdContext]:
+    with MtmdContext(model, audio_projector_path, n_threads=2) as projector:
+        yield projector
+
+
+def audio_message(text: str, clip: bytes) -> dict[str, Any]:
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(clip).decode(), "format": "wav"}}
+    return {"role": "user", "content": [part, {"type": "text", "text": text}]}
+
+
+def test_wav_files_decode_to_mono_samples_at_the_asked_rate() -> None:
+    clip = tone(440, 0.5)
+    decoded = MtmdBitmap.from_buf(wav(clip))
+    assert decoded.is_audio()
+    np.testing.assert_allclose(decoded.data(), clip, atol=1e-4)  # 16-bit quantization
+    # Stereo at 48 kHz: mixed down (the channels' mean), resampled to 16 kHz.
+    stereo = np.stack([tone(440, 0.5, 48_000), np.zeros(24_000, np.float32)], axis=1).reshape(-1)
+    resampled = MtmdBitmap.from_buf(wav(stereo, 48_000, 2), sample_rate=16_000)
+    assert resampled.nx() == 8_000
+    np.testing.assert_allclose(resampled.data(), tone(440, 0.5) / 2, atol=2e-2)
+
+
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        (b"RIFF\x00\x00\x00\x00WAVE", "Corrupt"),
+        (wav(np.zeros(0, np.float32)), "Empty"),
+        (wav(tone(440, 0.5))[:30], "Corrupt"),
+        (wav(tone(440, 0.5)).replace(b"\x01\x00\x01\x00", b"\x02\x00\x01\x00", 1), "Unsupported"),
+    ],
+)
+def test_audio_files_that_are_refused(data: bytes, kind: str) -> None:
+    with pytest.raises(AudioError) as raised:
+        MtmdBitmap.from_buf(data)
+    assert raised.value.kind == kind
+    assert isinstance(raised.value, ValueError)
+
+
+def test_an_audio_projector_reads_clips(listener: MtmdContext) -> None:
+    assert listener.supports_audio()
+    assert not listener.supports_vision()
+    assert listener.audio_sample_rate() == AUDIO_PROJECTOR_SAMPLE_RATE
+    chunks = listener.tokenize_from_parts(["Hear: ", MtmdBitmap.from_buf(wav(tone(440, 1))), " now"])
+    assert [chunk.chunk_type() for chunk in chunks][1] == llamactx.MtmdInputChunkType.AUDIO
+    assert chunks[1].n_tokens() == AUDIO_PROJECTOR_TOKENS
+
+
+def test_clips_change_the_reply_and_equal_llama_mtmd_cli(
+    listener: MtmdContext, model: llamactx.LlamaModel, model_path: Path, audio_projector_path: Path, tmp_path: Path
+) -> None:
+    clips = [wav(tone(440, 1)), wav(tone(3000, 1))]
+    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+        replies = [
+            llamactx.chat(ctx, [audio_message("What do you hear?", clip)], max_tokens=12, mtmd=listener)
+            for clip in clips
+        ]
+        assert replies[0] != replies[1]
+        cli = built_mtmd_cli()
+        if cli is None:
+            pytest.skip("llama-mtmd-cli is compiled by the extension's build from source (make build); none here")
+        (tmp_path / "clip.wav").write_bytes(clips[0])
+        ran = subprocess.run(
+            [
+                *(str(cli), "-m", str(model_path), "--mmproj", str(audio_projector_path), "--audio"),
+                *(str(tmp_path / "clip.wav"), "-p", "What do you hear?", "-n", "16", "--temp", "0", "-t", "2"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        rendered = model.apply_chat_template([("user", f"{listener.marker()}What do you hear?")], None, True)
+        chunks = listener.tokenize(rendered, [MtmdBitmap.from_buf(clips[0])], add_special=model.add_bos_token())
+        ctx.clear_kv_cache()
+        history = [0] * listener.eval_chunks(ctx, chunks, 0, 0)
+        greedy = llamactx.LlamaSampler.greedy()
+        ours = "".join(llamactx.continue_sequence(ctx, history, max_tokens=16, sampler=greedy))
+    assert ran.stdout.strip() == ours.strip()
+
+
+def test_the_engine_replies_to_a_clip_as_chat_does(listener: MtmdContext, model: llamactx.LlamaModel) -> None:
+    messages = [audio_message("What do you hear?", wav(tone(660, 1)))]
+    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+        expected = llamactx.chat(ctx, messages, max_tokens=10, mtmd=listener)
+    with llamactx.Engine(model, mtmd=listener, n_ctx=1024, n_seq_max=2, n_threads=2) as engine:
+        assert engine.submit_chat(messages, max_tokens=10).result().text == expected
+
+
+@pytest.mark.parametrize(
+    ("part", "error"),
+    [
+        ({"data": base64.b64encode(b"ID3\x04").decode(), "format": "mp3"}, "only WAV"),
+        ({"data": base64.b64encode(b"not a wav").decode(), "format": "wav"}, "not a WAV file"),
+        ({"data": "!!!", "format": "wav"}, "malformed"),
+        ({"format": "wav"}, "needs"),
+    ],
+)
+def test_audio_parts_that_are_refused(
+    listener: MtmdContext, small_audio_ctx: llamactx.LlamaContext, part: dict[str, str], error: str
+) -> None:
+    message = {"role": "user", "content": [{"type": "input_audio", "input_audio": part}]}
+    with pytest.raises(ValueError, match=error):
+        llamactx.chat(small_audio_ctx, [message], mtmd=listener)
+
+
+def test_audio_needs_a_projector_that_reads_it(mtmd: MtmdContext, small_audio_ctx: llamactx.LlamaContext) -> None:
+    message = audio_message("What do you hear?", wav(tone(440, 1)))
+    with pytest.raises(ValueError, match="without a projector that reads audio"):
+        llamactx.chat(small_audio_ctx, [message], mtmd=mtmd)  # a vision projector
+
+
+@pytest.fixture
+def small_audio_ctx(model: llamactx.LlamaModel) -> Iterator[llamactx.LlamaContext]:
+    with model.new_context(n_ctx=256, n_threads=2) as ctx:
+        yield ctx
+
+
+def test_an_image_part_holding_audio_is_refused(mtmd: MtmdContext, small_audio_ctx: llamactx.LlamaContext) -> None:
+    url = "data:image/png;base64," + base64.b64encode(wav(tone(440, 1))).decode()
+    message = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}
+    with pytest.raises(ValueError, match="input_audio part"):
+        llamactx.chat(small_audio_ctx, [message], mtmd=mtmd)
