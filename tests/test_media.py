@@ -372,8 +372,10 @@ def test_the_server_replies_to_an_image_as_chat_and_the_engine_do(
         expected = llamactx.chat(ctx, messages, max_tokens=12, mtmd=mtmd)
     with llamactx.Engine(model, mtmd=mtmd, **ENGINE_OPTIONS) as engine:
         assert engine.submit_chat(messages, max_tokens=12).result().text == expected
-    with running_server(model_path, "--no-prefix-cache", "--mmproj", str(projector_path)) as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    with (
+        running_server(model_path, "--no-prefix-cache", "--mmproj", str(projector_path)) as server,
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused") as client,
+    ):
         reply = client.chat.completions.create(
             model=MODEL_ID,
             messages=messages,  # type: ignore[arg-type]
@@ -393,14 +395,16 @@ def test_the_server_replies_to_an_image_as_chat_and_the_engine_do(
 
 
 def test_a_server_without_a_projector_answers_images_with_400(model_path: Path) -> None:
-    with running_server(model_path) as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-        with pytest.raises(openai.BadRequestError, match="without a projector"):
-            client.chat.completions.create(
-                model=MODEL_ID,
-                messages=[image_message("What is it?", picture(51))],  # type: ignore[list-item]
-                max_tokens=2,
-            )
+    with (
+        running_server(model_path) as server,
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused") as client,
+        pytest.raises(openai.BadRequestError, match="without a projector"),
+    ):
+        client.chat.completions.create(
+            model=MODEL_ID,
+            messages=[image_message("What is it?", picture(51))],  # type: ignore[list-item]
+            max_tokens=2,
+        )
 
 
 def test_serve_refuses_a_file_that_is_no_projector(model_path: Path) -> None:

@@ -8,8 +8,12 @@ from pathlib import Path
 
 import loopback_only
 import pytest
+import synthetic
 from rpc_serving import rpc_servers
 from serving import running_server
+from support.images import random_png
+
+import llamactx
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 EXAMPLES = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
@@ -23,7 +27,9 @@ RPC_ENDPOINTS = ("127.0.0.1:50052", "127.0.0.1:50053")
 
 
 @pytest.mark.parametrize("code", EXAMPLES)
-def test_readme_example_runs(code: str, capsys: pytest.CaptureFixture[str], model_path: Path, tmp_path: Path) -> None:
+def test_readme_example_runs(
+    code: str, capsys: pytest.CaptureFixture[str], model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if SERVER_URL in code:
         # The README's command, on a free port instead of 8000.
         with running_server(model_path) as server:
@@ -40,6 +46,18 @@ def test_readme_example_runs(code: str, capsys: pytest.CaptureFixture[str], mode
             for endpoint, server in zip(RPC_ENDPOINTS, servers, strict=True):
                 code = code.replace(endpoint, server.endpoint)
             exec(compile(code, str(README), "exec"), {})
+    elif "mmproj.gguf" in code:
+        # The image example, with the synthetic projector its comment names and a picture.
+        model = llamactx.LlamaModel.load_from_file(model_path)
+        synthetic.write_tiny_projector(tmp_path / "mmproj.gguf", model.n_embd())
+        (tmp_path / "cat.png").write_bytes(random_png(64, 64, 2))
+        monkeypatch.chdir(tmp_path)
+        exec(compile(code, str(README), "exec"), {})
+        printed = capsys.readouterr().out
+        half = len(printed) // 2
+        assert printed.strip()
+        assert printed[:half] == printed[half:]  # the engine's reply is chat's, as its comment says
+        return
     else:
         exec(compile(code, str(README), "exec"), {})
     assert "Paris" in capsys.readouterr().out

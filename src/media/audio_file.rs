@@ -26,9 +26,7 @@ pub fn decode(bytes: &[u8], sample_rate: u32) -> Result<Vec<f32>> {
     if sample_rate == 0 {
         return Err(Error::value("the projector reads no audio (sample rate 0)"));
     }
-    let (format, data) = chunks(&bytes[12..])?;
-    let format = format.ok_or_else(|| audio_error("Corrupt", "the WAV file has no fmt chunk"))?;
-    let data = data.ok_or_else(|| audio_error("Corrupt", "the WAV file has no data chunk"))?;
+    let WavChunks { format, data } = chunks(&bytes[12..])?;
     let layout = Layout::read(format)?;
     let frames = data.len() / layout.frame_bytes();
     if frames == 0 {
@@ -58,8 +56,14 @@ pub fn audio_error(kind: &'static str, message: impl Into<String>) -> Error {
     Error::llama(ExcClass::AudioError, kind, None, message)
 }
 
+/// The contents of a WAV file's two chunks that matter.
+struct WavChunks<'a> {
+    format: &'a [u8],
+    data: &'a [u8],
+}
+
 /// The `fmt ` and `data` chunks' contents (a truncated data chunk is cut to what is there).
-fn chunks(mut rest: &[u8]) -> Result<(Option<&[u8]>, Option<&[u8]>)> {
+fn chunks(mut rest: &[u8]) -> Result<WavChunks<'_>> {
     let (mut format, mut data) = (None, None);
     while rest.len() >= 8 {
         let length = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]) as usize;
@@ -77,10 +81,12 @@ fn chunks(mut rest: &[u8]) -> Result<(Option<&[u8]>, Option<&[u8]>)> {
         }
         rest = &body[next..];
     }
-    if format.is_some_and(|format| format.len() < 16) {
+    let format = format.ok_or_else(|| audio_error("Corrupt", "the WAV file has no fmt chunk"))?;
+    if format.len() < 16 {
         return Err(audio_error("Corrupt", "the WAV file's fmt chunk is truncated"));
     }
-    Ok((format, data))
+    let data = data.ok_or_else(|| audio_error("Corrupt", "the WAV file has no data chunk"))?;
+    Ok(WavChunks { format, data })
 }
 
 /// How the samples are stored.
