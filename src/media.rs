@@ -12,7 +12,7 @@ pub mod image_file;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use llama_cpp_4::model::LlamaModel;
 use llama_cpp_4::mtmd::{MtmdContext, MtmdContextParams, MtmdInputChunks, MtmdInputPart, MtmdInputText};
@@ -93,6 +93,16 @@ impl PyMtmdContext {
             return Err(Error::closed("MtmdContext"));
         }
         Ok(guard)
+    }
+
+    /// The open projector, locked, or None while another thread holds it (encoding an image).
+    pub fn try_lock(&self) -> Result<Option<MutexGuard<'_, Option<OpenMtmd>>>> {
+        match self.native.try_lock() {
+            Ok(guard) if guard.is_none() => Err(Error::closed("MtmdContext")),
+            Ok(guard) => Ok(Some(guard)),
+            Err(TryLockError::WouldBlock) => Ok(None),
+            Err(TryLockError::Poisoned(_)) => Err(Error::Poisoned("MtmdContext")),
+        }
     }
 
     /// The projector's identity in the chunks it makes.

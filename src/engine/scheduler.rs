@@ -681,12 +681,24 @@ impl Scheduler {
 
     /// Decodes the image each reading request is at, if any: each in a decode of its own (mtmd
     /// decodes one image per call), from the embeddings encoded at submit. A failure (which
-    /// changed nothing) fails that request only.
+    /// changed nothing) fails that request only. While a submitting thread holds the projector
+    /// (encoding another request's image), the images wait for a later step if other requests
+    /// have work in this one: their generation does not wait for the encode.
     fn read_media(&mut self) {
         let Some(mtmd) = &self.mtmd else {
             return;
         };
         let mtmd = mtmd.get();
+        let at_media = |running: &Running| {
+            matches!(running.phase, Phase::Reading) && running.job.media_at(running.kv_len()).is_some()
+        };
+        if !self.running.iter().any(at_media) {
+            return;
+        }
+        let others_busy = self
+            .running
+            .iter()
+            .any(|running| running.phase.is_live() && !at_media(running));
         let mut failed = Vec::new();
         for index in 0..self.running.len() {
             let running = &self.running[index];
@@ -700,17 +712,24 @@ impl Scheduler {
             let (chunks, chunk_index, embeddings) =
                 (Arc::clone(&span.chunks), span.index, Arc::clone(&span.embeddings));
             let outcome = (|| {
-                let mut guard = mtmd.lock()?;
+                let mut guard = match mtmd.try_lock()? {
+                    Some(guard) => guard,
+                    None if others_busy => return Ok(false),
+                    None => mtmd.lock()?,
+                };
                 let open = guard.as_mut().ok_or_else(|| Error::closed("MtmdContext"))?;
                 let chunk = chunks
                     .0
                     .get(chunk_index)
                     .ok_or_else(|| Error::value("an image chunk is missing"))?;
                 let position = i32::try_from(at).map_err(|_| Error::value("the prompt is too long"))?;
-                self.native.decode_encoded(open, &chunk, &embeddings, position, seq)
+                self.native
+                    .decode_encoded(open, &chunk, &embeddings, position, seq)
+                    .map(|_| true)
             })();
             match outcome {
-                Ok(_) => {
+                Ok(false) => {}
+                Ok(true) => {
                     self.counters.prompt_tokens_computed += width as u64;
                     let running = &mut self.running[index];
                     let read = &running.job.prompt[at..at + width];
