@@ -18,7 +18,6 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use llama_cpp_4::model::LlamaModel;
-use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -34,7 +33,7 @@ use crate::tokens::check_vocab;
 pub use draft::PyDrafter;
 use draft::{DraftSource, NgramConfig, Speculation};
 use draft_model::{check_can_cut, DraftContext};
-use media_prompt::{assemble, MediaInput};
+use media_prompt::{assemble, MediaInput, MediaPrompt};
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
 use scheduler::{Job, Scheduler};
@@ -153,20 +152,15 @@ impl PyEngineCore {
     }
 
     /// The prompt of `tokens` with `media` spliced in (their media encoded now, in this
-    /// thread, without the GIL), and its images.
+    /// thread, without the GIL).
     fn with_media(
         &self,
         py: Python<'_>,
         tokens: Vec<i32>,
         media: Vec<(usize, Bound<'_, PyMtmdInputChunks>)>,
-    ) -> Result<(media_prompt::MediaPrompt, Vec<scheduler::MediaSpan>)> {
+    ) -> Result<MediaPrompt> {
         if media.is_empty() {
-            let prompt = media_prompt::MediaPrompt {
-                tokens: tokens.iter().map(|&token| LlamaToken::new(token)).collect(),
-                text: tokens,
-                media: Vec::new(),
-            };
-            return Ok((prompt, Vec::new()));
+            return Ok(MediaPrompt::text_only(tokens));
         }
         let Some(mtmd) = &self.mtmd else {
             return Err(Error::value(
@@ -185,9 +179,7 @@ impl PyEngineCore {
             })
             .collect();
         let mtmd = mtmd.get();
-        let mut prompt = detached(py, || assemble(mtmd, &self.model, &tokens, &inputs)).map_err(Error::Python)?;
-        let spans = std::mem::take(&mut prompt.media);
-        Ok((prompt, spans))
+        detached(py, || assemble(mtmd, &self.model, &tokens, &inputs)).map_err(Error::Python)
     }
 
     fn stop(&self) -> Result<()> {
@@ -331,7 +323,7 @@ impl PyEngineCore {
             return Err(Error::value(FORKED).into());
         }
         let sampling = sampling.map_or_else(PySamplingParams::greedy, |sampling| sampling.get().clone());
-        let (prompt, media) = self.with_media(py, tokens, media)?;
+        let prompt = self.with_media(py, tokens, media)?;
         self.refuse(&prompt.text, prompt.tokens.len(), &sampling)?;
         let grammar = match constraint {
             Some(prepared) if prepared.is_instance_of::<PyLlamaSampler>() => {
@@ -356,7 +348,7 @@ impl PyEngineCore {
             grammar,
             logprobs,
             submitted: Instant::now(),
-            media,
+            media: prompt.media,
         };
         {
             let mut inbox = self.shared.inbox();

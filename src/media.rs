@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use llama_cpp_4::model::LlamaModel;
-use llama_cpp_4::mtmd::{MtmdContext, MtmdContextParams, MtmdInputChunks, MtmdInputPart, MtmdInputText};
+use llama_cpp_4::mtmd::{
+    MtmdContext, MtmdContextParams, MtmdInputChunk, MtmdInputChunks, MtmdInputPart, MtmdInputText,
+};
 use pyo3::prelude::*;
 
 pub use bitmap::PyMtmdBitmap;
@@ -47,18 +49,14 @@ pub struct OpenMtmd {
 }
 
 impl OpenMtmd {
-    /// The embeddings of media chunk `index` of `chunks`: encoded now, or kept from an earlier
-    /// encode of the same media (same id). `model` is the text model, whose width they have.
-    pub fn encoded(&mut self, model: &LlamaModel, chunks: &SharedChunks, index: usize) -> Result<Arc<Vec<f32>>> {
-        let chunk = chunks
-            .0
-            .get(index)
-            .ok_or_else(|| Error::value(format!("chunk {index} is missing")))?;
+    /// The embeddings of media `chunk`: encoded now, or kept from an earlier encode of the
+    /// same media (same id). `model` is the text model, whose width they have.
+    pub fn encoded(&mut self, model: &LlamaModel, chunk: &MtmdInputChunk<'_>) -> Result<Arc<Vec<f32>>> {
         let id = chunk.id().filter(|id| !id.is_empty()).map(str::to_owned);
         if let Some(found) = id.as_ref().and_then(|id| self.kept.iter().find(|(kept, _)| kept == id)) {
             return Ok(Arc::clone(&found.1));
         }
-        explained(|| self.native.encode_chunk(model, &chunk))?;
+        explained(|| self.native.encode_chunk(model, chunk))?;
         self.encodes += 1;
         let embeddings = Arc::new(self.native.output_embd().to_vec());
         if let Some(id) = id {

@@ -384,6 +384,33 @@ def write_first_layers(source: Path, path: Path, layers: int, rename: tuple[int,
     return path
 
 
+def add_encoder_blocks(
+    writer: gguf.GGUFWriter,
+    tensor: Callable[..., None],
+    tower: str,
+    width: int,
+    hidden: int,
+    *,
+    key_bias: bool = True,
+) -> None:
+    """Two transformer blocks of a projector's encoder (``{tower}.blk.N``, as clip names them):
+    attention with biases (the key's when ``key_bias``), layer norms that start as identity, a
+    feed-forward of ``hidden``. ``tensor`` is ``random_tensors``' writer."""
+    for block in range(2):
+        prefix = f"{tower}.blk.{block}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensor(f"{prefix}.{name}.weight", width, width)
+            if key_bias or name != "attn_k":
+                tensor(f"{prefix}.{name}.bias", width)
+        for name in ("ln1", "ln2"):
+            writer.add_tensor(f"{prefix}.{name}.weight", np.ones(width, dtype=np.float32))
+            writer.add_tensor(f"{prefix}.{name}.bias", np.zeros(width, dtype=np.float32))
+        tensor(f"{prefix}.ffn_up.weight", hidden, width)
+        tensor(f"{prefix}.ffn_up.bias", hidden)
+        tensor(f"{prefix}.ffn_down.weight", width, hidden)
+        tensor(f"{prefix}.ffn_down.bias", width)
+
+
 PROJECTOR_IMAGE_SIZE = 64
 PROJECTOR_PATCH = 16
 PROJECTOR_WIDTH = 64
@@ -418,18 +445,7 @@ def write_tiny_projector(path: Path, n_embd: int, seed: int = 0, scale: float = 
     width, hidden = PROJECTOR_WIDTH, 2 * PROJECTOR_WIDTH
     tensor("v.patch_embd.weight", width, 3, PROJECTOR_PATCH, PROJECTOR_PATCH)
     tensor("v.position_embd.weight", PROJECTOR_TOKENS, width)
-    for block in range(2):
-        prefix = f"v.blk.{block}"
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            tensor(f"{prefix}.{name}.weight", width, width)
-            tensor(f"{prefix}.{name}.bias", width)
-        for name in ("ln1", "ln2"):
-            writer.add_tensor(f"{prefix}.{name}.weight", np.ones(width, dtype=np.float32))
-            writer.add_tensor(f"{prefix}.{name}.bias", np.zeros(width, dtype=np.float32))
-        tensor(f"{prefix}.ffn_up.weight", hidden, width)
-        tensor(f"{prefix}.ffn_up.bias", hidden)
-        tensor(f"{prefix}.ffn_down.weight", width, hidden)
-        tensor(f"{prefix}.ffn_down.bias", width)
+    add_encoder_blocks(writer, tensor, "v", width, hidden)
     tensor("mm.0.weight", hidden, width, scale=scale)
     tensor("mm.0.bias", hidden, scale=scale)
     tensor("mm.2.weight", n_embd, hidden, scale=scale)
@@ -483,19 +499,8 @@ def write_tiny_audio_projector(path: Path, n_embd: int, seed: int = 0, scale: fl
     tensor("a.conv1d.2.weight", width, width, 3)
     tensor("a.conv1d.2.bias", width, 1)
     tensor("a.position_embd.weight", AUDIO_PROJECTOR_POSITIONS, width)
-    for block in range(2):
-        prefix = f"a.blk.{block}"
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            tensor(f"{prefix}.{name}.weight", width, width)
-            if name != "attn_k":  # Whisper's key projection has no bias; the graph asserts there is none
-                tensor(f"{prefix}.{name}.bias", width)
-        for name in ("ln1", "ln2"):
-            writer.add_tensor(f"{prefix}.{name}.weight", np.ones(width, dtype=np.float32))
-            writer.add_tensor(f"{prefix}.{name}.bias", np.zeros(width, dtype=np.float32))
-        tensor(f"{prefix}.ffn_up.weight", hidden, width)
-        tensor(f"{prefix}.ffn_up.bias", hidden)
-        tensor(f"{prefix}.ffn_down.weight", width, hidden)
-        tensor(f"{prefix}.ffn_down.bias", width)
+    # Whisper's key projection has no bias; the graph asserts there is none.
+    add_encoder_blocks(writer, tensor, "a", width, hidden, key_bias=False)
     # Projector: RMS norm, mlp.1 to 2*hidden, SwiGLU to hidden, RMS norm, mlp.2 to n_embd (no biases).
     writer.add_tensor("mm.a.norm_pre.weight", np.ones(width * stack, dtype=np.float32))
     tensor("mm.a.mlp.1.weight", 2 * hidden, width * stack, scale=scale)

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from llamactx._constraints import JsonSchema
-from llamactx._generation import continue_sequence, generate, prefill, prefill_media, stream_media
+from llamactx._generation import continue_sequence, generate, prefill_media, stream_media
 from llamactx._llamactx import LlamaContext, LlamaSampler, MtmdContext
 from llamactx._media import MediaPrompt
 from llamactx._render import ChatRenderer, Message
@@ -114,7 +114,7 @@ class ChatSession:
                 keep += 1
             self.ctx.clear_kv_cache_seq(0, sum(self._widths[:keep]), None)
             self._cached, self._widths = [], []
-            history, widths = self._read(prompt, keep)
+            history, widths = prefill_media(self.ctx, self.mtmd, prompt, 0, keep=keep)
             self._cached, self._widths = items, widths
             for piece in continue_sequence(
                 self.ctx,
@@ -134,11 +134,3 @@ class ChatSession:
             self._cached, self._widths = [], []
             raise
         self.messages = [*messages, ("assistant", "".join(reply))]
-
-    def _read(self, prompt: MediaPrompt, keep: int) -> tuple[list[int], list[int]]:
-        """Decodes ``prompt`` after its first ``keep`` items, which the cache holds."""
-        if self.mtmd is None:
-            tokens = prompt.tokens
-            prefill(self.ctx, tokens, 0, start=keep)
-            return tokens, [1] * len(tokens)
-        return prefill_media(self.ctx, self.mtmd, prompt, 0, keep=keep)

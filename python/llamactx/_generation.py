@@ -62,16 +62,19 @@ def prefill(
 
 
 def prefill_media(
-    ctx: LlamaContext, mtmd: MtmdContext, prompt: MediaPrompt, seq_id: int, *, keep: int = 0
+    ctx: LlamaContext, mtmd: MtmdContext | None, prompt: MediaPrompt, seq_id: int, *, keep: int = 0
 ) -> tuple[list[int], list[int]]:
     """Decodes ``prompt`` into ``seq_id``, whose cache already holds its first ``keep`` items
     (``MediaPrompt.keys``; an image is one item) and nothing after them; the last token gets
-    logits. Returns the sequence's history (its tokens, ``MEDIA_POSITION`` at each position an
-    image takes: ``continue_sequence`` counts positions by it) and the positions of each item."""
+    logits. ``mtmd`` encodes the images (None for a prompt without any). Returns the sequence's
+    history (its tokens, ``MEDIA_POSITION`` at each position an image takes:
+    ``continue_sequence`` counts positions by it) and the positions of each item."""
+    if prompt.bitmaps and mtmd is None:
+        raise ValueError("a prompt with images needs the projector (mtmd) that reads them")
     history: list[int] = []
     widths: list[int] = []
     for number, run in enumerate(prompt.texts):
-        if number > 0:
+        if number > 0 and mtmd is not None:  # always, for a prompt with images (checked above)
             chunks = mtmd.tokenize_from_parts([prompt.bitmaps[number - 1]], add_special=False)
             if len(widths) >= keep:
                 end = mtmd.eval_chunks(ctx, chunks, len(history), seq_id, logits_last=False)

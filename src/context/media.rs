@@ -66,7 +66,7 @@ impl OpenContext {
             let wants_logits = logits_last && index + 1 == chunks.len();
             position = match chunk.text_tokens() {
                 Some(tokens) => self.decode_text(tokens, position, seq, wants_logits)?,
-                None => self.decode_media(mtmd, chunks, index, position, seq)?,
+                None => self.decode_media(mtmd, &chunk, position, seq)?,
             };
         }
         Ok(position)
@@ -93,26 +93,13 @@ impl OpenContext {
     }
 
     /// Encodes an image or audio chunk (or takes its kept embeddings) and decodes them.
-    fn decode_media(
-        &mut self,
-        mtmd: &mut OpenMtmd,
-        chunks: &PyMtmdInputChunks,
-        index: usize,
-        n_past: i32,
-        seq: i32,
-    ) -> Result<i32> {
+    fn decode_media(&mut self, mtmd: &mut OpenMtmd, chunk: &MtmdInputChunk<'_>, n_past: i32, seq: i32) -> Result<i32> {
         let model = Arc::clone(self.model());
         let embeddings = {
-            let chunk = chunks
-                .get(index)
-                .ok_or_else(|| Error::value(format!("chunk {index} is missing")))?;
             let _cpus = self.claim_cpus(chunk.n_tokens())?;
-            mtmd.encoded(&model, &chunks.chunks, index)?
+            mtmd.encoded(&model, chunk)?
         };
-        let chunk = chunks
-            .get(index)
-            .ok_or_else(|| Error::value(format!("chunk {index} is missing")))?;
-        self.decode_encoded(mtmd, &chunk, &embeddings, n_past, seq)
+        self.decode_encoded(mtmd, chunk, &embeddings, n_past, seq)
     }
 
     /// Decodes the embeddings of media `chunk` (as the projector encoded it) into `seq` at

@@ -73,7 +73,7 @@ pub fn assemble(mtmd: &PyMtmdContext, model: &LlamaModel, tokens: &[i32], media:
             let embeddings = {
                 let mut guard = mtmd.lock()?;
                 let open = guard.as_mut().ok_or_else(|| Error::closed("MtmdContext"))?;
-                open.encoded(model, &input.chunks, index)?
+                open.encoded(model, &chunk)?
             };
             assembled.media.push(MediaSpan {
                 at: assembled.tokens.len(),
@@ -95,6 +95,15 @@ pub fn assemble(mtmd: &PyMtmdContext, model: &LlamaModel, tokens: &[i32], media:
 }
 
 impl MediaPrompt {
+    /// A prompt of text only.
+    pub fn text_only(tokens: Vec<i32>) -> Self {
+        Self {
+            tokens: tokens.iter().map(|&token| LlamaToken::new(token)).collect(),
+            text: tokens,
+            media: Vec::new(),
+        }
+    }
+
     fn push_text(&mut self, tokens: &[i32]) {
         self.text.extend_from_slice(tokens);
         self.tokens.extend(tokens.iter().map(|&token| LlamaToken::new(token)));

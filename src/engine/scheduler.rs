@@ -46,7 +46,7 @@ pub struct Job {
     pub logprobs: usize,
     pub submitted: Instant,
     /// The prompt's images, in order; each takes its positions in `prompt` with placeholder
-    /// tokens (`media::placeholders`).
+    /// tokens (`media_prompt::placeholders`).
     pub media: Vec<MediaSpan>,
 }
 
