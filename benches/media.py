@@ -21,7 +21,6 @@ concurrent chats, faster).
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import re
 import statistics
@@ -37,17 +36,12 @@ import llamactx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import synthetic  # the tests' GGUF writers
-from support.images import png
+from support.images import data_url, picture, png
 from support.processes import built_mtmd_cli
 
 QUESTION = "What is in this image?"
 ENCODED = re.compile(r"mtmd batch encoding done in (\d+) ms")
 PROMPT_EVAL = re.compile(r"prompt eval time =\s+([0-9.]+) ms")
-
-
-def picture(seed: int) -> np.ndarray:
-    size = synthetic.PROJECTOR_IMAGE_SIZE
-    return np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
 
 
 def cli_seconds(cli: Path, model_path: Path, projector: Path, image: Path, threads: int) -> float:
@@ -84,7 +78,7 @@ def ours_seconds(model: llamactx.LlamaModel, mtmd: llamactx.MtmdContext, image: 
 
 
 def chat_messages(seed: int) -> list[dict[str, object]]:
-    url = "data:image/png;base64," + base64.b64encode(png(picture(seed))).decode()
+    url = data_url(picture(seed))
     parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": f"Image {seed}: {QUESTION}"}]
     return [{"role": "user", "content": parts}]
 

@@ -13,25 +13,12 @@ import numpy as np
 import openai
 import pytest
 from serving import ENGINE_OPTIONS, MODEL_ID, running_server
-from support.images import png, png_header
-from support.processes import built_mtmd_cli
-from synthetic import PROJECTOR_IMAGE_SIZE, PROJECTOR_TOKENS
+from support.images import image_message, picture, png, png_header
+from support.processes import comparable_mtmd_cli
+from synthetic import PROJECTOR_TOKENS
 
 import llamactx
 from llamactx import ImageError, MtmdBitmap, MtmdContext, MtmdInputChunkType
-
-
-def picture(seed: int, size: int = PROJECTOR_IMAGE_SIZE) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
-
-
-def data_url(image: np.ndarray) -> str:
-    return "data:image/png;base64," + base64.b64encode(png(image)).decode()
-
-
-def image_message(text: str, *images: np.ndarray) -> dict[str, Any]:
-    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": data_url(image)}} for image in images]
-    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
 
 
 @pytest.fixture
@@ -224,9 +211,7 @@ def test_a_chat_image_is_the_one_eval_chunks_reads(
 def test_greedy_tokens_equal_llama_mtmd_cli_on_the_same_inputs(
     mtmd: MtmdContext, model: llamactx.LlamaModel, model_path: Path, projector_path: Path, tmp_path: Path
 ) -> None:
-    cli = built_mtmd_cli()
-    if cli is None:
-        pytest.skip("llama-mtmd-cli is compiled by the extension's build from source (make build); none here")
+    cli = comparable_mtmd_cli()
     image = picture(12)
     (tmp_path / "image.png").write_bytes(png(image))
     ran = subprocess.run(

@@ -22,6 +22,8 @@ from llamactx._tools import ChatInputError
 __all__ = [
     "MAX_IMAGE_BYTES",
     "MEDIA_POSITION",
+    "MEDIA_URL_MAX_BYTES",
+    "MEDIA_URL_TIMEOUT",
     "MediaPrompt",
     "bitmap_of_audio",
     "bitmap_of_url",
@@ -31,6 +33,10 @@ __all__ = [
 
 #: The largest image or audio file a content part may carry (decoded from base64).
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
+#: What a server fetches for a request's image URLs, where allowed (``MediaUrlPolicy``): at most
+#: these bytes, within these seconds, all of its URLs together.
+MEDIA_URL_MAX_BYTES = 10 * 1024 * 1024
+MEDIA_URL_TIMEOUT = 10.0
 _DATA_URL = re.compile(r"data:image/[a-z0-9.+-]+;base64,", re.IGNORECASE)
 #: Stands, in a sequence's history, for each position an image takes: no token id is negative.
 MEDIA_POSITION = -1

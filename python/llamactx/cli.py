@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import ipaddress
 import json
 import logging
 import math
@@ -29,6 +30,7 @@ from llamactx._llamactx import (
     MtmdContext,
     serve_rpc,
 )
+from llamactx._media import MEDIA_URL_MAX_BYTES, MEDIA_URL_TIMEOUT
 from llamactx._models import default_model_path
 from llamactx._speculative import MAX_DRAFT, MAX_NGRAM, DraftModel, NgramDraft, Speculative
 from llamactx.bench import speeds
@@ -64,6 +66,14 @@ def _in_range(convert: Callable[[str], Number], low: Number, high: Number) -> Ca
 COUNT = _in_range(int, 1, INT32_MAX)
 NON_NEGATIVE = _in_range(int, 0, INT32_MAX)
 PROBABILITY = _in_range(float, 0.0, 1.0)
+
+
+def _network(text: str) -> str:
+    """An argparse type: a network in CIDR notation (``10.1.2.0/24``, ``fd00::/8``)."""
+    try:
+        return str(ipaddress.ip_network(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _model_file(text: str) -> Path:
@@ -220,6 +230,9 @@ def _serve(arguments: argparse.Namespace) -> int:
         from llamactx.server._serve import serve
     except ImportError as missing:
         print(f"llamactx serve needs the server extra ({missing}): pip install 'llamactx[server]'", file=sys.stderr)
+        return 2
+    if arguments.allow_media_urls and not arguments.mmproj:
+        print("llamactx serve: --allow-media-urls needs --mmproj, the projector that reads images", file=sys.stderr)
         return 2
     model = _load_model(arguments)
     try:
@@ -475,7 +488,34 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--mmproj",
         metavar="FILE",
-        help="the model's multimodal projector (GGUF): chats may hold images as data: URLs (never fetched)",
+        help="the model's multimodal projector (GGUF): chats may hold images as data: URLs",
+    )
+    serve.add_argument(
+        "--allow-media-urls",
+        action="store_true",
+        help="fetch chats' http(s):// image URLs (with --mmproj), from public addresses only",
+    )
+    serve.add_argument(
+        "--media-url-max-bytes",
+        type=COUNT,
+        default=MEDIA_URL_MAX_BYTES,
+        metavar="N",
+        help="the most bytes the image URLs of one request may bring, together (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--media-url-timeout",
+        type=_in_range(float, 0.001, 600.0),
+        default=MEDIA_URL_TIMEOUT,
+        metavar="SECONDS",
+        help="the longest the image URLs of one request may take, together (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--media-url-allow-network",
+        type=_network,
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="a network that is not public but may be fetched from, e.g. an intranet's (repeatable)",
     )
     serve.add_argument(
         "--draft-model",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import struct
 import zlib
+from typing import Any
 
 import numpy as np
+from synthetic import PROJECTOR_IMAGE_SIZE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: Channels of each 8-bit PNG colour type: grey, RGB, grey + alpha, RGBA.
@@ -33,3 +36,18 @@ def random_png(width: int, height: int, colour: int, seed: int = 0) -> bytes:
     """A PNG of random pixels in one of the ``PNG_CHANNELS`` colour types."""
     rng = np.random.default_rng(seed)
     return png(rng.integers(0, 256, (height, width, PNG_CHANNELS[colour]), dtype=np.uint8))
+
+
+def picture(seed: int, size: int = PROJECTOR_IMAGE_SIZE) -> np.ndarray:
+    """Random RGB pixels, the synthetic projector's size by default."""
+    return np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+
+
+def data_url(image: np.ndarray) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(image)).decode()
+
+
+def image_message(text: str, *images: np.ndarray) -> dict[str, Any]:
+    """A user message of OpenAI's content parts: the images (as data URLs), then ``text``."""
+    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": data_url(image)}} for image in images]
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}

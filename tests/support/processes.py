@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
+import llamactx
+
 CHILDREN = Path(__file__).resolve().parents[1] / "children"
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -45,3 +49,18 @@ def built_mtmd_cli() -> Path | None:
     target = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache" / "llamactx" / "target"))
     found = sorted(target.glob("llama-cmake-cache/*/build/bin/llama-mtmd-cli"), key=lambda path: path.stat().st_mtime)
     return found[-1] if found else None
+
+
+def comparable_mtmd_cli() -> Path:
+    """:func:`built_mtmd_cli`, for a test that compares its output with this process's.
+
+    Skips the test where there is none, and where this process runs one of the wheel's builds:
+    those are compiled by another compiler for other instruction sets, so their sums round
+    differently from the CLI's and greedy choices on a random projector may part."""
+    variant = llamactx.cpu_variant().name
+    if variant != "source":
+        pytest.skip(f"llama-mtmd-cli is the source build's; this process runs the wheel's {variant} build")
+    cli = built_mtmd_cli()
+    if cli is None:
+        pytest.skip("llama-mtmd-cli is compiled by the extension's build from source (make build); none here")
+    return cli

@@ -5,5 +5,6 @@
 """
 
 from llamactx.server._app import create_app
+from llamactx.server._media_urls import MediaUrlPolicy
 
-__all__ = ["create_app"]
+__all__ = ["MediaUrlPolicy", "create_app"]

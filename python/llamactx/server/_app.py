@@ -22,6 +22,7 @@ from llamactx._engine import Engine
 from llamactx._llamactx import LlamaContext
 from llamactx.server._anthropic import Messages
 from llamactx.server._anthropic_protocol import anthropic_error
+from llamactx.server._media_urls import MediaUrlPolicy, MediaUrls
 from llamactx.server._protocol import ApiError
 from llamactx.server._responses import Responses
 from llamactx.server._serving import CLIENT_GONE, Serving
@@ -153,6 +154,7 @@ def create_app(
     api_key: str | None = None,
     embeddings: LlamaContext | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    media_urls: MediaUrlPolicy | None = None,
 ) -> Starlette:
     """An ASGI application serving OpenAI's API with ``engine``: ``/v1/models``,
     ``/v1/completions``, ``/v1/chat/completions`` (streamed as server-sent events or not),
@@ -168,11 +170,16 @@ def create_app(
     without ``model``);
     ``api_key``, when set, is required as ``Authorization: Bearer KEY`` (or, on Anthropic's routes,
     ``x-api-key: KEY``) everywhere but ``/health``; ``embeddings``, a context made with ``embeddings=True``, serves
-    ``/v1/embeddings``; bodies over ``max_body_bytes`` get 413. The app does not own the engine:
+    ``/v1/embeddings``; bodies over ``max_body_bytes`` get 413. Chats' ``http(s)://`` image URLs
+    are refused (400) unless ``media_urls`` allows fetching them (and the engine has a projector
+    that reads images): only public addresses or the policy's networks, within its size limit and
+    timeout (``MediaUrlPolicy``). The app does not own the engine:
     close it when the app is done. Mount it in another Starlette or FastAPI app as any ASGI app.
     """
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    if media_urls is not None and (engine.mtmd is None or not engine.mtmd.supports_vision()):
+        raise ValueError("media_urls fetches images: the engine needs a projector that reads images (mtmd)")
     serving = Serving(
         engine,
         model_id or _default_model_id(engine),
@@ -181,6 +188,7 @@ def create_app(
         api_key,
         embeddings,
         max_body_bytes,
+        None if media_urls is None else MediaUrls(media_urls),
     )
     routes = _routes(serving)
     handlers: dict[Any, Callable[[HttpRequest, Exception], Awaitable[Response]]] = {

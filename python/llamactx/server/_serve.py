@@ -18,6 +18,7 @@ from llamactx._engine import Engine
 from llamactx._llamactx import LlamaContext, LlamaModel, MtmdContext, MtmdError
 from llamactx._speculative import Speculative
 from llamactx.server._app import create_app
+from llamactx.server._media_urls import MediaUrlPolicy
 
 __all__ = ["serve"]
 
@@ -107,6 +108,17 @@ def serve(
     return 0
 
 
+def _media_url_policy(arguments: argparse.Namespace) -> MediaUrlPolicy | None:
+    """What ``--allow-media-urls`` and the ``--media-url-*`` options allow; None without it."""
+    if not arguments.allow_media_urls:
+        return None
+    return MediaUrlPolicy(
+        max_bytes=arguments.media_url_max_bytes,
+        timeout=arguments.media_url_timeout,
+        allowed_networks=tuple(arguments.media_url_allow_network),
+    )
+
+
 def _serve_until_stopped(
     engine: Engine, sock: socket.socket, arguments: argparse.Namespace, embeddings: LlamaContext | None
 ) -> None:
@@ -117,6 +129,7 @@ def _serve_until_stopped(
         strict_model=arguments.strict_model,
         api_key=arguments.api_key,
         embeddings=embeddings,
+        media_urls=_media_url_policy(arguments),
     )
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -37,6 +37,7 @@ from llamactx._llamactx import (
 from llamactx._render import Message, PreparedChat
 from llamactx._schema_check import OutputCheck
 from llamactx._tools import Tool, ToolChoice
+from llamactx.server._media_urls import MediaUrls, refuse_media_urls
 from llamactx.server._metrics import ServerMetrics
 from llamactx.server._protocol import (
     PENALTY_WINDOW_MAX,
@@ -162,6 +163,7 @@ class Serving:
         api_key: str | None,
         embeddings: LlamaContext | None,
         max_body_bytes: int,
+        media_urls: MediaUrls | None = None,
     ) -> None:
         self.engine = engine
         self.model = engine.model
@@ -174,6 +176,7 @@ class Serving:
         self.embeddings = embeddings
         self.embeddings_lock = threading.Lock()
         self.max_body_bytes = max_body_bytes
+        self.media_urls = media_urls
         self.metrics = ServerMetrics(engine)
         self.created = int(time.time())
 
@@ -238,9 +241,10 @@ class Serving:
         body = await self._body(http, ChatRequest)
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top = body.top_logprobs or 0
+        messages = await self._with_media_fetched([message.model_dump(exclude_none=True) for message in body.messages])
 
         def submit() -> tuple[PreparedChat, list[_Job]]:
-            chat = self._prepared_chat(body)
+            chat = self._prepared_chat(body, messages)
             jobs = self._submitted(
                 body,
                 [chat],
@@ -256,9 +260,18 @@ class Serving:
         envelope = Envelope("chatcmpl", "chat.completion", self.model_id, body.stream_options)
         return await self._respond(http, envelope, jobs, body.stream, _ChatChoices(self, chat, body.logprobs, top))
 
-    def _prepared_chat(self, body: ChatRequest) -> PreparedChat:
-        """The chat of ``body`` (``_rendered_chat``)."""
-        messages = [message.model_dump(exclude_none=True) for message in body.messages]
+    async def _with_media_fetched(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``messages``, their ``http(s)://`` image URLs fetched into ``data:`` URLs where the
+        server was made to (``MediaUrlPolicy``), else refused with a 400 that says how to allow
+        them (on a server that reads images at all; another refuses every image)."""
+        if self.media_urls is not None:
+            await self.media_urls.inline(messages)
+        elif self.engine.mtmd is not None:
+            refuse_media_urls(messages)
+        return messages
+
+    def _prepared_chat(self, body: ChatRequest, messages: list[dict[str, Any]]) -> PreparedChat:
+        """The chat of ``body``, whose ``messages`` are given as dicts (``_rendered_chat``)."""
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
         choice = body.tool_choice or "auto"
         named = choice if isinstance(choice, str) else choice.model_dump()

@@ -1,0 +1,304 @@
+"""Image URLs a server fetches, where its operator allowed it (``MediaUrlPolicy``).
+
+llamactx itself reads only ``data:`` URLs (``llamactx._media.bitmap_of_url``). A server made with
+a policy fetches a chat's ``http(s)://`` image URLs before the chat is rendered and hands them on
+as ``data:`` URLs. A URL is a request for this machine to connect somewhere, so:
+
+- every address its host resolves to must be public: loopback, private, link-local (where cloud
+  metadata services answer), shared, unique-local, multicast and reserved addresses are refused,
+  IPv4 inside IPv6 included, unless the operator named their network;
+- the connection goes to the address that was checked, not to a second lookup's answer, so a
+  DNS answer that changes in between (DNS rebinding) cannot move it; TLS still verifies the
+  certificate against the URL's host name;
+- redirects are followed, at most ``MAX_REDIRECTS``, each checked the same way;
+- the fetches of one request share one deadline and one byte budget, and run on threads of
+  their own, so slow hosts never hold the threads that render other requests' chats; at the
+  deadline the connection is shut down, so no fetch outlasts it (a host name's resolution
+  excepted: it takes as long as the system's resolver lets it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import http.client
+import ipaddress
+import re
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from llamactx._media import MAX_IMAGE_BYTES, MEDIA_URL_MAX_BYTES, MEDIA_URL_TIMEOUT
+from llamactx.server._protocol import ApiError
+
+__all__ = ["MAX_REDIRECTS", "MediaUrlPolicy", "MediaUrls", "refuse_media_urls"]
+
+#: Redirects followed for one image URL.
+MAX_REDIRECTS = 3
+#: Threads fetching at once, for all requests: more requests wait for one (within their deadline).
+FETCH_THREADS = 8
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_CHUNK = 64 * 1024
+_IMAGE_TYPE = re.compile(r"image/[a-z0-9.+-]+", re.IGNORECASE)
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True)
+class MediaUrlPolicy:
+    """What a server may fetch for ``http(s)://`` image URLs (``create_app(media_urls=...)``,
+    ``llamactx serve --allow-media-urls``).
+
+    ``max_bytes`` bounds what all the image URLs of one request bring together (each is also at
+    most ``MAX_IMAGE_BYTES``, as a ``data:`` URL is), ``timeout`` (seconds) the time all of them
+    take together, connections and redirects included. ``allowed_networks`` (CIDR strings such as
+    ``"10.1.2.0/24"``) are networks that are not public but may be fetched from, such as an
+    intranet's image store; no other non-public address ever is. ``ssl_context`` verifies
+    ``https://`` hosts (default: the system's certificate authorities).
+    """
+
+    max_bytes: int = MEDIA_URL_MAX_BYTES
+    timeout: float = MEDIA_URL_TIMEOUT
+    allowed_networks: Sequence[str] = ()
+    ssl_context: ssl.SSLContext | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
+        if not 0 < self.timeout <= 600:
+            raise ValueError(f"timeout must be in (0, 600] seconds, got {self.timeout}")
+        for network in self.allowed_networks:
+            ipaddress.ip_network(network)  # ValueError names a malformed one
+
+
+def refuse_media_urls(messages: Sequence[Mapping[str, Any]]) -> None:
+    """``ApiError`` 400 for a message with an ``http(s)://`` image URL, on a server that fetches
+    none: the message says how to allow them."""
+    for _part, url in _image_urls(messages):
+        if url.lower().startswith(("http://", "https://")):
+            raise ApiError(
+                400,
+                f"this server does not fetch image URLs ({url[:60]!r}); send the image as a data:image/...;base64 "
+                "URL, or start the server with --allow-media-urls",
+                param="messages",
+                code="media_url_refused",
+            )
+
+
+class MediaUrls:
+    """Fetches the ``http(s)://`` image URLs of chats under a ``MediaUrlPolicy``."""
+
+    def __init__(self, policy: MediaUrlPolicy) -> None:
+        self.policy = policy
+        self.networks: tuple[_Network, ...] = tuple(ipaddress.ip_network(net) for net in policy.allowed_networks)
+        self.ssl_context = policy.ssl_context or ssl.create_default_context()
+        self.threads = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="llamactx-media-url")
+
+    async def inline(self, messages: Sequence[MutableMapping[str, Any]]) -> None:
+        """Replaces, in place, each ``http(s)://`` image URL of ``messages`` with a ``data:`` URL
+        of what it holds. ``ApiError`` 400 (param ``messages``) for a URL refused, failing, too
+        large or too slow."""
+        deadline = time.monotonic() + self.policy.timeout
+        budget = self.policy.max_bytes
+        loop = asyncio.get_running_loop()
+        for part, url in _image_urls(messages):
+            if not url.lower().startswith(("http://", "https://")):
+                continue
+            fetch = loop.run_in_executor(self.threads, self._fetch, url, deadline, budget)
+            try:
+                data, media_type = await asyncio.wait_for(fetch, max(0.0, deadline - time.monotonic()) + 0.5)
+            except (TimeoutError, asyncio.TimeoutError):
+                raise _refused(url, f"not fetched within {self.policy.timeout:g} s") from None
+            budget -= len(data)
+            encoded = base64.b64encode(data).decode("ascii")
+            part["image_url"] = {**part["image_url"], "url": f"data:{media_type};base64,{encoded}"}
+
+    def _fetch(self, url: str, deadline: float, budget: int) -> tuple[bytes, str]:
+        """What ``url`` holds (following redirects) and its image media type, at most
+        ``budget`` bytes by ``deadline``."""
+        for _ in range(MAX_REDIRECTS + 1):
+            status, location, data, media_type = self._get(url, deadline, budget)
+            if status not in _REDIRECTS:
+                if status != 200:
+                    raise _refused(url, f"its host answered HTTP {status}")
+                return data, media_type
+            if not location:
+                raise _refused(url, f"its host answered HTTP {status} without a Location")
+            url = urljoin(url, location)
+        raise _refused(url, f"more than {MAX_REDIRECTS} redirects")
+
+    def _get(self, url: str, deadline: float, budget: int) -> tuple[int, str | None, bytes, str]:
+        """One GET of ``url``: the status, the redirect's location, the body (of a 200) and its
+        media type."""
+        try:
+            host, port, path, secure = _parts(url)
+            addresses = self._vetted_addresses(url, host, port)
+            connection: http.client.HTTPConnection
+            if secure:
+                connection = _PinnedHTTPSConnection(host, addresses, port, _left(deadline), self.ssl_context)
+            else:
+                connection = _PinnedHTTPConnection(host, addresses, port, _left(deadline))
+            guard: threading.Timer | None = None
+            try:
+                connection.connect()
+                guard = _cut_at(connection.sock, deadline)
+                connection.request("GET", path, headers={"Accept": "image/*", "User-Agent": "llamactx"})
+                with connection.getresponse() as response:
+                    if response.status != 200:
+                        return response.status, response.getheader("Location"), b"", ""
+                    length = response.getheader("Content-Length")
+                    if length is not None and length.isdigit() and int(length) > min(budget, MAX_IMAGE_BYTES):
+                        raise _too_large(url, budget)
+                    data = _body(response, url, deadline, budget)
+                    kind = (response.getheader("Content-Type") or "").split(";")[0].strip()
+                    return 200, None, data, kind if _IMAGE_TYPE.fullmatch(kind) else "image/unknown"
+            finally:
+                if guard is not None:
+                    guard.cancel()
+                connection.close()
+        except (OSError, http.client.HTTPException, ValueError, UnicodeError) as error:
+            if isinstance(error, TimeoutError) or time.monotonic() >= deadline:  # or cut at the deadline
+                raise _refused(url, f"not fetched within {self.policy.timeout:g} s") from None
+            raise _refused(url, f"it could not be fetched: {type(error).__name__}: {str(error)[:200]}") from None
+
+    def _vetted_addresses(self, url: str, host: str, port: int) -> list[str]:
+        """The addresses to connect to for ``host``, in the resolver's order: every address it
+        resolves to must be public or in an allowed network."""
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as error:
+            raise _refused(url, f"its host does not resolve: {error.strerror}") from None
+        addresses = [_unmapped(ipaddress.ip_address(str(info[4][0]).split("%")[0])) for info in found]
+        for address in addresses:
+            if not (address.is_global and not address.is_multicast) and not any(
+                address in network for network in self.networks if network.version == address.version
+            ):
+                raise _refused(url, f"its host resolves to {address}, which is not a public address")
+        return list(dict.fromkeys(str(address) for address in addresses))
+
+
+def _image_urls(messages: Iterable[Mapping[str, Any]]) -> Iterator[tuple[MutableMapping[str, Any], str]]:
+    """Each ``image_url`` part of ``messages`` whose URL is a string, with that URL."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if isinstance(part, MutableMapping) and part.get("type") == "image_url":
+                image_url = part.get("image_url")
+                if isinstance(image_url, Mapping) and isinstance(image_url.get("url"), str):
+                    yield part, image_url["url"]
+
+
+def _parts(url: str) -> tuple[str, int, str, bool]:
+    """The host (IDNA-encoded), port, path with query, and whether it is ``https``, of ``url``."""
+    split = urlsplit(url)
+    if split.username is not None or split.password is not None:
+        raise ValueError("URLs with credentials are not fetched")
+    if not split.hostname:
+        raise ValueError("the URL has no host")
+    secure = split.scheme.lower() == "https"
+    host = split.hostname.encode("idna").decode("ascii")
+    path = (split.path or "/") + (f"?{split.query}" if split.query else "")
+    return host, split.port or (443 if secure else 80), path, secure
+
+
+def _unmapped(address: _Address) -> _Address:
+    """The IPv4 address an IPv4-mapped IPv6 address (``::ffff:a.b.c.d``) stands for."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _cut_at(sock: socket.socket | None, deadline: float) -> threading.Timer:
+    """A timer that shuts ``sock`` down at ``deadline``, so that no read of a host that answers
+    slowly (a byte at a time, each within any socket timeout) outlasts it."""
+
+    def cut() -> None:
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the TCP socket under any TLS
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _body(response: http.client.HTTPResponse, url: str, deadline: float, budget: int) -> bytes:
+    """The body of ``response``, read by ``deadline``: ``ApiError`` past ``budget`` bytes."""
+    limit = min(budget, MAX_IMAGE_BYTES)
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := response.read1(_CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(url, budget)
+        chunks.append(chunk)
+    _left(deadline)  # an end at the deadline is the cut, not the body's end
+    return b"".join(chunks)
+
+
+def _left(deadline: float) -> float:
+    """Seconds until ``deadline``; ``TimeoutError`` once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
+def _refused(url: str, why: str) -> ApiError:
+    message = f"the image URL {url[:80]!r} was not fetched: {why}"
+    return ApiError(400, message, param="messages", code="media_url_refused")
+
+
+def _too_large(url: str, budget: int) -> ApiError:
+    return _refused(url, f"it holds more than the {min(budget, MAX_IMAGE_BYTES)} bytes left to this request's images")
+
+
+def _connected(addresses: Sequence[str], port: int, timeout: float | None) -> socket.socket:
+    """A connection to the first of ``addresses`` that answers (as ``socket.create_connection``
+    tries a host's addresses)."""
+    failure: OSError = OSError("no address")
+    for address in addresses:
+        try:
+            return socket.create_connection((address, port), timeout)
+        except OSError as error:
+            failure = error
+    raise failure
+
+
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection to ``host`` that connects to one of ``addresses``, checked before."""
+
+    def __init__(self, host: str, addresses: Sequence[str], port: int, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.addresses = addresses
+
+    def connect(self) -> None:
+        self.sock = _connected(self.addresses, self.port, self.timeout)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """An HTTPS connection to ``host`` that connects to one of ``addresses``, checked before,
+    and verifies the certificate against ``host``."""
+
+    def __init__(self, host: str, addresses: Sequence[str], port: int, timeout: float, context: ssl.SSLContext) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self.addresses = addresses
+        self.tls = context
+
+    def connect(self) -> None:
+        raw = _connected(self.addresses, self.port, self.timeout)
+        try:
+            self.sock = self.tls.wrap_socket(raw, server_hostname=self.host)
+        except BaseException:
+            raw.close()
+            raise
