@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
 
+import anthropic
 import openai
 import pytest
 from cryptography import x509
@@ -286,10 +287,11 @@ def test_https_hosts_are_verified_against_the_url_s_host_name(tls_files: tuple[F
     assert "IP address mismatch" in mismatch.message
 
 
-def test_the_server_fetches_image_urls_only_when_started_to(
+def test_the_server_reads_an_image_alike_by_data_or_url_on_each_api(
     files: FileServer, model_path: Path, projector_path: Path
 ) -> None:
-    image = picture(60)
+    image, question = picture(60), "What is it?"
+    url = files.url("/image.png")
     with (
         running_server(
             model_path,
@@ -298,25 +300,51 @@ def test_the_server_fetches_image_urls_only_when_started_to(
             *("--allow-media-urls", "--media-url-allow-network", "127.0.0.1/32"),
         ) as server,
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused") as client,
+        anthropic.Anthropic(base_url=server.url, api_key="unused") as claude,
     ):
-        replies = [
-            client.chat.completions.create(
+
+        def chat(message: dict[str, Any]) -> str | None:
+            completion = client.chat.completions.create(
                 model=MODEL_ID,
                 messages=[message],  # type: ignore[list-item]
                 max_tokens=12,
                 temperature=0,
             )
-            .choices[0]
-            .message.content
-            for message in (image_message("What is it?", image), url_message(files.url("/image.png")))
-        ]
-        assert replies[0] == replies[1]
-        with pytest.raises(openai.BadRequestError, match="not a public address"):
-            client.chat.completions.create(
+            return completion.choices[0].message.content
+
+        def claude_reply(source: dict[str, str]) -> str:
+            content: Any = [{"type": "image", "source": source}, {"type": "text", "text": question}]
+            message = claude.messages.create(
                 model=MODEL_ID,
-                messages=[url_message("http://169.254.169.254/latest/meta-data/")],  # type: ignore[list-item]
-                max_tokens=2,
+                max_tokens=12,
+                messages=[{"role": "user", "content": content}],
+                extra_body={"temperature": 0},
             )
+            return "".join(block.text for block in message.content if block.type == "text")
+
+        def response_text(image_url: str) -> str:
+            content: Any = [{"type": "input_image", "image_url": image_url}, {"type": "input_text", "text": question}]
+            response = client.responses.create(
+                model=MODEL_ID, max_output_tokens=12, temperature=0, input=[{"role": "user", "content": content}]
+            )
+            return response.output_text
+
+        expected = chat(image_message(question, image))
+        assert expected
+        assert chat(url_message(url)) == expected
+        encoded = base64.b64encode(IMAGE).decode()
+        assert claude_reply({"type": "base64", "media_type": "image/png", "data": encoded}) == expected
+        assert claude_reply({"type": "url", "url": url}) == expected
+        assert response_text(data_url(image)) == expected
+        assert response_text(url) == expected
+        with pytest.raises(openai.BadRequestError, match="not a public address") as refused:
+            chat(url_message("http://169.254.169.254/latest/meta-data/"))
+        assert refused.value.code == "media_url_refused"
+        with pytest.raises(anthropic.BadRequestError, match="not a public address"):
+            claude_reply({"type": "url", "url": "http://10.1.2.3/x.png"})
+        with pytest.raises(openai.BadRequestError, match="not a public address") as refused:
+            response_text("http://[::1]/x.png")
+        assert refused.value.param == "input"
 
 
 def test_fetching_image_urls_needs_a_projector(model_path: Path, model: llamactx.LlamaModel) -> None:

@@ -318,15 +318,19 @@ def test_the_api_key_comes_as_x_api_key_or_bearer(server: Server) -> None:
 
 
 def test_malformed_messages_are_bad_requests_in_anthropics_shape(client: anthropic.Anthropic) -> None:
-    image: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    document: Any = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}
     with pytest.raises(anthropic.BadRequestError) as refused:
-        client.messages.create(model=MODEL_ID, max_tokens=1, messages=[{"role": "user", "content": [image]}])
+        client.messages.create(model=MODEL_ID, max_tokens=1, messages=[{"role": "user", "content": [document]}])
     assert refused.value.status_code == 400
     assert isinstance(refused.value.body, dict)
     assert set(refused.value.body) == {"type", "error"}
     assert refused.value.body["error"]["type"] == "invalid_request_error"
     assert "messages.0.content.0" in refused.value.body["error"]["message"]
-    assert "no images" in refused.value.body["error"]["message"]
+    assert "reads no documents" in refused.value.body["error"]["message"]
+    # An image is read as chat reads it: here, by a server without a projector, refused.
+    image: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    with pytest.raises(anthropic.BadRequestError, match="without a projector"):
+        client.messages.create(model=MODEL_ID, max_tokens=1, messages=[{"role": "user", "content": [image]}])
     with pytest.raises(anthropic.BadRequestError, match="frobnicate"):
         client.messages.create(model=MODEL_ID, max_tokens=1, messages=ASK, extra_body={"frobnicate": 1})
 

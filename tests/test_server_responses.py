@@ -399,9 +399,14 @@ HOSTILE_BODIES: list[tuple[str, Any, str | None]] = [
     ("an item of an unknown type", responses_body(input=[{"type": "web_search_call", "id": "x"}]), "input.0"),
     ("a bad role", responses_body(input=[{"role": "wizard", "content": "hi"}]), "input.0.role"),
     (
-        "an image",
+        "an image, on a server without a projector",
         responses_body(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]),
-        "input.0.content.0",
+        "input",
+    ),
+    (
+        "an image by file id",
+        responses_body(input=[{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]),
+        "input.0.content.0.image_url",
     ),
     (
         "a file",

@@ -41,9 +41,11 @@ class Messages:
         serving = self.serving
         body = await serving._body(http, MessagesRequest)
         sampling = body.sampling()
+        inputs = body.chat_inputs()
+        await serving._with_media_fetched(inputs.messages)
 
         def submit() -> tuple[PreparedChat, list[_Job]]:
-            chat = serving._rendered_chat(*body.chat_inputs())
+            chat = serving._rendered_chat(*inputs)
             jobs = serving._submitted(
                 sampling,
                 [chat],
@@ -68,8 +70,10 @@ class Messages:
 
     async def count_tokens(self, http: HttpRequest) -> Response:
         body = await self.serving._body(http, CountTokensRequest)
+        inputs = body.chat_inputs()
+        await self.serving._with_media_fetched(inputs.messages)
         try:
-            chat = await asyncio.to_thread(self.serving._rendered_chat, *body.chat_inputs())
+            chat = await asyncio.to_thread(self.serving._rendered_chat, *inputs)
         except ContextLengthExceeded as error:  # too long to answer, not to count
             counted: InputTokens = {"input_tokens": error.n_prompt_tokens}
         else:

@@ -2,10 +2,11 @@
 ``/v1/messages/count_tokens``), their conversation as the chat messages, tools and tool choice
 that ``Engine.prepare_chat`` takes, and the shapes of the message, its stream of events and
 Anthropic's error object. A body is checked once, by its pydantic model, as the OpenAI routes'
-are: a wrong type, an unknown field or a block this server cannot read (an image, a document) is
-a 400 naming its path. ``cache_control``, ``metadata`` and ``thinking`` are accepted and
-ignored: the prefix cache reuses a repeated prompt unasked, and the reply has no thinking
-blocks (the model reasons as its chat template makes it)."""
+are: a wrong type, an unknown field or a block this server cannot read (a document) is a 400
+naming its path. Image blocks become OpenAI's image parts, read as the chat endpoint reads them
+(base64 data, or a URL only a server made to fetch fetches). ``cache_control``, ``metadata``
+and ``thinking`` are accepted and ignored: the prefix cache reuses a repeated prompt unasked,
+and the reply has no thinking blocks (the model reasons as its chat template makes it)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,31 @@ def _text(content: str | list[TextBlock]) -> str | list[dict[str, str]]:
     return content if isinstance(content, str) else [{"type": "text", "text": block.text} for block in content]
 
 
+class Base64Source(_Body):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str
+
+
+class UrlSource(_Body):
+    type: Literal["url"]
+    url: str
+
+
+class ImageBlock(_Body):
+    """An image of a user's turn: base64 data, or a URL (fetched only by a server made to)."""
+
+    type: Literal["image"]
+    source: Annotated[Base64Source | UrlSource, Field(discriminator="type")]
+    cache_control: CacheControl | None = None
+
+    def chat_part(self) -> dict[str, Any]:
+        """The image as OpenAI's ``image_url`` part."""
+        source = self.source
+        url = source.url if isinstance(source, UrlSource) else f"data:{source.media_type};base64,{source.data}"
+        return {"type": "image_url", "image_url": {"url": url}}
+
+
 class ToolUseBlock(_Body):
     """A call of an earlier reply."""
 
@@ -121,13 +147,15 @@ Text = Annotated[
 ]
 
 
-_NO_MEDIA = "this server reads text: no images or documents"
 UserBlock = Annotated[
-    Annotated[TextBlock, Tag("type=text")] | Annotated[ToolResultBlock, Tag("type=tool_result")],
+    Annotated[TextBlock, Tag("type=text")]
+    | Annotated[ImageBlock, Tag("type=image")]
+    | Annotated[ToolResultBlock, Tag("type=tool_result")],
     Discriminator(
         _tagged("type"),
         custom_error_type="content_block",
-        custom_error_message=f"a user message's content blocks are of type text or tool_result ({_NO_MEDIA})",
+        custom_error_message="a user message's content blocks are of type text, image or tool_result "
+        "(this server reads no documents)",
     ),
 ]
 AssistantBlock = Annotated[
@@ -135,7 +163,7 @@ AssistantBlock = Annotated[
     Discriminator(
         _tagged("type"),
         custom_error_type="content_block",
-        custom_error_message=f"an assistant message's content blocks are of type text or tool_use ({_NO_MEDIA})",
+        custom_error_message="an assistant message's content blocks are of type text or tool_use",
     ),
 ]
 
@@ -148,17 +176,19 @@ class UserMessage(_Body):
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """The turn as OpenAI's messages, in order: each tool result a ``tool`` message, the text
-        blocks between them user messages of text parts."""
+        and image blocks between them user messages of text and image parts."""
         if isinstance(self.content, str):
             return [{"role": "user", "content": self.content}]
         messages: list[dict[str, Any]] = []
         for block in self.content:
             if isinstance(block, ToolResultBlock):
                 messages.append(block.chat_message())
-            elif messages and messages[-1]["role"] == "user":
-                messages[-1]["content"] += _text([block])
+                continue
+            part = block.chat_part() if isinstance(block, ImageBlock) else {"type": "text", "text": block.text}
+            if messages and messages[-1]["role"] == "user":
+                messages[-1]["content"].append(part)
             else:
-                messages.append({"role": "user", "content": _text([block])})
+                messages.append({"role": "user", "content": [part]})
         return messages
 
 

@@ -107,10 +107,11 @@ class Responses:
         body = await serving._body(http, ResponseRequest)
         conversation = [*self._continued(body.previous_response_id), *body.input_items()]
         sampling = body.sampling()
+        messages = await serving._with_media_fetched(chat_messages(body.instructions, conversation), "input")
 
         def submit() -> tuple[PreparedChat, list[_Job]]:
             chat = serving._rendered_chat(
-                chat_messages(body.instructions, conversation),
+                messages,
                 body.chat_tools(),
                 body.chat_tool_choice(),
                 body.parallel_tool_calls is not False,

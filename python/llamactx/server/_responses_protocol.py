@@ -43,8 +43,8 @@ __all__ = [
     "output_items",
 ]
 
-#: Content parts that carry something other than text: refused, naming the part.
-REFUSED_PARTS = frozenset(["input_image", "input_file", "input_audio"])
+#: Content parts this server does not read: refused, naming the part.
+REFUSED_PARTS = frozenset(["input_file", "input_audio"])
 
 
 def _text_or_parts(value: Any) -> str:
@@ -74,18 +74,62 @@ class ContentPart(_Body):
     @classmethod
     def _text_only(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("type") in REFUSED_PARTS:
-            raise ValueError(f"{data['type']} parts are not supported: this server reads text only")
+            raise ValueError(f"{data['type']} parts are not supported: this server reads text and images")
         return data
+
+
+class InputImagePart(_Body):
+    """An image of a message: ``image_url`` a ``data:`` URL, or a URL that only a server made to
+    fetch image URLs fetches. ``detail`` is accepted and ignored: the projector decides."""
+
+    type: Literal["input_image"]
+    image_url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+    def chat_part(self) -> dict[str, Any]:
+        """The image as OpenAI's chat ``image_url`` part."""
+        return {"type": "image_url", "image_url": {"url": self.image_url}}
+
+
+def _part_kind(value: Any) -> str:
+    """A message part's tag (not an identifier, as ``_item_kind``'s): an image or a text."""
+    return "type=input_image" if isinstance(value, dict) and value.get("type") == "input_image" else "type=text"
 
 
 #: A text, or text parts (which are read as their texts joined).
 Content = Annotated[
     Annotated[str, Tag("str")] | Annotated[list[ContentPart], Tag("list")], Discriminator(_text_or_parts)
 ]
+#: A message's text, or its text and image parts.
+MessageContent = Annotated[
+    Annotated[str, Tag("str")]
+    | Annotated[
+        list[
+            Annotated[
+                Annotated[ContentPart, Tag("type=text")] | Annotated[InputImagePart, Tag("type=input_image")],
+                Discriminator(_part_kind),
+            ]
+        ],
+        Tag("list"),
+    ],
+    Discriminator(_text_or_parts),
+]
 
 
 def _text(content: str | list[ContentPart]) -> str:
     return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def _chat_content(content: str | list[ContentPart | InputImagePart]) -> str | list[dict[str, Any]]:
+    """A message's content as chat's: its texts joined, or with images, chat's parts in order."""
+    if isinstance(content, str):
+        return content
+    if not any(isinstance(part, InputImagePart) for part in content):
+        return "".join(part.text for part in content if isinstance(part, ContentPart))
+    return [
+        part.chat_part() if isinstance(part, InputImagePart) else {"type": "text", "text": part.text}
+        for part in content
+    ]
 
 
 class MessageItem(_Body):
@@ -94,7 +138,7 @@ class MessageItem(_Body):
 
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: Content
+    content: MessageContent
     id: str | None = None
     status: str | None = None
 
@@ -262,7 +306,7 @@ def chat_messages(instructions: str | None, items: Sequence[InputItem]) -> list[
     messages: list[dict[str, Any]] = [] if instructions is None else [{"role": "system", "content": instructions}]
     for item in items:
         if isinstance(item, MessageItem):
-            messages.append({"role": item.role, "content": _text(item.content)})
+            messages.append({"role": item.role, "content": _chat_content(item.content)})
         elif isinstance(item, FunctionCallOutputItem):
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
         else:

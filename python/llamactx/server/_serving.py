@@ -260,14 +260,21 @@ class Serving:
         envelope = Envelope("chatcmpl", "chat.completion", self.model_id, body.stream_options)
         return await self._respond(http, envelope, jobs, body.stream, _ChatChoices(self, chat, body.logprobs, top))
 
-    async def _with_media_fetched(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def _with_media_fetched(
+        self, messages: list[dict[str, Any]], messages_param: str = "messages"
+    ) -> list[dict[str, Any]]:
         """``messages``, their ``http(s)://`` image URLs fetched into ``data:`` URLs where the
         server was made to (``MediaUrlPolicy``), else refused with a 400 that says how to allow
-        them (on a server that reads images at all; another refuses every image)."""
-        if self.media_urls is not None:
-            await self.media_urls.inline(messages)
-        elif self.engine.mtmd is not None:
-            refuse_media_urls(messages)
+        them (on a server that reads images at all; another refuses every image). The messages
+        are ``messages_param`` of the body, which a 400 names."""
+        try:
+            if self.media_urls is not None:
+                await self.media_urls.inline(messages)
+            elif self.engine.mtmd is not None:
+                refuse_media_urls(messages)
+        except ApiError as failure:
+            failure.param = messages_param
+            raise
         return messages
 
     def _prepared_chat(self, body: ChatRequest, messages: list[dict[str, Any]]) -> PreparedChat:
