@@ -129,6 +129,8 @@ ROUTES: dict[str, Callable[[BaseHTTPRequestHandler], None]] = {
     "/to-private": _redirect("http://10.0.0.1/image.png"),
     "/to-other-loopback": _redirect("http://127.0.0.2:PORT/image.png"),
     "/loop": _redirect("/loop"),
+    "/to-file": _redirect("file:///etc/passwd"),
+    "/to-ftp": _redirect("ftp://127.0.0.1:PORT/image.png"),
 }
 
 
@@ -206,6 +208,8 @@ def test_redirects_are_followed_and_checked_like_the_first_url(files: FileServer
     assert "10.0.0.1, which is not a public address" in refusal(policy, files.url("/to-private")).message
     assert "127.0.0.2, which is not a public address" in refusal(policy, files.url("/to-other-loopback")).message
     assert "more than 3 redirects" in refusal(policy, files.url("/loop")).message
+    assert "not 'file' ones" in refusal(policy, files.url("/to-file")).message
+    assert "not 'ftp' ones" in refusal(policy, files.url("/to-ftp")).message
     assert "answered HTTP 404" in refusal(policy, files.url("/nothing-here")).message
 
 

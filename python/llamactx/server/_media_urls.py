@@ -200,6 +200,8 @@ def _image_urls(messages: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Mutable
 def _parts(url: str) -> tuple[str, int, str, bool]:
     """The host (IDNA-encoded), port, path with query, and whether it is ``https``, of ``url``."""
     split = urlsplit(url)
+    if split.scheme.lower() not in ("http", "https"):
+        raise ValueError(f"only http(s) URLs are fetched, not {split.scheme[:16]!r} ones")
     if split.username is not None or split.password is not None:
         raise ValueError("URLs with credentials are not fetched")
     if not split.hostname:
