@@ -81,15 +81,14 @@ class MediaUrlPolicy:
 def refuse_media_urls(messages: Sequence[Mapping[str, Any]]) -> None:
     """``ApiError`` 400 for a message with an ``http(s)://`` image URL, on a server that fetches
     none: the message says how to allow them."""
-    for _part, url in _image_urls(messages):
-        if url.lower().startswith(("http://", "https://")):
-            raise ApiError(
-                400,
-                f"this server does not fetch image URLs ({url[:60]!r}); send the image as a data:image/...;base64 "
-                "URL, or start the server with --allow-media-urls",
-                param="messages",
-                code="media_url_refused",
-            )
+    for _part, url in _http_image_urls(messages):
+        raise ApiError(
+            400,
+            f"this server does not fetch image URLs ({url[:60]!r}); send the image as a data:image/...;base64 "
+            "URL, or start the server with --allow-media-urls",
+            param="messages",
+            code="media_url_refused",
+        )
 
 
 class MediaUrls:
@@ -108,9 +107,7 @@ class MediaUrls:
         deadline = time.monotonic() + self.policy.timeout
         budget = self.policy.max_bytes
         loop = asyncio.get_running_loop()
-        for part, url in _image_urls(messages):
-            if not url.lower().startswith(("http://", "https://")):
-                continue
+        for part, url in _http_image_urls(messages):
             fetch = loop.run_in_executor(self.threads, self._fetch, url, deadline, budget)
             try:
                 data, media_type = await asyncio.wait_for(fetch, max(0.0, deadline - time.monotonic()) + 0.5)
@@ -184,8 +181,8 @@ class MediaUrls:
         return list(dict.fromkeys(str(address) for address in addresses))
 
 
-def _image_urls(messages: Iterable[Mapping[str, Any]]) -> Iterator[tuple[MutableMapping[str, Any], str]]:
-    """Each ``image_url`` part of ``messages`` whose URL is a string, with that URL."""
+def _http_image_urls(messages: Iterable[Mapping[str, Any]]) -> Iterator[tuple[MutableMapping[str, Any], str]]:
+    """Each ``image_url`` part of ``messages`` whose URL is an ``http(s)://`` one, with that URL."""
     for message in messages:
         content = message.get("content") if isinstance(message, Mapping) else None
         if not isinstance(content, list):
@@ -193,8 +190,9 @@ def _image_urls(messages: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Mutable
         for part in content:
             if isinstance(part, MutableMapping) and part.get("type") == "image_url":
                 image_url = part.get("image_url")
-                if isinstance(image_url, Mapping) and isinstance(image_url.get("url"), str):
-                    yield part, image_url["url"]
+                url = image_url.get("url") if isinstance(image_url, Mapping) else None
+                if isinstance(url, str) and url.lower().startswith(("http://", "https://")):
+                    yield part, url
 
 
 def _parts(url: str) -> tuple[str, int, str, bool]:
