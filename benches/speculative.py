@@ -8,11 +8,14 @@ at once, for
   token, so this measures the machinery's overhead and the gate, not a realistic pairing);
 - "draft always": the same with ``only_where_faster=False``: drafting at every step.
 
-- "grounded": repeat a ~300-token code block with one name changed (the reply quotes its input);
+- "quote": repeat a ~170-token text word for word (the reply quotes its input, and SmolLM2-135M
+  does: its replies equal the texts, but for one letter left out in three of the eight);
+- "code edit": repeat a ~300-token code block with one name changed (the issue's example; the
+  135M model does not follow it: it writes a function of its own, then repeats a phrase);
 - "free": a short story (nothing to quote).
 
-Each request is submitted with its own prompt (the eight differ in the name asked for, or the
-story's subject) and the prefix cache off. Tokens/s count from the first token sampled to the
+Each request is submitted with its own prompt (the eight differ in the text to quote, the name
+asked for, or the story's subject) and the prefix cache off. Tokens/s count from the first token sampled to the
 last (each request's first token follows its prompt; the tokens after it are what speculation
 speeds up). The replies are greedy and equal with and without drafts
 (tests/test_speculative.py), so both engines do the same work; a ratio is the median of the
@@ -20,6 +23,10 @@ rounds' ratios.
 
     python benches/speculative.py [--rounds 3] [--max-tokens 200] [--threads 2] [--draft-layers 26]
         [--out bench-results]
+
+First it measures what verification costs here: milliseconds per token of a decode of one
+token alone, and of 17 (a token and a 16-token draft), for 1 and 8 sequences, every token with
+an output. Their ratios are the ceilings: what drafting could gain were every draft accepted.
 
 Writes speculative.json into --out.
 """
@@ -38,6 +45,7 @@ import llamactx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import synthetic  # the tests' GGUF writers
+from support.speculation import QUOTED_TEXTS, quote_request
 
 CODE = """class Inventory:
     def __init__(self):
@@ -72,6 +80,7 @@ CODE = """class Inventory:
 NEW_NAMES = ["compute_sum", "total_due", "grand_total", "amount_owed", "final_total", "sum_all", "get_total", "price"]
 SUBJECTS = ["a dragon who learns to paint", "a lighthouse keeper", "a robot gardener", "two rival bakers"]
 SUBJECTS += ["a lost kitten in a city", "a sailor's last voyage", "a haunted library", "a town without music"]
+TASKS = ("quote", "code edit", "free")
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 #: The draft model's layers, of SmolLM2's 30: with fewer, it agrees with SmolLM2 on almost nothing.
 DRAFT_LAYERS = 26
@@ -84,7 +93,9 @@ def draft_file(model: Path, directory: Path, layers: int = DRAFT_LAYERS) -> Path
 
 
 def chats(task: str, count: int) -> list[list[dict[str, str]]]:
-    if task == "grounded":
+    if task == "quote":
+        asks = [quote_request(text) for text in QUOTED_TEXTS]
+    elif task == "code edit":
         asks = [f"Repeat this code exactly, but rename compute_total to {name}:\n\n{CODE}" for name in NEW_NAMES]
     else:
         asks = [f"Write a short story about {subject}." for subject in SUBJECTS]
@@ -112,6 +123,46 @@ def rate(engine: llamactx.Engine, conversations: list[list[dict[str, str]]], max
     }
 
 
+#: Decodes whose costs bound what verifying drafts can gain: (sequences, tokens of each).
+STEP_SHAPES = ((1, 1), (1, 17), (8, 1), (8, 17))
+#: Where in each sequence the measured tokens go (about where the tasks' replies are).
+STEP_POSITION = 300
+
+
+def step_costs(model: llamactx.LlamaModel, threads: int, repeats: int = 7) -> dict[str, float]:
+    """Milliseconds per token of decodes of each of ``STEP_SHAPES``, every token with an output
+    (as a step that verifies drafts has), after ``STEP_POSITION`` tokens in each sequence; the
+    median of ``repeats``. One token alone is a plain step of one request; 17 are its token
+    and a 16-token draft."""
+    ctx = model.new_context(n_ctx=8 * 512, n_batch=512, n_seq_max=8, n_threads=threads, n_threads_batch=threads)
+    tokens = model.str_to_token("The observatory is open from May to September. " * 40, True)[:STEP_POSITION]
+    for seq in range(8):
+        batch = llamactx.LlamaBatch(STEP_POSITION, 1)
+        batch.add_sequence(tokens, seq, False)
+        ctx.decode(batch)
+    costs = {}
+    for sequences, count in STEP_SHAPES:
+        seconds = []
+        for _ in range(repeats):
+            batch = llamactx.LlamaBatch(sequences * count, 1)
+            for seq in range(sequences):
+                for offset in range(count):
+                    batch.add(tokens[offset], STEP_POSITION + offset, [seq], True)
+            started = time.perf_counter()
+            ctx.decode(batch)
+            seconds.append(time.perf_counter() - started)
+            for seq in range(sequences):
+                ctx.clear_kv_cache_seq(seq, STEP_POSITION, None)
+        costs[f"{sequences} x {count}"] = 1000 * statistics.median(seconds) / (sequences * count)
+    return costs
+
+
+def ceilings(costs: dict[str, float]) -> dict[str, float]:
+    """The most drafting can gain at 1 and 8 requests: a step's cost per token alone against
+    with 16-token drafts all accepted."""
+    return {f"{n} request(s)": costs[f"{n} x 1"] / costs[f"{n} x 17"] for n in (1, 8)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model")
@@ -129,6 +180,8 @@ def main() -> None:
         "n_threads": arguments.threads,
         "n_threads_batch": arguments.threads,
     }
+    costs = step_costs(model, arguments.threads)
+    print(json.dumps({"step_ms_per_token": costs, "ceilings": ceilings(costs)}), flush=True)
     with tempfile.TemporaryDirectory() as directory:
         draft = llamactx.LlamaModel.load_from_file(draft_file(model.path, Path(directory), arguments.draft_layers))
     drafting: dict[str, llamactx.NgramDraft | llamactx.DraftModel] = {
@@ -138,7 +191,7 @@ def main() -> None:
     }
     engines = {name: llamactx.Engine(model, speculative=kind, **options) for name, kind in drafting.items()}
     engines["plain"] = llamactx.Engine(model, **options)
-    cases = [(task, count) for count in (1, 8) for task in ("grounded", "free")]
+    cases = [(task, count) for count in (1, 8) for task in TASKS]
     runs: dict[str, list[dict[str, float]]] = {}
     try:
         for round_index in range(arguments.rounds):
@@ -165,7 +218,14 @@ def main() -> None:
         for task, count in cases
     }
     settings = {**vars(arguments), "out": str(arguments.out), "speculative": "NgramDraft() and DraftModel() defaults"}
-    result = {"settings": settings, "ratios": ratios, "acceptance": acceptance, "runs": runs}
+    result = {
+        "settings": settings,
+        "step_ms_per_token": costs,
+        "ceilings": ceilings(costs),
+        "ratios": ratios,
+        "acceptance": acceptance,
+        "runs": runs,
+    }
     arguments.out.mkdir(parents=True, exist_ok=True)
     (arguments.out / "speculative.json").write_text(json.dumps(result, indent=2))
     print(json.dumps({"ratios": ratios, "acceptance": acceptance}, indent=2))

@@ -6,6 +6,7 @@ mod draft;
 mod draft_model;
 mod logprobs;
 mod media_prompt;
+mod ngram;
 mod plan;
 mod prefix_cache;
 mod request;

@@ -18,7 +18,7 @@ import pytest
 import synthetic
 from serving import ENGINE_OPTIONS, MODEL_ID, running_server
 from support.prompts import HELPFUL
-from support.speculation import FREE, GROUNDED, OPTIONS, RECORDS, same_output
+from support.speculation import FREE, GROUNDED, OPTIONS, QUOTE, QUOTED_TEXTS, RECORDS, same_output
 
 import llamactx
 
@@ -72,6 +72,21 @@ def test_greedy_output_equals_decoding_without_drafts_for_a_mix_of_requests(
     # about half of the tokens accepted, the cut draft model about a quarter).
     assert grounded.accepted_tokens > grounded.completion_tokens // 8
     assert drafted[2].accepted_tokens > 0
+
+
+def test_a_reply_quoting_its_input_is_drafted_from_the_place_it_quotes(
+    model: llamactx.LlamaModel, plain: llamactx.Engine
+) -> None:
+    # The text repeats many 3-token runs ("the", "of the", ", and"): the lookup follows the
+    # repeat that reaches furthest back, which is the place in the prompt being quoted, so
+    # nearly every draft is accepted whole and most tokens need no decode of their own.
+    without = plain.submit_chat(QUOTE, max_tokens=300).result()
+    assert without.text.strip() == QUOTED_TEXTS[0]
+    with llamactx.Engine(model, speculative=llamactx.NgramDraft(only_where_faster=False), **OPTIONS) as engine:
+        quoted = engine.submit_chat(QUOTE, max_tokens=300).result()
+    same_output(quoted, without)
+    assert quoted.accepted_tokens >= 0.85 * quoted.completion_tokens
+    assert quoted.accepted_tokens >= 0.9 * quoted.drafted_tokens
 
 
 def test_stop_strings_and_max_tokens_end_the_reply_inside_a_draft(

@@ -19,14 +19,18 @@ MAX_DRAFT = 256
 
 @dataclass(frozen=True)
 class NgramDraft:
-    """Speculative decoding by n-gram lookup, for ``Engine(speculative=...)``: where the last
-    ``size_ngram`` tokens of a request (its prompt and output so far) occurred before, the up
-    to ``size_mgram`` tokens that followed them then are proposed, and the engine verifies them
-    all in one decode (in ``stream``, ``generate`` and ``ChatSession.send`` too, with their
-    ``speculative`` argument). No second model; it pays where the output repeats its input (code
-    edits, quotes, extraction, answers from a given document). The output is the same as
-    without it: each token is still sampled by the request's own sampler. How many tokens a
-    request drafts adapts to how many were accepted. (llama.cpp's ``ngram-simple``.)
+    """Speculative decoding by n-gram lookup, for ``Engine(speculative=...)``: where at least
+    the last ``size_ngram`` tokens of a request (its prompt and output so far) occurred before,
+    the tokens that followed them then are proposed, and the engine verifies them all in one
+    decode (in ``stream``, ``generate`` and ``ChatSession.send`` too, with their ``speculative``
+    argument). Of the earlier places, the one where the repeat reaches furthest back is taken
+    (in a reply that quotes its input, the place being quoted), and a draft is at most half as
+    long as that repeat (rounded up) and at most ``size_mgram`` tokens. No second model; it pays
+    where the output repeats its input (code edits, quotes, extraction, answers from a given
+    document). The output is the same as without it: each token is still sampled by the
+    request's own sampler. How many tokens a request drafts adapts to how many were accepted.
+    (Like llama.cpp's ``ngram-simple``, which takes the most recent repeat of exactly
+    ``size_ngram`` tokens.)
 
     With ``only_where_faster`` (the default), the engine drafts at a number of running requests
     only while its steps with drafts measured more tokens per second there than its steps

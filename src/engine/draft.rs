@@ -1,24 +1,24 @@
 //! Speculative drafts, and how many tokens each request drafts. A draft comes from the
-//! request's own tokens (n-gram lookup, the crate's `ngram_simple_draft`: where the last tokens
-//! already occurred in the prompt or the output, the tokens that followed them then) or from a
+//! request's own tokens (n-gram lookup, `ngram.rs`: where the last tokens already occurred in
+//! the prompt or the output, the tokens that followed them then) or from a
 //! smaller model with the same vocabulary (`draft_model.rs`); the scheduler verifies it in one
 //! decode. How many tokens are proposed adapts to how many were accepted, so a request whose
 //! drafts are rejected soon stops paying for them.
 
 use std::sync::Mutex;
 
-use llama_cpp_4::ngram::ngram_simple_draft;
 use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 
 use super::draft_model::{check_can_cut, DraftContext};
+use super::ngram::lookup_draft;
 use crate::context::ContextOptions;
 use crate::errors::Error;
 use crate::gil::detached;
 use crate::model::PyLlamaModel;
 
-/// The engine's n-gram speculation: `size_ngram` tokens must repeat for a draft, of at most
-/// `size_mgram` tokens.
+/// The engine's n-gram speculation: at least `size_ngram` tokens must repeat for a draft, of at
+/// most `size_mgram` tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NgramConfig {
     pub size_ngram: u16,
@@ -66,10 +66,8 @@ impl DraftSource {
                     let Some(sampled) = request.sampled.filter(|_| request.limit > 0) else {
                         return Vec::new();
                     };
-                    let mut draft = ngram_simple_draft(config.size_ngram, config.size_mgram, request.history, sampled)
-                        .unwrap_or_default();
-                    draft.truncate(request.limit);
-                    draft
+                    let most = request.limit.min(usize::from(config.size_mgram));
+                    lookup_draft(request.history, sampled, usize::from(config.size_ngram), most)
                 })
                 .collect(),
             Self::Model(context) => context.draft(requests),
@@ -298,8 +296,6 @@ mod tests {
         ids.iter().copied().map(LlamaToken).collect()
     }
 
-    const HISTORY: [i32; 14] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1];
-
     const CONFIG: NgramConfig = NgramConfig {
         size_ngram: 2,
         size_mgram: 8,
@@ -316,13 +312,15 @@ mod tests {
     }
 
     #[test]
-    fn repeated_text_is_drafted_within_the_budget_and_the_limit() {
-        // 0 1 2 3 ... 12, then 1 again, sampled 2: what followed "1 2" is proposed (a
-        // repeat at position 0 counts as none, as in llama.cpp), at most size_mgram tokens.
-        let history = tokens(&HISTORY);
-        assert_eq!(ngram_draft(&history, 2, 100), tokens(&[3, 4, 5, 6, 7, 8, 9, 10]));
-        assert_eq!(ngram_draft(&history, 2, 3), tokens(&[3, 4, 5]));
-        assert_eq!(ngram_draft(&history, 2, 0), vec![]);
+    fn repeated_text_is_drafted_within_size_mgram_and_the_limit() {
+        // 0 1 ... 19, then 0 ... 15, sampled 16: what followed "0 ... 16" is proposed, at most
+        // size_mgram tokens (the lookup itself is tested in ngram.rs).
+        let mut ids: Vec<i32> = (0..20).collect();
+        ids.extend(0..16);
+        let history = tokens(&ids);
+        assert_eq!(ngram_draft(&history, 16, 100), tokens(&[17, 18, 19, 0, 1, 2, 3, 4]));
+        assert_eq!(ngram_draft(&history, 16, 3), tokens(&[17, 18, 19]));
+        assert_eq!(ngram_draft(&history, 16, 0), vec![]);
         // Nothing repeats: no draft.
         assert_eq!(ngram_draft(&history, 99, 100), vec![]);
     }

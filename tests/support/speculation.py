@@ -1,4 +1,4 @@
-"""Prompts and checks the speculative decoding tests share."""
+"""Prompts and checks the speculative decoding tests share (and benches/speculative.py, its quoted texts)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,40 @@ GROUNDED = [
     {"role": "system", "content": HELPFUL},
     {"role": "user", "content": f"Repeat this code exactly, but rename compute_total to compute_sum:\n\n{CODE}"},
 ]
+#: Texts SmolLM2-135M repeats word for word when asked (its replies equal them): one
+#: description with eight sets of names and numbers.
+QUOTED_TEXTS = [
+    (
+        f"The {place} Observatory was built in {built} on a granite ridge above the village of {village}. "
+        f"Its first director, {founder}, catalogued {stars} variable stars between {start} and {end}, working "
+        f"mostly alone through the long northern winters. The main telescope, a {size}-centimetre refractor "
+        f"made in {maker}, was moved to the university in {moved}, and the dome now houses a small museum. "
+        "Visitors can see the handwritten logbooks, the original brass clock drive, and a photographic plate "
+        f"of the {eclipse} solar eclipse. The museum is open from May to September, Tuesday to Sunday, from "
+        f"10 am to 5 pm. Admission is free for children under twelve; adults pay {fee} kronor."
+    )
+    for place, built, village, founder, stars, start, end, size, maker, moved, eclipse, fee in (
+        fields.split("|")
+        for fields in [
+            "Lindqvist|1911|Norrvik|Astrid Lindqvist|4,212|1912|1938|60|Hamburg|1957|1927|80",
+            "Berg|1903|Solvik|Maria Berg|3,118|1905|1931|45|Jena|1949|1914|60",
+            "Holm|1921|Ekby|Nils Holm|5,004|1922|1950|75|Munich|1962|1936|90",
+            "Dahl|1898|Granö|Karin Dahl|2,871|1899|1925|38|Vienna|1940|1905|50",
+            "Sund|1915|Lövnäs|Erik Sund|4,650|1916|1944|55|Berlin|1958|1927|70",
+            "Ström|1909|Åsen|Ingrid Ström|3,902|1910|1936|50|Dresden|1952|1912|65",
+            "Falk|1925|Björkö|Olof Falk|6,120|1926|1955|80|Paris|1966|1945|100",
+            "Lund|1901|Hammar|Greta Lund|2,540|1902|1929|40|London|1947|1905|55",
+        ]
+    )
+]
+
+
+def quote_request(text: str) -> str:
+    """A user's request to repeat ``text``."""
+    return f"Repeat the following text exactly, word for word:\n\n{text}"
+
+
+QUOTE = [{"role": "system", "content": HELPFUL}, {"role": "user", "content": quote_request(QUOTED_TEXTS[0])}]
 FREE = [
     {"role": "system", "content": HELPFUL},
     {"role": "user", "content": "Write a short story about a dragon who learns to paint."},
