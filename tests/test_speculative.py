@@ -2,12 +2,14 @@
 in ``generate``, ``stream``, ``chat`` and ``ChatSession``): the output equals decoding without
 drafts, token for token, for every kind of request (greedy and seeded sampling, stop strings,
 ``max_tokens``, JSON Schemas, log-probabilities, cancellation, the prefix cache, the end of a
-sequence's cells), while drafts are proposed, accepted and rejected. Each test runs with both
+sequence's cells), while drafts are proposed, accepted and rejected. Most tests run with both
 kinds of draft; the draft model is SmolLM2 cut to its first layers, which agrees with it on
-some tokens only."""
+some tokens only. Sampled continuations with and without drafts pass a two-sample test of one
+distribution."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -326,3 +328,60 @@ def test_generation_with_drafts_refuses_a_recurrent_model(tmp_path: Path) -> Non
     assert not mamba.is_hybrid()
     with mamba.new_context(n_ctx=256) as ctx, pytest.raises(ValueError, match="recurrent"):
         llamactx.generate(ctx, [1, 2, 3], max_tokens=4, speculative=llamactx.NgramDraft())
+
+
+def _chi_square(first: list[str], second: list[str]) -> float:
+    """Pearson's two-sample chi-square statistic of two lists of outcomes (outcomes seen fewer
+    than 10 times in both together pooled into one, so no expected count is tiny)."""
+    both = Counter(first) + Counter(second)
+    common = {outcome for outcome, count in both.items() if count >= 10}
+
+    def counts(draws: list[str]) -> np.ndarray:
+        tally = Counter(draw if draw in common else "" for draw in draws)
+        return np.array([tally[outcome] for outcome in [*sorted(common), ""]], dtype=float)
+
+    observed = np.stack([counts(first), counts(second)])
+    expected = observed.sum(axis=1, keepdims=True) * observed.sum(axis=0) / observed.sum()
+    kept = expected.sum(axis=0) > 0
+    return float((((observed - expected) ** 2)[:, kept] / expected[:, kept]).sum())
+
+
+def _same_distribution_p(first: list[str], second: list[str], permutations: int = 2000) -> float:
+    """The permutation test's p-value of ``first`` and ``second`` being draws of one distribution."""
+    observed = _chi_square(first, second)
+    pooled = np.array(first + second, dtype=object)
+    shuffle = np.random.default_rng(0)
+    exceed = 0
+    for _ in range(permutations):
+        order = shuffle.permutation(len(pooled))
+        exceed += _chi_square(list(pooled[order[: len(first)]]), list(pooled[order[len(first) :]])) >= observed
+    return (exceed + 1) / (permutations + 1)
+
+
+def _continuations(engine: llamactx.Engine, seeds: range, temperature: float) -> list[llamactx.Completion]:
+    """8-token continuations of ``RECORDS``, one drawn with each seed, all submitted at once."""
+    requests = [
+        engine.submit(RECORDS, max_tokens=8, sampling=llamactx.SamplingParams(temperature=temperature, seed=seed))
+        for seed in seeds
+    ]
+    return [request.result() for request in requests]
+
+
+def test_sampled_continuations_follow_the_models_distribution_with_drafts(model: llamactx.LlamaModel) -> None:
+    """The issue's statistical test: continuations drawn with drafts (one set of seeds) and
+    without (another) are draws of one distribution, by a permutation test of the chi-square
+    statistic; draws at another temperature are told apart by the same test, so it has the
+    power to see a skew that drafting would bring."""
+    draws = 300
+    options = {**OPTIONS, "prefix_cache": True}
+    # Repeats of one token draft: the labels' drafts are accepted, the values' mostly rejected.
+    drafting = llamactx.NgramDraft(size_ngram=1, only_where_faster=False)
+    with llamactx.Engine(model, speculative=drafting, **options) as engine:
+        drafted = _continuations(engine, range(draws), 1.0)
+    assert 0 < sum(c.accepted_tokens for c in drafted) < sum(c.drafted_tokens for c in drafted)
+    with llamactx.Engine(model, **options) as engine:
+        without = _continuations(engine, range(10_000, 10_000 + draws), 1.0)
+        colder = _continuations(engine, range(20_000, 20_000 + draws), 0.5)
+    texts = [completion.text for completion in drafted]
+    assert _same_distribution_p(texts, [completion.text for completion in without]) > 0.01
+    assert _same_distribution_p(texts, [completion.text for completion in colder]) < 0.001
