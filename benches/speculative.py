@@ -181,7 +181,8 @@ def main() -> None:
         "n_threads_batch": arguments.threads,
     }
     costs = step_costs(model, arguments.threads)
-    print(json.dumps({"step_ms_per_token": costs, "ceilings": ceilings(costs)}), flush=True)
+    gains_at_most = ceilings(costs)
+    print(json.dumps({"step_ms_per_token": costs, "ceilings": gains_at_most}), flush=True)
     with tempfile.TemporaryDirectory() as directory:
         draft = llamactx.LlamaModel.load_from_file(draft_file(model.path, Path(directory), arguments.draft_layers))
     drafting: dict[str, llamactx.NgramDraft | llamactx.DraftModel] = {
@@ -221,7 +222,7 @@ def main() -> None:
     result = {
         "settings": settings,
         "step_ms_per_token": costs,
-        "ceilings": ceilings(costs),
+        "ceilings": gains_at_most,
         "ratios": ratios,
         "acceptance": acceptance,
         "runs": runs,

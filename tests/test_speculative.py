@@ -330,31 +330,31 @@ def test_generation_with_drafts_refuses_a_recurrent_model(tmp_path: Path) -> Non
         llamactx.generate(ctx, [1, 2, 3], max_tokens=4, speculative=llamactx.NgramDraft())
 
 
-def _chi_square(first: list[str], second: list[str]) -> float:
-    """Pearson's two-sample chi-square statistic of two lists of outcomes (outcomes seen fewer
-    than 10 times in both together pooled into one, so no expected count is tiny)."""
-    both = Counter(first) + Counter(second)
-    common = {outcome for outcome, count in both.items() if count >= 10}
-
-    def counts(draws: list[str]) -> np.ndarray:
-        tally = Counter(draw if draw in common else "" for draw in draws)
-        return np.array([tally[outcome] for outcome in [*sorted(common), ""]], dtype=float)
-
-    observed = np.stack([counts(first), counts(second)])
+def _chi_square(codes: np.ndarray, split: int, categories: int) -> float:
+    """Pearson's two-sample chi-square statistic of outcomes ``codes[:split]`` against
+    ``codes[split:]`` (each a category index below ``categories``)."""
+    observed = np.stack(
+        [np.bincount(codes[:split], minlength=categories), np.bincount(codes[split:], minlength=categories)]
+    )
     expected = observed.sum(axis=1, keepdims=True) * observed.sum(axis=0) / observed.sum()
     kept = expected.sum(axis=0) > 0
     return float((((observed - expected) ** 2)[:, kept] / expected[:, kept]).sum())
 
 
 def _same_distribution_p(first: list[str], second: list[str], permutations: int = 2000) -> float:
-    """The permutation test's p-value of ``first`` and ``second`` being draws of one distribution."""
-    observed = _chi_square(first, second)
-    pooled = np.array(first + second, dtype=object)
+    """The permutation test's p-value of ``first`` and ``second`` being draws of one
+    distribution, by the chi-square statistic (outcomes seen fewer than 10 times in both together
+    pooled into one category, so no expected count is tiny)."""
+    pooled = first + second
+    common = sorted(outcome for outcome, count in Counter(pooled).items() if count >= 10)
+    index = {outcome: position for position, outcome in enumerate(common)}
+    codes = np.array([index.get(outcome, len(common)) for outcome in pooled])
+    categories = len(common) + 1
+    observed = _chi_square(codes, len(first), categories)
     shuffle = np.random.default_rng(0)
-    exceed = 0
-    for _ in range(permutations):
-        order = shuffle.permutation(len(pooled))
-        exceed += _chi_square(list(pooled[order[: len(first)]]), list(pooled[order[len(first) :]])) >= observed
+    exceed = sum(
+        _chi_square(shuffle.permutation(codes), len(first), categories) >= observed for _ in range(permutations)
+    )
     return (exceed + 1) / (permutations + 1)
 
 
