@@ -1,5 +1,5 @@
 """Speculative decoding against the same engine without it, in one run, alternating round by
-round: aggregate tokens/s of greedy chat replies on two tasks, by one request alone and by eight
+round: aggregate tokens/s of greedy chat replies on three tasks, by one request alone and by eight
 at once, for
 
 - "ngram": ``NgramDraft()``, n-gram lookup in each request's own text;
@@ -15,18 +15,21 @@ at once, for
 - "free": a short story (nothing to quote).
 
 Each request is submitted with its own prompt (the eight differ in the text to quote, the name
-asked for, or the story's subject) and the prefix cache off. Tokens/s count from the first token sampled to the
-last (each request's first token follows its prompt; the tokens after it are what speculation
-speeds up). The replies are greedy and equal with and without drafts
-(tests/test_speculative.py), so both engines do the same work; a ratio is the median of the
-rounds' ratios.
+asked for, or the story's subject) and the prefix cache off; the eight prompts are read in one
+step. Tokens/s count from the first token sampled to the last (each request's first token
+follows its prompt; the tokens after it are what speculation speeds up). The replies are
+greedy and equal with and without drafts (tests/test_speculative.py), so both engines do the
+same work; a ratio is the median of the rounds' ratios.
 
     python benches/speculative.py [--rounds 3] [--max-tokens 200] [--threads 2] [--draft-layers 26]
+        [--kinds ngram draft "draft always"] [--tasks quote "code edit" free] [--counts 1 8]
         [--out bench-results]
 
-First it measures what verification costs here: milliseconds per token of a decode of one
-token alone, and of 17 (a token and a 16-token draft), for 1 and 8 sequences, every token with
-an output. Their ratios are the ceilings: what drafting could gain were every draft accepted.
+First it measures what verification costs here: milliseconds of a decode of one token alone,
+and of 17 (a token and a 16-token draft), for 1 and 8 sequences, every token with an output;
+their ratios per token are the ceilings: what drafting could gain were every draft accepted.
+Then what uneven drafts cost with a KV stream per sequence: 8 sequences each bringing 4
+tokens, against the first 4 of them and every other one doing so (the others 1).
 
 Writes speculative.json into --out.
 """
@@ -81,6 +84,7 @@ NEW_NAMES = ["compute_sum", "total_due", "grand_total", "amount_owed", "final_to
 SUBJECTS = ["a dragon who learns to paint", "a lighthouse keeper", "a robot gardener", "two rival bakers"]
 SUBJECTS += ["a lost kitten in a city", "a sailor's last voyage", "a haunted library", "a town without music"]
 TASKS = ("quote", "code edit", "free")
+KINDS = ("ngram", "draft", "draft always")
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 #: The draft model's layers, of SmolLM2's 30: with fewer, it agrees with SmolLM2 on almost nothing.
 DRAFT_LAYERS = 26
@@ -123,17 +127,26 @@ def rate(engine: llamactx.Engine, conversations: list[list[dict[str, str]]], max
     }
 
 
-#: Decodes whose costs bound what verifying drafts can gain: (sequences, tokens of each).
-STEP_SHAPES = ((1, 1), (1, 17), (8, 1), (8, 17))
+#: Decodes whose costs bound what verifying drafts can gain, and what uneven drafts cost: the
+#: tokens each sequence brings (its own and its draft's).
+STEP_SHAPES = {
+    "1 x 1": [1],
+    "1 x 17": [17],
+    "8 x 1": [1] * 8,
+    "8 x 17": [17] * 8,
+    "8 x 4": [4] * 8,
+    "8, the first 4 x 4": [4] * 4 + [1] * 4,
+    "8, every other x 4": [4, 1] * 4,
+}
 #: Where in each sequence the measured tokens go (about where the tasks' replies are).
 STEP_POSITION = 300
 
 
 def step_costs(model: llamactx.LlamaModel, threads: int, repeats: int = 7) -> dict[str, float]:
-    """Milliseconds per token of decodes of each of ``STEP_SHAPES``, every token with an output
-    (as a step that verifies drafts has), after ``STEP_POSITION`` tokens in each sequence; the
-    median of ``repeats``. One token alone is a plain step of one request; 17 are its token
-    and a 16-token draft."""
+    """Milliseconds of decodes of each of ``STEP_SHAPES``, every token with an output (as a
+    step that verifies drafts has), after ``STEP_POSITION`` tokens in each sequence; the median
+    of ``repeats``. One token alone is a plain step of one request; 17 are its token and a
+    16-token draft."""
     ctx = model.new_context(n_ctx=8 * 512, n_batch=512, n_seq_max=8, n_threads=threads, n_threads_batch=threads)
     tokens = model.str_to_token("The observatory is open from May to September. " * 40, True)[:STEP_POSITION]
     for seq in range(8):
@@ -141,26 +154,26 @@ def step_costs(model: llamactx.LlamaModel, threads: int, repeats: int = 7) -> di
         batch.add_sequence(tokens, seq, False)
         ctx.decode(batch)
     costs = {}
-    for sequences, count in STEP_SHAPES:
+    for name, counts in STEP_SHAPES.items():
         seconds = []
         for _ in range(repeats):
-            batch = llamactx.LlamaBatch(sequences * count, 1)
-            for seq in range(sequences):
+            batch = llamactx.LlamaBatch(sum(counts), 1)
+            for seq, count in enumerate(counts):
                 for offset in range(count):
                     batch.add(tokens[offset], STEP_POSITION + offset, [seq], True)
             started = time.perf_counter()
             ctx.decode(batch)
             seconds.append(time.perf_counter() - started)
-            for seq in range(sequences):
+            for seq in range(len(counts)):
                 ctx.clear_kv_cache_seq(seq, STEP_POSITION, None)
-        costs[f"{sequences} x {count}"] = 1000 * statistics.median(seconds) / (sequences * count)
+        costs[name] = 1000 * statistics.median(seconds)
     return costs
 
 
 def ceilings(costs: dict[str, float]) -> dict[str, float]:
     """The most drafting can gain at 1 and 8 requests: a step's cost per token alone against
     with 16-token drafts all accepted."""
-    return {f"{n} request(s)": costs[f"{n} x 1"] / costs[f"{n} x 17"] for n in (1, 8)}
+    return {f"{n} request(s)": 17 * costs[f"{n} x 1"] / costs[f"{n} x 17"] for n in (1, 8)}
 
 
 def main() -> None:
@@ -170,11 +183,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--draft-layers", type=int, default=DRAFT_LAYERS)
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="the drafting measured")
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    parser.add_argument("--counts", nargs="+", type=int, choices=(1, 8), default=[1, 8], help="requests at once")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     arguments = parser.parse_args()
     model = llamactx.LlamaModel.load_from_file(arguments.model or llamactx.default_model_path())
     options = {
         "n_ctx": 8 * 640,
+        # All eight prompts are read in the first step: from the first token on, the eight
+        # requests generate together (with a smaller batch, the later prompts' reading would
+        # fall inside the measured window, in both engines alike).
+        "n_batch": 8 * 640,
         "n_seq_max": 8,
         "prefix_cache": False,
         "n_threads": arguments.threads,
@@ -182,17 +202,18 @@ def main() -> None:
     }
     costs = step_costs(model, arguments.threads)
     gains_at_most = ceilings(costs)
-    print(json.dumps({"step_ms_per_token": costs, "ceilings": gains_at_most}), flush=True)
+    print(json.dumps({"step_ms": costs, "ceilings": gains_at_most}), flush=True)
     with tempfile.TemporaryDirectory() as directory:
         draft = llamactx.LlamaModel.load_from_file(draft_file(model.path, Path(directory), arguments.draft_layers))
-    drafting: dict[str, llamactx.NgramDraft | llamactx.DraftModel] = {
+    every_kind: dict[str, llamactx.NgramDraft | llamactx.DraftModel] = {
         "ngram": llamactx.NgramDraft(),
         "draft": llamactx.DraftModel(draft),
         "draft always": llamactx.DraftModel(draft, only_where_faster=False),
     }
+    drafting = {name: every_kind[name] for name in arguments.kinds}
     engines = {name: llamactx.Engine(model, speculative=kind, **options) for name, kind in drafting.items()}
     engines["plain"] = llamactx.Engine(model, **options)
-    cases = [(task, count) for count in (1, 8) for task in TASKS]
+    cases = [(task, count) for count in arguments.counts for task in arguments.tasks]
     runs: dict[str, list[dict[str, float]]] = {}
     try:
         for round_index in range(arguments.rounds):
@@ -221,7 +242,7 @@ def main() -> None:
     settings = {**vars(arguments), "out": str(arguments.out), "speculative": "NgramDraft() and DraftModel() defaults"}
     result = {
         "settings": settings,
-        "step_ms_per_token": costs,
+        "step_ms": costs,
         "ceilings": gains_at_most,
         "ratios": ratios,
         "acceptance": acceptance,

@@ -3,6 +3,7 @@
 //! sampling run on the engine's own thread, without the GIL.
 
 mod draft;
+mod draft_cost;
 mod draft_model;
 mod logprobs;
 mod media_prompt;

@@ -51,7 +51,8 @@ def speculative(
 def test_greedy_output_equals_decoding_without_drafts_for_a_mix_of_requests(
     plain: llamactx.Engine, speculative: llamactx.Engine
 ) -> None:
-    # Submitted together, so drafts of different lengths share decodes with undrafted tokens.
+    # Submitted together, so drafts share decodes with the other requests' tokens (with a KV
+    # stream per sequence, a step drafts as many tokens for each request, or none).
     requests = [
         speculative.submit_chat(GROUNDED, max_tokens=240),
         speculative.submit_chat(FREE, max_tokens=120),
@@ -73,7 +74,6 @@ def test_greedy_output_equals_decoding_without_drafts_for_a_mix_of_requests(
     # Each accepted token saved a decode: fewer decodes than tokens (n-gram drafts measured
     # about half of the tokens accepted, the cut draft model about a quarter).
     assert grounded.accepted_tokens > grounded.completion_tokens // 8
-    assert drafted[2].accepted_tokens > 0
 
 
 def test_a_reply_quoting_its_input_is_drafted_from_the_place_it_quotes(

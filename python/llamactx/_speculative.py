@@ -30,14 +30,21 @@ class NgramDraft:
     document). The output is the same as without it: each token is still sampled by the
     request's own sampler. How many tokens a request drafts adapts to how many were accepted.
     (Like llama.cpp's ``ngram-simple``, which takes the most recent repeat of exactly
-    ``size_ngram`` tokens.)
+    ``size_ngram`` tokens.) With a KV stream per sequence (``kv_unified=False``, the default),
+    an engine's step drafts as many tokens for each of its requests: the fewest any of them
+    drafts, so none while one drafts nothing. llama.cpp splits a decode whose sequences bring
+    different numbers of tokens into micro-batches that each cost about a decode of their own.
 
-    With ``only_where_faster`` (the default), the engine drafts at a number of running requests
-    only while its steps with drafts measured more tokens per second there than its steps
-    without (one step in 16 takes the other choice, to keep measuring both): on a CPU, a decode
-    of several sequences is already bound by compute, and verifying drafts there can cost more
-    than it saves. ``False`` drafts at every step. ``stream``, ``generate`` and ``ChatSession``
-    draft at every step."""
+    With ``only_where_faster`` (the default), a request in the engine drafts only while its
+    recent drafts had enough of their tokens accepted to pay for their verification, as
+    measured on this machine: the engine fits each step's decode time against its tokens, and
+    a drafted token pays where the chance it is accepted exceeds what it costs to verify (and
+    to find) over what a token costs in a step without drafts. On a GPU that is almost any
+    chance; on a CPU, where a decode of several sequences is already bound by compute, about
+    half at 1 request and most at 8 (``docs/benchmarks.md``). Until the engine has measured
+    decodes of different sizes, only drafts accepted whole pay. A request whose drafts did not
+    pay pauses drafting for 2, 4, ... 64 steps, then drafts again to measure. ``False`` drafts
+    at every step. ``stream``, ``generate`` and ``ChatSession`` draft at every step."""
 
     size_ngram: int = 3
     size_mgram: int = 16

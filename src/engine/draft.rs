@@ -3,7 +3,8 @@
 //! the prompt or the output, the tokens that followed them then) or from a
 //! smaller model with the same vocabulary (`draft_model.rs`); the scheduler verifies it in one
 //! decode. How many tokens are proposed adapts to how many were accepted, so a request whose
-//! drafts are rejected soon stops paying for them.
+//! drafts are rejected, or accepted too little to pay for their verification here
+//! (`draft_cost.rs`), soon stops paying for them.
 
 use std::sync::Mutex;
 
@@ -35,8 +36,8 @@ pub struct DraftRequest<'a> {
     pub limit: usize,
 }
 
-/// The engine's speculative decoding: where drafts come from, and with `gated`, drafting
-/// only where it measured faster (`DraftGate`).
+/// The engine's speculative decoding: where drafts come from, and with `gated`, a request
+/// drafting only while its drafts accept enough to pay for their measured cost (`DraftCosts`).
 pub struct Speculation {
     pub source: DraftSource,
     pub gated: bool,
@@ -92,8 +93,10 @@ impl DraftSource {
 
 /// The first draft length of a request: small, as a wrong draft costs its verification.
 const FIRST_BUDGET: usize = 4;
-/// The longest pause (in steps) after drafts that were all rejected.
+/// The longest pause (in steps) after drafts that did not pay.
 const MAX_PAUSE: u32 = 64;
+/// The weight a draft's tokens keep in a request's recent acceptance at its next draft.
+const RECENT_WEIGHT: f64 = 0.5;
 
 /// One request's draft length, adapted to what its drafts had accepted.
 #[derive(Debug)]
@@ -104,8 +107,10 @@ pub struct DraftLength {
     budget: usize,
     /// Drafts skipped before the next one is tried.
     pause: u32,
-    /// Drafts in a row of which nothing was accepted.
+    /// Drafts in a row that did not pay.
     misses: u32,
+    /// Recent drafted and accepted tokens (exponentially weighted).
+    recent: [f64; 2],
 }
 
 impl DraftLength {
@@ -115,6 +120,7 @@ impl DraftLength {
             budget: FIRST_BUDGET.min(most),
             pause: 0,
             misses: 0,
+            recent: [0.0; 2],
         }
     }
 
@@ -130,79 +136,33 @@ impl DraftLength {
 
     /// Learns from a verified draft: `accepted` of its `drafted` tokens were what the model
     /// sampled. All accepted doubles the next draft's length; a partial acceptance sets it to
-    /// what was accepted; none halves it and pauses drafting for a number of steps that
-    /// doubles with each miss in a row.
-    pub fn record(&mut self, drafted: usize, accepted: usize) {
+    /// what was accepted; none halves it. A draft that did not pay (none accepted, or the
+    /// request's recent drafts accepted less than `least_acceptance` of their tokens:
+    /// `DraftCosts`) pauses drafting for a number of steps that doubles with each such draft in
+    /// a row; the draft after the pause is what measures the request again.
+    pub fn record(&mut self, drafted: usize, accepted: usize, least_acceptance: f64) {
         if drafted == 0 {
             return;
         }
-        if accepted == drafted {
-            self.budget = (self.budget * 2).min(self.most);
-            self.misses = 0;
+        // Draft lengths are far below 2**52.
+        #[allow(clippy::cast_precision_loss)]
+        let counts = [drafted as f64, accepted as f64];
+        for (recent, count) in self.recent.iter_mut().zip(counts) {
+            *recent = RECENT_WEIGHT * *recent + count;
+        }
+        self.budget = if accepted == drafted {
+            (self.budget * 2).min(self.most)
         } else if accepted > 0 {
-            self.budget = accepted.max(1);
+            accepted
+        } else {
+            (self.budget / 2).max(1)
+        };
+        if accepted > 0 && self.recent[1] >= least_acceptance * self.recent[0] {
             self.misses = 0;
         } else {
-            self.budget = (self.budget / 2).max(1);
             self.misses += 1;
             self.pause = (1u32 << self.misses.min(6)).min(MAX_PAUSE);
         }
-    }
-}
-
-/// Whether a step drafts: decided per number of generating requests from the tokens per
-/// second that steps with and without drafts achieved at that number, so speculation is kept
-/// only where it pays on this machine (on a CPU, a decode of a few sequences is already bound
-/// by compute, and verifying drafts there costs more than it saves). One step in `PROBE_EVERY`
-/// takes the other choice, so both rates stay current.
-#[derive(Debug, Default)]
-pub struct DraftGate {
-    /// Per number of generating requests: the mean rate of steps without and with drafts
-    /// (exponentially weighted; None until measured), and the steps taken so far.
-    buckets: Vec<Bucket>,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct Bucket {
-    rates: [Option<f64>; 2],
-    steps: u64,
-}
-
-/// One step in this many takes the choice that measured slower.
-const PROBE_EVERY: u64 = 16;
-/// The weight of a new step in a mean rate.
-const RATE_WEIGHT: f64 = 0.1;
-
-impl DraftGate {
-    /// Whether the next step, with `generating` requests, drafts.
-    pub fn drafts(&mut self, generating: usize) -> bool {
-        if self.buckets.len() <= generating {
-            self.buckets.resize(generating + 1, Bucket::default());
-        }
-        let bucket = &mut self.buckets[generating];
-        bucket.steps += 1;
-        match bucket.rates {
-            // Measure both first (a step that found nothing to draft counts as one without).
-            [_, None] => true,
-            [None, Some(_)] => false,
-            [Some(plain), Some(drafted)] => (drafted >= plain) != (bucket.steps.is_multiple_of(PROBE_EVERY)),
-        }
-    }
-
-    /// Records a step with `generating` requests, with drafts or not, that sampled `tokens` in
-    /// `seconds`.
-    pub fn record(&mut self, generating: usize, drafted: bool, tokens: usize, seconds: f64) {
-        let Some(bucket) = self.buckets.get_mut(generating) else {
-            return;
-        };
-        if seconds <= 0.0 {
-            return;
-        }
-        // A rate for comparison: the precision lost past 2**52 tokens does not matter.
-        #[allow(clippy::cast_precision_loss)]
-        let rate = tokens as f64 / seconds;
-        let mean = &mut bucket.rates[usize::from(drafted)];
-        *mean = Some(mean.map_or(rate, |mean| mean + RATE_WEIGHT * (rate - mean)));
     }
 }
 
@@ -283,7 +243,7 @@ impl PyDrafter {
     /// Learns that `accepted` of the last draft's `drafted` tokens were sampled.
     fn record(&self, drafted: usize, accepted: usize) -> PyResult<()> {
         let mut guard = self.drafter.lock().map_err(|_| Error::Poisoned("_Drafter"))?;
-        guard.1.record(drafted, accepted);
+        guard.1.record(drafted, accepted, 0.0);
         Ok(())
     }
 }
@@ -326,52 +286,42 @@ mod tests {
     }
 
     #[test]
-    fn steps_draft_where_drafting_measured_faster_and_probe_the_other_choice() {
-        let mut gate = DraftGate::default();
-        // Nothing measured at 8 requests: a step with drafts, then one without.
-        assert!(gate.drafts(8));
-        gate.record(8, true, 10, 1.0);
-        assert!(!gate.drafts(8));
-        gate.record(8, false, 20, 1.0);
-        // Without drafts was faster: no drafts, but for one step in PROBE_EVERY.
-        let choices: Vec<bool> = (0..PROBE_EVERY).map(|_| gate.drafts(8)).collect();
-        assert_eq!(choices.iter().filter(|&&drafts| drafts).count(), 1);
-        // Each number of requests has its own rates: one request drafts where it paid.
-        assert!(gate.drafts(1));
-        gate.record(1, true, 30, 1.0);
-        assert!(!gate.drafts(1));
-        gate.record(1, false, 10, 1.0);
-        assert!(gate.drafts(1));
-        // Rates move with new steps: drafts at 8 requests become faster.
-        for _ in 0..40 {
-            gate.record(8, true, 40, 1.0);
-        }
-        assert!(gate.drafts(8));
-    }
-
-    #[test]
     fn the_draft_length_follows_acceptance_and_misses_pause_drafting() {
         let mut drafter = DraftLength::new(8);
         assert_eq!(drafter.next(100), 4);
-        drafter.record(4, 4);
+        drafter.record(4, 4, 0.0);
         assert_eq!(drafter.budget, 8);
-        drafter.record(8, 8);
+        drafter.record(8, 8, 0.0);
         assert_eq!(drafter.budget, 8, "at most size_mgram");
-        drafter.record(8, 3);
+        drafter.record(8, 3, 0.0);
         assert_eq!(drafter.budget, 3);
-        drafter.record(3, 0);
+        drafter.record(3, 0, 0.0);
         assert_eq!((drafter.budget, drafter.pause), (1, 2));
         assert_eq!(drafter.next(100), 0);
         assert_eq!(drafter.next(100), 0);
         assert_eq!(drafter.next(100), 1);
         assert_eq!(drafter.next(0), 0, "never past the limit");
-        drafter.record(1, 0);
+        drafter.record(1, 0, 0.0);
         assert_eq!(drafter.pause, 4, "each miss in a row doubles the pause");
         for _ in 0..10 {
-            drafter.record(1, 0);
+            drafter.record(1, 0, 0.0);
         }
         assert_eq!(drafter.pause, MAX_PAUSE);
-        drafter.record(1, 1);
+        drafter.record(1, 1, 0.0);
         assert_eq!((drafter.budget, drafter.misses), (2, 0));
+    }
+
+    #[test]
+    fn drafts_accepting_less_than_they_cost_pause_drafting() {
+        let mut drafter = DraftLength::new(16);
+        // Half of each draft accepted pays where a third must be, not where four fifths must.
+        drafter.record(4, 2, 0.33);
+        assert_eq!((drafter.misses, drafter.pause), (0, 0));
+        drafter.record(2, 1, 0.8);
+        assert_eq!((drafter.misses, drafter.pause), (1, 2));
+        // Recent drafts weigh more: after whole acceptances, the request pays again.
+        drafter.record(2, 2, 0.8);
+        drafter.record(4, 4, 0.8);
+        assert_eq!(drafter.misses, 0, "{:?}", drafter.recent);
     }
 }

@@ -64,8 +64,19 @@ pub fn prompt_chunks(
 /// How many drafted tokens each generating request verifies in a decode of `n_batch` tokens,
 /// from the lengths of their drafts (`wanted`, in decode order): every request's own next
 /// token goes in first, then the drafts while they fit, in order, the last one cut to the room.
-pub fn draft_lengths(wanted: &[usize], n_batch: usize) -> Vec<usize> {
+/// With `alike` (a KV stream per sequence), every draft is cut to the shortest: llama.cpp
+/// splits such a decode into one micro-batch per run of sequences bringing the same number of
+/// tokens [llama.cpp internal], and each costs about what a decode of its own does
+/// (docs/benchmarks.md), so a step drafts as much for each of its requests, or nothing.
+pub fn draft_lengths(wanted: &[usize], n_batch: usize, alike: bool) -> Vec<usize> {
     let mut room = n_batch.saturating_sub(wanted.len());
+    if alike {
+        let length = wanted
+            .iter()
+            .min()
+            .map_or(0, |&shortest| shortest.min(room / wanted.len()));
+        return vec![length; wanted.len()];
+    }
     wanted
         .iter()
         .map(|&length| {
@@ -74,6 +85,15 @@ pub fn draft_lengths(wanted: &[usize], n_batch: usize) -> Vec<usize> {
             taken
         })
         .collect()
+}
+
+/// Cuts every draft to the shortest (`draft_lengths`'s `alike`, for drafts that came out
+/// shorter than asked).
+pub fn cut_to_shortest<T>(drafts: &mut [Vec<T>]) {
+    let shortest = drafts.iter().map(Vec::len).min().unwrap_or(0);
+    for draft in drafts {
+        draft.truncate(shortest);
+    }
 }
 
 /// The order a decode lists requests in, from their sequence ids: ascending. With a KV stream
@@ -141,11 +161,24 @@ mod tests {
 
     #[test]
     fn drafts_fill_the_room_the_generating_tokens_leave_in_order() {
-        assert_eq!(draft_lengths(&[4, 0, 8], 64), vec![4, 0, 8]);
+        assert_eq!(draft_lengths(&[4, 0, 8], 64, false), vec![4, 0, 8]);
         // 3 tokens of their own in 10: 7 drafted tokens fit, the second draft is cut.
-        assert_eq!(draft_lengths(&[4, 5, 2], 10), vec![4, 3, 0]);
-        assert_eq!(draft_lengths(&[4, 4], 2), vec![0, 0]);
-        assert_eq!(draft_lengths(&[], 8), Vec::<usize>::new());
+        assert_eq!(draft_lengths(&[4, 5, 2], 10, false), vec![4, 3, 0]);
+        assert_eq!(draft_lengths(&[4, 4], 2, false), vec![0, 0]);
+        assert_eq!(draft_lengths(&[], 8, false), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn with_a_kv_stream_per_sequence_a_step_drafts_alike_for_every_request() {
+        assert_eq!(draft_lengths(&[4, 6, 8], 64, true), vec![4, 4, 4]);
+        // One request not drafting: nobody drafts.
+        assert_eq!(draft_lengths(&[4, 0, 8], 64, true), vec![0, 0, 0]);
+        // 3 tokens of their own in 10: 2 drafted tokens each fit.
+        assert_eq!(draft_lengths(&[4, 5, 2], 10, true), vec![2, 2, 2]);
+        assert_eq!(draft_lengths(&[], 8, true), Vec::<usize>::new());
+        let mut drafts = vec![vec![1, 2, 3], vec![4], vec![5, 6]];
+        cut_to_shortest(&mut drafts);
+        assert_eq!(drafts, vec![vec![1], vec![4], vec![5]]);
     }
 
     #[test]

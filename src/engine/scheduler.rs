@@ -18,7 +18,8 @@ use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 use pyo3::Py;
 
-use super::draft::{DraftGate, DraftLength, DraftRequest, Speculation};
+use super::draft::{DraftLength, DraftRequest, Speculation};
+use super::draft_cost::DraftCosts;
 use super::logprobs::top_logprobs;
 use super::plan;
 use super::prefix_cache::{Placement, PrefixCache};
@@ -233,8 +234,8 @@ pub struct Scheduler {
     speculation: Option<Speculation>,
     /// The projector whose embeddings image prompts decode, if the engine reads images.
     mtmd: Option<Py<PyMtmdContext>>,
-    /// Whether a step drafts, from what drafting measured at its number of requests.
-    gate: DraftGate,
+    /// What drafted tokens cost here, against what a step without them yields.
+    costs: DraftCosts,
     /// Every counter `stats()` reports, counted here only.
     counters: Counters,
 }
@@ -270,7 +271,7 @@ impl Scheduler {
             n_ctx_seq,
             speculation,
             mtmd,
-            gate: DraftGate::default(),
+            costs: DraftCosts::default(),
             counters: Counters::default(),
         }
     }
@@ -502,44 +503,60 @@ impl Scheduler {
         if order.is_empty() {
             return;
         }
-        let started = Instant::now();
-        let drafts = self.drafts(&order);
-        let sampled_before = self.counters.tokens_generated;
+        let least_acceptance = self.least_acceptance(order.len());
+        let proposing = Instant::now();
+        let drafts = if can_pay(least_acceptance) {
+            self.drafts(&order)
+        } else {
+            vec![Vec::new(); order.len()]
+        };
+        let drafted: usize = drafts.iter().map(Vec::len).sum();
+        self.costs.record_proposing(drafted, proposing.elapsed().as_secs_f64());
         let mut rows: Vec<(usize, i32)> = Vec::new();
         let added = self.add_generating(&order, &drafts, &mut rows);
+        let decoding = Instant::now();
         if let Err(err) = added.and_then(|()| self.native.decode(&mut self.batch)) {
             self.fail(order.into_iter(), err);
             return;
         }
-        self.prepare_constraints(&rows);
-        let drafted = drafts.iter().any(|draft| !draft.is_empty());
-        for ((index, row), draft) in rows.into_iter().zip(drafts) {
-            self.verify(index, row, &draft);
+        if self.speculation.is_some() {
+            // A GPU decode returns before it is computed; its time is measured to the end.
+            self.native.with_mut(|context| context.synchronize());
+            self.costs
+                .record_decode(order.len() + drafted, decoding.elapsed().as_secs_f64());
         }
-        if self.speculation.as_ref().is_some_and(|speculation| speculation.gated) {
-            let sampled = usize::try_from(self.counters.tokens_generated - sampled_before).unwrap_or(usize::MAX);
-            self.gate
-                .record(order.len(), drafted, sampled, started.elapsed().as_secs_f64());
+        self.prepare_constraints(&rows);
+        for ((index, row), draft) in rows.into_iter().zip(drafts) {
+            // Until the costs are measured, only drafts accepted whole pass.
+            self.verify(index, row, &draft, least_acceptance.unwrap_or(1.0));
+        }
+    }
+
+    /// The least share of its drafted tokens a request must see accepted for drafting to pay
+    /// at `generating` requests: 0 without the gate, None until measured (`DraftCosts`).
+    fn least_acceptance(&self, generating: usize) -> Option<f64> {
+        match &self.speculation {
+            Some(speculation) if speculation.gated => self.costs.least_acceptance(generating),
+            _ => Some(0.0),
         }
     }
 
     /// The draft of each request in `order` (empty for all but in steps that draft), sharing
-    /// `n_batch` with every request's own token.
+    /// `n_batch` with every request's own token; with a KV stream per sequence, as long for
+    /// each (`plan::draft_lengths`).
     fn drafts(&mut self, order: &[usize]) -> Vec<Vec<LlamaToken>> {
         let generating = order.len();
+        let alike = !self.native.kv_unified();
         let Some(speculation) = self.speculation.as_mut() else {
             return vec![Vec::new(); generating];
         };
-        if speculation.gated && !self.gate.drafts(generating) {
-            return vec![Vec::new(); generating];
-        }
         let wanted: Vec<usize> = order
             .iter()
             .map(|&index| self.running[index].draft_limit(self.n_ctx_seq))
             .collect();
         let requests: Vec<DraftRequest<'_>> = order
             .iter()
-            .zip(plan::draft_lengths(&wanted, self.n_batch))
+            .zip(plan::draft_lengths(&wanted, self.n_batch, alike))
             .map(|(&index, limit)| {
                 let running = &self.running[index];
                 DraftRequest {
@@ -553,13 +570,21 @@ impl Scheduler {
                 }
             })
             .collect();
-        speculation.source.propose(&requests)
+        let mut drafts = speculation.source.propose(&requests);
+        if alike {
+            plan::cut_to_shortest(&mut drafts);
+        }
+        drafts
     }
 
     /// Reads the prompt chunks the target just read (`(index in running, tokens)`) into the draft
-    /// model's context too, with the prompt: a request's first draft then reads only its first
-    /// token, and a step's measured speed is that of drafting, not of reading a prompt.
+    /// model's context too, with the prompt, unless no draft can pay at this load (`can_pay`):
+    /// a request's first draft then reads only its first token, and the measured cost of
+    /// proposing is that of drafting, not of reading a prompt.
     fn follow_prompts(&mut self, chunks: &[(usize, usize)]) {
+        if !can_pay(self.least_acceptance(self.running.len())) {
+            return;
+        }
         let Some(speculation) = &mut self.speculation else {
             return;
         };
@@ -608,8 +633,9 @@ impl Scheduler {
 
     /// Samples the tokens of `running[index]` from its outputs from `row` on (`draft.len() + 1`
     /// of them), accepting drafted tokens while they are what was sampled, and removes the
-    /// cells of the drafted tokens that were not.
-    fn verify(&mut self, index: usize, row: i32, draft: &[LlamaToken]) {
+    /// cells of the drafted tokens that were not. Its drafts pause unless they accept at least
+    /// `least_acceptance` of their tokens (`DraftLength::record`).
+    fn verify(&mut self, index: usize, row: i32, draft: &[LlamaToken], least_acceptance: f64) {
         let running = &mut self.running[index];
         let Phase::Generating(token) = running.phase else {
             return;
@@ -635,7 +661,7 @@ impl Scheduler {
         self.counters.drafted_tokens += draft.len() as u64;
         self.counters.accepted_tokens += accepted as u64;
         if let Some(length) = &mut running.draft_length {
-            length.record(draft.len(), accepted);
+            length.record(draft.len(), accepted, least_acceptance);
         }
         if accepted < draft.len() {
             let kept = i64::try_from(running.kv_len()).unwrap_or(i64::MAX);
@@ -915,4 +941,12 @@ fn finish_unstarted(jobs: Vec<Job>) {
     for job in jobs {
         job.request.complete(unstarted(&job, "cancelled"));
     }
+}
+
+/// Whether any draft can pay at a least acceptance of `least` (`Scheduler::least_acceptance`):
+/// not where even drafts accepted whole would not. Then nobody drafts, nor does a draft model
+/// read prompts; the fit forgets the drafting steps within a few hundred steps (`DraftCosts`),
+/// and drafting is measured again, from drafts accepted whole.
+fn can_pay(least: Option<f64>) -> bool {
+    !least.is_some_and(|least| least >= 1.0)
 }
