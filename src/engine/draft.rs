@@ -109,8 +109,9 @@ pub struct DraftLength {
     pause: u32,
     /// Drafts in a row that did not pay.
     misses: u32,
-    /// Recent drafted and accepted tokens (exponentially weighted).
-    recent: [f64; 2],
+    /// Recent drafted tokens, and those of them accepted (exponentially weighted).
+    recent_drafted: f64,
+    recent_accepted: f64,
 }
 
 impl DraftLength {
@@ -120,7 +121,8 @@ impl DraftLength {
             budget: FIRST_BUDGET.min(most),
             pause: 0,
             misses: 0,
-            recent: [0.0; 2],
+            recent_drafted: 0.0,
+            recent_accepted: 0.0,
         }
     }
 
@@ -146,9 +148,9 @@ impl DraftLength {
         }
         // Draft lengths are far below 2**52.
         #[allow(clippy::cast_precision_loss)]
-        let counts = [drafted as f64, accepted as f64];
-        for (recent, count) in self.recent.iter_mut().zip(counts) {
-            *recent = RECENT_WEIGHT * *recent + count;
+        {
+            self.recent_drafted = RECENT_WEIGHT * self.recent_drafted + drafted as f64;
+            self.recent_accepted = RECENT_WEIGHT * self.recent_accepted + accepted as f64;
         }
         self.budget = if accepted == drafted {
             (self.budget * 2).min(self.most)
@@ -157,7 +159,7 @@ impl DraftLength {
         } else {
             (self.budget / 2).max(1)
         };
-        if accepted > 0 && self.recent[1] >= least_acceptance * self.recent[0] {
+        if accepted > 0 && self.recent_accepted >= least_acceptance * self.recent_drafted {
             self.misses = 0;
         } else {
             self.misses += 1;
@@ -322,6 +324,6 @@ mod tests {
         // Recent drafts weigh more: after whole acceptances, the request pays again.
         drafter.record(2, 2, 0.8);
         drafter.record(4, 4, 0.8);
-        assert_eq!(drafter.misses, 0, "{:?}", drafter.recent);
+        assert_eq!(drafter.misses, 0, "{drafter:?}");
     }
 }

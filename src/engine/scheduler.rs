@@ -519,7 +519,7 @@ impl Scheduler {
             self.fail(order.into_iter(), err);
             return;
         }
-        if self.speculation.is_some() {
+        if self.speculation.as_ref().is_some_and(|speculation| speculation.gated) {
             // A GPU decode returns before it is computed; its time is measured to the end.
             self.native.with_mut(|context| context.synchronize());
             self.costs
