@@ -17,7 +17,7 @@ WHEEL_TARGETS ?= $(HOME)/.cache/llamactx/wheel
 X86_FLAGS = $(shell python3 -c 'import os, sys; sys.path.insert(0, "scripts"); import llamactx_build; print(llamactx_build.x86_flags(os.environ))')
 TOOLCHAIN := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/llamactx_build.py
 
-.PHONY: help demo test lint fuzz bench bench-peers wheel wheel-venv test-wheel build model clean
+.PHONY: help demo test test-profile lint fuzz bench bench-peers wheel wheel-venv test-wheel build model clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ test: build model ## set up, then run the Rust unit tests, the Python tests and 
 	$(TOOLCHAIN) cargo test --release --lib
 	$(PY) -m pytest
 	$(PY) -m mypy.stubtest llamactx._llamactx --allowlist .mypy-stubtest-allowlist
+
+test-profile: build model ## the Python tests' seconds per file, slowest first (the table of docs/testing.md)
+	$(PY) scripts/test_profile.py
 
 fuzz: build model ## the property-based API fuzzer with 20,000 examples (2,000 run in `make test`)
 	LLAMACTX_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/test_fuzz.py --timeout=7200

@@ -38,7 +38,8 @@ impl PyChatTemplates {
     fn new(py: Python<'_>, model: &Bound<'_, PyLlamaModel>, template: Option<String>) -> PyResult<Self> {
         let model = model.get().tokenizer()?;
         detached(py, move || {
-            let (templates, caps) = work_limit::limited(|| {
+            let input_bytes = template.as_ref().map_or(0, String::len);
+            let (templates, caps) = work_limit::limited(input_bytes, || {
                 let templates = ChatTemplates::from_model(&model, template.as_deref()).map_err(template_error)?;
                 let caps = templates.caps_json().map_err(template_error)?;
                 Ok((templates, caps))
@@ -68,12 +69,13 @@ impl PyChatTemplates {
             let choice = ToolChoice::parse_oaicompat(&tool_choice).map_err(chat_value_error)?;
             // As llama.cpp's server: a BOS the template writes is dropped from its text, and the
             // tokenizer adds the model's own when the model wants one.
+            let input_bytes = messages.len() + tools.len();
             let request = ChatApplyParams::new(messages)
                 .with_add_bos_eos(self.model.add_bos_token(), false)
                 .with_tools(tools)
                 .with_tool_choice(choice)
                 .with_parallel_tool_calls(parallel_tool_calls);
-            let params = work_limit::limited(|| self.templates.apply(&request).map_err(chat_value_error))?;
+            let params = work_limit::limited(input_bytes, || self.templates.apply(&request).map_err(chat_value_error))?;
             Ok(PyChatApplied {
                 params,
                 model: Arc::clone(&self.model),

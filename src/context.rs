@@ -88,6 +88,10 @@ pub struct OpenContext {
     has_memory: bool,
     /// The RPC servers of its model, whose failure makes every later call an `RpcError`.
     rpc: Option<Arc<ModelLinks>>,
+    /// For a model with learned position embeddings, how many positions they hold: llama.cpp
+    /// pads `n_ctx` to a multiple of 256 and reads the table's row for each position
+    /// (`GGML_ASSERT` past it), so no batch may reach past them.
+    position_limit: Option<i32>,
 }
 
 // SAFETY: `LlamaContext` and `LlamaSampler` are `!Send` only because they hold raw pointers
@@ -103,16 +107,33 @@ impl OpenContext {
         self.cell.borrow_owner()
     }
 
+    /// The positions one sequence may hold: llama.cpp's `n_ctx_seq`, or fewer where learned
+    /// position embeddings end first.
+    pub fn positions_per_sequence(&self) -> u32 {
+        let n_ctx_seq = self.with(|context| context.n_ctx_seq());
+        self.position_limit
+            .map_or(n_ctx_seq, |limit| n_ctx_seq.min(u32::try_from(limit).unwrap_or(0)))
+    }
+
     /// Whether all sequences share one KV stream (`kv_unified=True`).
     pub fn kv_unified(&self) -> bool {
         self.kv_unified
     }
 
-    /// Creates a context of `model` with `options` (checked here), ready to compute.
-    pub fn open(native_model: Arc<LlamaModel>, options: &ContextOptions) -> Result<Self> {
+    /// Creates a context of `model` with `options` (checked here), ready to compute;
+    /// `learned_positions` (`PyLlamaModel::learned_positions`) bounds its `n_ctx`.
+    pub fn open(native_model: Arc<LlamaModel>, options: &ContextOptions, learned_positions: bool) -> Result<Self> {
         let rpc = rpc::links_of(&native_model);
         let has_encoder = native_model.has_encoder();
         let encoder_decoder = has_encoder && native_model.has_decoder();
+        let position_limit = learned_positions.then(|| i32::try_from(native_model.n_ctx_train()).unwrap_or(i32::MAX));
+        let bounded;
+        let options = if learned_positions {
+            bounded = options.within_positions(native_model.n_ctx_train())?;
+            &bounded
+        } else {
+            options
+        };
         options.check_for_model(native_model.n_ctx_train(), encoder_decoder)?;
         memory_budget::check_host_memory(options, &native_model)?;
         let params = options.to_params()?;
@@ -159,6 +180,7 @@ impl OpenContext {
                 .is_some_and(|name| name.eq_ignore_ascii_case("bf16")),
             has_memory,
             rpc,
+            position_limit,
         };
         native.check_rpc()?;
         if options.embeddings == Some(true) {
@@ -215,7 +237,10 @@ pub struct PyLlamaContext {
 impl PyLlamaContext {
     pub fn create(model: &Bound<'_, PyLlamaModel>, options: ContextOptions) -> PyResult<Self> {
         let native_model = model.get().native()?;
-        let native = detached(model.py(), move || OpenContext::open(native_model, &options))?;
+        let learned_positions = model.get().learned_positions();
+        let native = detached(model.py(), move || {
+            OpenContext::open(native_model, &options, learned_positions)
+        })?;
         Ok(Self {
             native: OwnedMutex::new(Some(native), "LlamaContext"),
             model: model.clone().unbind(),

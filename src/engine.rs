@@ -234,7 +234,8 @@ impl PyEngineCore {
         }
         let draft = draft
             .map(|(draft_model, n_draft_max, p_min)| {
-                Ok::<_, PyErr>((draft_model.get().vocabulary()?, n_draft_max, p_min))
+                let learned_positions = draft_model.get().learned_positions();
+                Ok::<_, PyErr>(((draft_model.get().vocabulary()?, learned_positions), n_draft_max, p_min))
             })
             .transpose()?;
         if ngram.is_some() && draft.is_some() {
@@ -246,16 +247,18 @@ impl PyEngineCore {
         if let Some(projector) = &mtmd {
             check_projector(projector.get(), &native_model)?;
         }
+        let learned_positions = model.get().learned_positions();
         let (native, draft) = detached(py, || {
-            let native = OpenContext::open(Arc::clone(&native_model), &options)?;
+            let native = OpenContext::open(Arc::clone(&native_model), &options, learned_positions)?;
             // Generation keeps each sequence in the KV cache between steps.
             native.require_memory()?;
             let draft = match draft {
-                Some((draft_model, n_draft_max, p_min)) => {
+                Some(((draft_model, draft_positions), n_draft_max, p_min)) => {
                     let draft_options = draft_options(&native, &options);
                     Some(DraftContext::open(
                         &native_model,
                         draft_model,
+                        draft_positions,
                         &draft_options,
                         usize::from(n_draft_max),
                         p_min,
@@ -272,7 +275,7 @@ impl PyEngineCore {
         let (n_ctx, n_seq_max) = native.with(|context| (context.n_ctx(), context.n_seq_max()));
         let limits = Limits {
             n_vocab: native.model().n_vocab(),
-            n_ctx_seq: native.with(|context| context.n_ctx_seq()) as usize,
+            n_ctx_seq: native.positions_per_sequence() as usize,
             max_waiting,
         };
         let shared = Arc::new(EngineShared {

@@ -53,7 +53,14 @@ struct Header<R> {
     tokenizer: Vec<u8>,
     /// Whether `tokenizer.ggml.token_type` marks a token as a byte.
     has_byte_token: bool,
+    /// Whether a tensor is named `POSITION_TABLE` (read by `scan_tensors`).
+    learned_positions: bool,
 }
+
+/// The tensor of learned (absolute) position embeddings (GPT-2, StarCoder, BERT, MPT): llama.cpp
+/// checks that it has `n_ctx_train` rows, and reads row `pos` for each token (`get_rows`, which
+/// asserts on a position past them).
+const POSITION_TABLE: &[u8] = b"position_embd.weight";
 
 impl<R: Read> Header<R> {
     fn new(reader: R) -> Self {
@@ -64,6 +71,7 @@ impl<R: Read> Header<R> {
             tensor_types: BTreeSet::new(),
             tokenizer: Vec::new(),
             has_byte_token: false,
+            learned_positions: false,
         }
     }
 
@@ -177,11 +185,18 @@ impl<R: Read> Header<R> {
     }
 
     /// Reads the tensor infos that follow the key-value section (name, dimensions, type,
-    /// offset), keeping their types.
+    /// offset), keeping their types and whether one is the position table.
     fn scan_tensors(&mut self, n_tensors: u64) -> std::io::Result<()> {
         for _ in 0..n_tensors {
             let name_len = self.string_len(false)?;
-            self.skip(name_len)?;
+            // Only a name of the table's length is read: a length is the file's to claim.
+            if name_len == POSITION_TABLE.len() as u64 {
+                let mut name = [0; POSITION_TABLE.len()];
+                self.reader.read_exact(&mut name)?;
+                self.learned_positions |= name == POSITION_TABLE;
+            } else {
+                self.skip(name_len)?;
+            }
             let n_dims = self.u32()?;
             self.skip(u64::from(n_dims).saturating_mul(8))?;
             let tensor_type = self.u32()?;
@@ -194,10 +209,12 @@ impl<R: Read> Header<R> {
 
 static BOUNDS: Mutex<Vec<(std::path::PathBuf, usize)>> = Mutex::new(Vec::new());
 
-fn scan_file(path: &Path) -> std::io::Result<Header<BufReader<File>>> {
+/// The header of the file at `path`, read up to its tensor infos, and how many tensors it says
+/// follow.
+fn scan_file(path: &Path) -> std::io::Result<(Header<BufReader<File>>, u64)> {
     let mut header = Header::new(BufReader::new(File::open(path)?));
-    header.scan()?;
-    Ok(header)
+    let n_tensors = header.scan()?;
+    Ok((header, n_tensors))
 }
 
 /// ggml types whose CPU kernels cannot multiply (no `vec_dot` in ggml-cpu's type table): a
@@ -246,11 +263,21 @@ fn remember_bound(path: &Path, longest: u64) -> Result<usize> {
     Ok(size)
 }
 
+/// What the header walk learned of a model file that llama.cpp must be kept from.
+#[derive(Clone, Copy, Default)]
+pub struct ModelFileFacts {
+    /// The model reads learned position embeddings, one row per position up to `n_ctx_train`.
+    pub learned_positions: bool,
+}
+
 /// Checks a GGUF file for what makes llama.cpp abort instead of failing (a vocabulary that
-/// lists a token twice, byte tokens in a WordPiece vocabulary), and notes the bound for its metadata buffers. A file that is not
+/// lists a token twice, byte tokens in a WordPiece vocabulary), notes the bound for its
+/// metadata buffers, and says what later checks need (`ModelFileFacts`). A file that is not
 /// readable GGUF passes: llama.cpp refuses it with an error of its own.
-pub fn check_model_file(path: &Path) -> Result<()> {
-    let Ok(header) = scan_file(path) else { return Ok(()) };
+pub fn check_model_file(path: &Path) -> Result<ModelFileFacts> {
+    let Ok((mut header, n_tensors)) = scan_file(path) else {
+        return Ok(ModelFileFacts::default());
+    };
     if let Some(token) = header.duplicate_token {
         return Err(Error::llama(
             ExcClass::LlamaModelLoadError,
@@ -269,7 +296,9 @@ pub fn check_model_file(path: &Path) -> Result<()> {
         ));
     }
     remember_bound(path, header.longest)?;
-    Ok(())
+    // A table the walk cannot reach is one llama.cpp cannot load either.
+    let learned_positions = header.scan_tensors(n_tensors).is_ok() && header.learned_positions;
+    Ok(ModelFileFacts { learned_positions })
 }
 
 /// A buffer size that holds every key and value llama.cpp reports for the model at `path`.
@@ -283,7 +312,7 @@ fn buffer_size(path: &Path) -> Result<usize> {
     if let Some(size) = known {
         return Ok(size);
     }
-    let header = scan_file(path)
+    let (header, _) = scan_file(path)
         .map_err(|err| Error::value(format!("cannot read the GGUF header of {}: {err}", path.display())))?;
     remember_bound(path, header.longest)
 }

@@ -15,7 +15,7 @@ use crate::context::{ContextOptions, PyLlamaContext};
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
 use crate::lora::PyLlamaLoraAdapter;
-use crate::metadata;
+use crate::metadata::{self, ModelFileFacts};
 use crate::paths::existing_file;
 use crate::rpc::{self, ModelLinks};
 use crate::tokens::{check_vocab, extract_token_ids, to_ids, to_llama_tokens};
@@ -30,6 +30,8 @@ pub struct PyLlamaModel {
     vocab_only: bool,
     /// What its vocabulary lacks for turning text into tokens and back.
     gap: Option<VocabularyGap>,
+    /// What its file's header says that contexts must respect.
+    facts: ModelFileFacts,
 }
 
 /// What llama.cpp's vocabulary code aborts or throws across FFI on.
@@ -91,6 +93,12 @@ impl PyLlamaModel {
     pub fn native(&self) -> Result<Arc<LlamaModel>> {
         let guard = self.model.read().map_err(|_| Error::Poisoned("LlamaModel"))?;
         guard.clone().ok_or_else(|| Error::closed("LlamaModel"))
+    }
+
+    /// Whether the model reads learned position embeddings: a context may hold at most
+    /// `n_ctx_train` positions.
+    pub fn learned_positions(&self) -> bool {
+        self.facts.learned_positions
     }
 
     /// The native model, for turning text into tokens: `ValueError` for a vocabulary
@@ -200,7 +208,7 @@ impl PyLlamaModel {
     ) -> PyResult<Self> {
         let path = existing_file(path)?;
         let timeout = rpc::timeout(rpc_timeout)?;
-        detached(py, || metadata::check_model_file(&path))?;
+        let facts = detached(py, || metadata::check_model_file(&path))?;
         let load_mode = match (use_mmap, use_mlock) {
             (true, false) => LlamaLoadMode::Mmap,
             (true, true) => LlamaLoadMode::MmapMlock,
@@ -236,6 +244,7 @@ impl PyLlamaModel {
             model: RwLock::new(Some(model)),
             path,
             vocab_only,
+            facts,
         })
     }
 

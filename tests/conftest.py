@@ -8,10 +8,22 @@ from pathlib import Path
 
 import pytest
 import synthetic
+from support import no_network
 from support.decoding import decode_prompt
 from support.prompts import PARIS_PROMPT, TOOL_TEMPLATE
 
 import llamactx
+
+no_network.install()
+
+
+@pytest.fixture(autouse=True)
+def no_connection_leaves_loopback() -> Iterator[None]:
+    """Fails a test during which this process tried to connect outside loopback (the servers
+    the tests start check their own: ``serving.py``)."""
+    before = len(no_network.refused)
+    yield
+    assert no_network.refused[before:] == []
 
 
 @pytest.fixture(scope="session")

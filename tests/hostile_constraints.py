@@ -1,5 +1,6 @@
-"""Constraints that once overflowed llguidance's stack or starved the server (issue 27), for the
-red-team cases, the server's tests and the fuzzer."""
+"""Constraints that once overflowed llguidance's stack, starved the server (issue 27) or froze
+its event loop in the check after generation, for the red-team cases, the server's tests and
+the fuzzer."""
 
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ def chained_schema(links: int, *, alias: bool = False) -> dict[str, Any]:
     defs = {f"d{index}": link(index) for index in range(links)}
     defs[f"d{links}"] = {"type": "null"}
     return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def doubling_one_of(levels: int) -> dict[str, Any]:
+    """``levels`` of ``oneOf: [A, A]`` through ``$defs`` (5 KB for 24): jsonschema tries both
+    branches at every level, 2**levels keyword applications for a boolean."""
+    definitions: dict[str, Any] = {"level0": {"type": "boolean"}}
+    for level in range(1, levels + 1):
+        twice = {"$ref": f"#/$defs/level{level - 1}"}
+        definitions[f"level{level}"] = {"oneOf": [twice, twice]}
+    return {"$defs": definitions, "$ref": f"#/$defs/level{levels}"}
 
 
 def chained_lark(rules: int, fan_out: int = 1) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from support import no_network
 
 MODEL_ID = "SmolLM2-135M-Instruct.Q4_1"  # the default model's file name, as the server names it
 # The engine options of `llamactx serve --no-prefix-cache`, for in-process references.
@@ -24,6 +25,7 @@ ENGINE_OPTIONS: dict[str, Any] = {"n_ctx": 4096, "n_seq_max": 8, "prefix_cache":
 LISTENING = re.compile(r"listening on (http://\S+)")
 PR_SET_PDEATHSIG = 1
 STARTUP_SECONDS = 60
+TESTS = Path(__file__).parent
 
 
 def die_with_parent() -> None:
@@ -81,8 +83,12 @@ class Server:
 @contextmanager
 def running_server(model_path: Path, *options: str, prelude: str = "") -> Iterator[Server]:
     """``llamactx serve --model model_path --port 0 *options`` until the block ends; ``prelude``
-    (Python) runs in the server's process first."""
-    program = f"{prelude}\nimport sys\nfrom llamactx.cli import main\nsys.exit(main())"
+    (Python) runs in the server's process first, after the no-network guard (``support/
+    no_network.py``): a server that tried to connect outside loopback fails the test at its end."""
+    program = (
+        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom support import no_network\nno_network.install()\n"
+        f"{prelude}\nfrom llamactx.cli import main\nsys.exit(main())"
+    )
     command = [sys.executable, "-c", program, "serve", "--model", str(model_path), "--port", "0", *options]
     child = subprocess.Popen(
         command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=die_with_parent
@@ -112,3 +118,5 @@ def running_server(model_path: Path, *options: str, prelude: str = "") -> Iterat
         reader.join(5)
         child.stderr.close()
     assert child.returncode == 0, f"the server exited with {child.returncode}: {''.join(log)}"
+    refusals = [line for line in log if no_network.REFUSED in line]
+    assert refusals == [], f"the server tried to leave loopback: {refusals}"

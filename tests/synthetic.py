@@ -1,4 +1,5 @@
-"""Tiny GGUF files written with the ``gguf`` package: a random BERT encoder (for ``encode``),
+"""Tiny GGUF files written with the ``gguf`` package: a random BERT encoder (for ``encode``), a
+random GPT-2 with another model's vocabulary (learned positions, for a draft model),
 a random T5 encoder-decoder, a random recurrent Mamba (for sequence-state restores), a random
 hybrid Nemotron-H (KV cache plus recurrent state), a random LoRA adapter for SmolLM2 (for
 ``lora_adapter_*``) and vocabulary-only models."""
@@ -29,6 +30,15 @@ def random_tensors(writer: gguf.GGUFWriter, seed: int) -> Callable[..., None]:
         writer.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
 
     return tensor
+
+
+def add_feed_forward(tensor: Callable[..., None], prefix: str, width: int, hidden: int) -> None:
+    """A feed-forward of ``hidden`` with biases, ``{prefix}.ffn_up`` and ``{prefix}.ffn_down``;
+    ``tensor`` is ``random_tensors``' writer."""
+    tensor(f"{prefix}.ffn_up.weight", hidden, width)
+    tensor(f"{prefix}.ffn_up.bias", hidden)
+    tensor(f"{prefix}.ffn_down.weight", width, hidden)
+    tensor(f"{prefix}.ffn_down.bias", width)
 
 
 def bert_vocabulary() -> list[str]:
@@ -81,10 +91,7 @@ def write_tiny_bert(path: Path, seed: int = 0, duplicate_token: bool = False) ->
             tensor(f"blk.{block}.{part}.weight", width, width)
             tensor(f"blk.{block}.{part}.bias", width)
         norm(f"blk.{block}.attn_output_norm")
-        tensor(f"blk.{block}.ffn_up.weight", 2 * width, width)
-        tensor(f"blk.{block}.ffn_up.bias", 2 * width)
-        tensor(f"blk.{block}.ffn_down.weight", width, 2 * width)
-        tensor(f"blk.{block}.ffn_down.bias", width)
+        add_feed_forward(tensor, f"blk.{block}", width, 2 * width)
         norm(f"blk.{block}.layer_output_norm")
     _finish(writer)
     return path
@@ -384,6 +391,52 @@ def write_first_layers(source: Path, path: Path, layers: int, rename: tuple[int,
     return path
 
 
+GPT2_WIDTH = 32
+GPT2_LAYERS = 1
+
+
+def write_tiny_gpt2(vocabulary_source: Path, path: Path, context: int, seed: int = 0) -> Path:
+    """A 1-layer, 32-wide GPT-2 with random weights, learned position embeddings for
+    ``context`` positions, and the vocabulary (every ``tokenizer.*`` key) of the model at
+    ``vocabulary_source``: a draft model that passes the vocabulary check but holds fewer
+    positions than its target."""
+    reader = gguf.GGUFReader(vocabulary_source)
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    for field in reader.fields.values():
+        if field.name.startswith("tokenizer."):
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    n_vocab = len(reader.fields[gguf.Keys.Tokenizer.LIST].data)
+    tensor = random_tensors(writer, seed)
+    width = GPT2_WIDTH
+    writer.add_name("tiny-gpt2")
+    writer.add_context_length(context)
+    writer.add_embedding_length(width)
+    writer.add_feed_forward_length(4 * width)
+    writer.add_block_count(GPT2_LAYERS)
+    writer.add_head_count(2)
+    writer.add_layer_norm_eps(1e-5)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+    def norm(name: str) -> None:
+        writer.add_tensor(f"{name}.weight", np.ones(width, dtype=np.float32))
+        writer.add_tensor(f"{name}.bias", np.zeros(width, dtype=np.float32))
+
+    tensor("token_embd.weight", n_vocab, width)
+    tensor("position_embd.weight", context, width)
+    norm("output_norm")
+    for block in range(GPT2_LAYERS):
+        norm(f"blk.{block}.attn_norm")
+        tensor(f"blk.{block}.attn_qkv.weight", 3 * width, width)
+        tensor(f"blk.{block}.attn_qkv.bias", 3 * width)
+        tensor(f"blk.{block}.attn_output.weight", width, width)
+        tensor(f"blk.{block}.attn_output.bias", width)
+        norm(f"blk.{block}.ffn_norm")
+        add_feed_forward(tensor, f"blk.{block}", width, 4 * width)
+    _finish(writer)
+    return path
+
+
 def add_encoder_blocks(
     writer: gguf.GGUFWriter,
     tensor: Callable[..., None],
@@ -405,10 +458,7 @@ def add_encoder_blocks(
         for name in ("ln1", "ln2"):
             writer.add_tensor(f"{prefix}.{name}.weight", np.ones(width, dtype=np.float32))
             writer.add_tensor(f"{prefix}.{name}.bias", np.zeros(width, dtype=np.float32))
-        tensor(f"{prefix}.ffn_up.weight", hidden, width)
-        tensor(f"{prefix}.ffn_up.bias", hidden)
-        tensor(f"{prefix}.ffn_down.weight", width, hidden)
-        tensor(f"{prefix}.ffn_down.bias", width)
+        add_feed_forward(tensor, prefix, width, hidden)
 
 
 PROJECTOR_IMAGE_SIZE = 64

@@ -116,3 +116,15 @@ def test_the_fallback_renderer_keeps_message_text_as_text(model: llamactx.LlamaM
     # The user's turn and the assistant's opening: the built-in template writes no system turn.
     assert sum(token in controls for token in tokens) == 3
     assert text.strip() in model.detokenize(tokens, False, True)
+
+
+@pytest.mark.parametrize("text", ["Go on.", "Tell me about the weather today, and about tomorrow's too."])
+def test_a_long_chat_renders_however_many_messages_it_has(model: llamactx.LlamaModel, text: str) -> None:
+    """The template's work limit grows with the messages: 3,001 ordinary messages (about 20,000
+    tokens, a chat a 20,480-token context holds) were refused as "a template that loops"."""
+    messages = [{"role": ("user", "assistant")[index % 2], "content": text} for index in range(3001)]
+    tokens = jinja_tokens(model, messages)
+    # Every two more messages (an assistant's and a user's) render the same tokens.
+    one, three = (len(jinja_tokens(model, messages[:count])) for count in (1, 3))
+    assert len(tokens) == one + 1500 * (three - one)
+    assert model.detokenize(tokens[-4:], unparse_special=True).endswith("<|im_start|>assistant\n")

@@ -2,7 +2,9 @@
 never from an address that is not public, within a byte budget and a deadline, TLS verified.
 
 The fetching is tested against a file server of these tests on loopback, which a policy reaches
-only through ``allowed_networks``."""
+only through ``allowed_networks``; host names other than ``localhost`` resolve through a stand-in
+for the system's resolver (``resolver``), and addresses off loopback are judged without a
+connection (``MediaUrls.refusal``, or ``no_connections``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import asyncio
 import base64
 import contextlib
 import datetime
+import ipaddress
+import socket
 import ssl
 import subprocess
 import sys
@@ -31,12 +35,42 @@ from serving import MODEL_ID, running_server
 from support.images import data_url, image_message, picture, png
 
 import llamactx
-from llamactx.server import MediaUrlPolicy, create_app
+from llamactx.server import MediaUrlPolicy, _media_urls, create_app
 from llamactx.server._media_urls import MediaUrls
 from llamactx.server._protocol import ApiError
 
 IMAGE = png(picture(60))
 LOOPBACK = ("127.0.0.1/32",)
+PUBLIC = ipaddress.IPv4Address("8.8.8.8")
+#: Each IPv6 form that a translator or tunnel carries to an IPv4 host, by what it makes of the
+#: IPv4 address's 32 bits: Teredo's server sits in bits 32-63, its client in the last 32, inverted.
+CARRIERS: dict[str, Callable[[int], int]] = {
+    "mapped": lambda ipv4: (0xFFFF << 32) | ipv4,
+    "compatible": lambda ipv4: ipv4,
+    "siit": lambda ipv4: (0xFFFF << 48) | ipv4,
+    "nat64": lambda ipv4: (0x64_FF9B << 96) | ipv4,
+    "nat64-local-use": lambda ipv4: (0x64_FF9B_0001 << 80) | ipv4,
+    "6to4": lambda ipv4: (0x2002 << 112) | (ipv4 << 80) | 1,
+    "teredo-server": lambda ipv4: (0x2001_0000 << 96) | (ipv4 << 64) | (~int(PUBLIC) & 0xFFFF_FFFF),
+    "teredo-client": lambda ipv4: (0x2001_0000 << 96) | (int(PUBLIC) << 64) | (~ipv4 & 0xFFFF_FFFF),
+    "site-local": lambda ipv4: (0xFEC0 << 112) | ipv4,
+}
+#: The ranges of ``CARRIERS`` an operator may allow (a mapped address is its IPv4 address).
+CARRIER_RANGES = {
+    "compatible": "::/96",
+    "siit": "::ffff:0:0:0/96",
+    "nat64": "64:ff9b::/96",
+    "nat64-local-use": "64:ff9b:1::/48",
+    "6to4": "2002::/16",
+    "teredo-server": "2001::/32",
+    "teredo-client": "2001::/32",
+    "site-local": "fec0::/10",
+}
+
+
+def carrying(form: str, ipv4: ipaddress.IPv4Address) -> ipaddress.IPv6Address:
+    """The IPv6 address of ``form`` (``CARRIERS``) that reaches ``ipv4``."""
+    return ipaddress.IPv6Address(CARRIERS[form](int(ipv4)))
 
 
 class FileServer:
@@ -160,6 +194,47 @@ def refusal(policy: MediaUrlPolicy, *urls: str) -> ApiError:
     return refused.value
 
 
+class Resolver:
+    """Stands in for the system's resolver (``socket.getaddrinfo``), so that no test asks a DNS
+    server: a name of ``answers`` resolves to its address after ``delay`` seconds, any other name
+    to nothing; an address (as connections resolve theirs) to itself, by the system's resolver."""
+
+    def __init__(self) -> None:
+        self.system = socket.getaddrinfo
+        self.answers: dict[str, str] = {}
+        self.delay = 0.0
+
+    def __call__(self, host: str, port: int, *args: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+        if host in self.answers:
+            time.sleep(self.delay)
+            address = self.answers[host]
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, port))]
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known") from None
+        return self.system(host, port, *args, **kwargs)
+
+
+@pytest.fixture
+def resolver(monkeypatch: pytest.MonkeyPatch) -> Resolver:
+    stub = Resolver()
+    monkeypatch.setattr(socket, "getaddrinfo", stub)
+    return stub
+
+
+@pytest.fixture
+def no_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails a fetch that connects at all (the fetcher connects with ``socket.create_connection``):
+    for URLs of addresses that are not loopback, which a fetch must refuse before connecting."""
+
+    def connect(address: tuple[str, int], *args: Any, **kwargs: Any) -> socket.socket:
+        raise AssertionError(f"the fetcher connected to {address}")
+
+    monkeypatch.setattr(socket, "create_connection", connect)
+
+
 @pytest.mark.parametrize(
     "host",
     [
@@ -186,6 +261,54 @@ def test_addresses_that_are_not_public_are_never_fetched(files: FileServer, host
     error = refusal(MediaUrlPolicy(), files.url("/image.png", host))
     assert "not a public address" in error.message
     assert len(files.requests) == before
+
+
+@pytest.mark.parametrize("ipv4", ["127.0.0.1", "10.0.0.1", "169.254.169.254"])
+@pytest.mark.parametrize("form", CARRIERS)
+def test_ipv6_addresses_that_reach_an_ipv4_host_are_judged_by_it(form: str, ipv4: str) -> None:
+    address = carrying(form, ipaddress.IPv4Address(ipv4))
+    why = MediaUrls(MediaUrlPolicy()).refusal(address)
+    assert why is not None
+    assert "not a public address" in why
+    # Allowing every IPv6 address still leaves the IPv4 one to be judged (where it is known).
+    everywhere = MediaUrls(MediaUrlPolicy(allowed_networks=("::/0",))).refusal(address)
+    if form in ("nat64-local-use", "site-local"):
+        assert everywhere is None  # the operator named them; where their IPv4 host sits is the site's choice
+    else:
+        assert everywhere is not None
+        assert ipv4 in everywhere
+
+
+@pytest.mark.parametrize("form", CARRIERS)
+def test_urls_and_host_names_of_ipv6_addresses_reaching_an_ipv4_host_are_refused_unconnected(
+    resolver: Resolver, no_connections: None, form: str
+) -> None:
+    address = carrying(form, ipaddress.IPv4Address("169.254.169.254"))
+    resolver.answers["carrier.test"] = str(address)
+    assert "not a public address" in refusal(MediaUrlPolicy(), f"http://[{address}]/latest/meta-data/").message
+    assert "not a public address" in refusal(MediaUrlPolicy(), "http://carrier.test/latest/meta-data/").message
+
+
+@pytest.mark.parametrize("form", [form for form in CARRIER_RANGES if form not in ("nat64-local-use", "site-local")])
+def test_a_public_ipv4_host_behind_a_translator_is_fetched_only_where_its_range_is_allowed(form: str) -> None:
+    """A translator or tunnel is not the internet's own: it may be the site's, and it answers
+    for whatever it forwards to. The operator who names its range vouches for it; the IPv4 host
+    behind it is judged all the same."""
+    public = carrying(form, PUBLIC)
+    assert "not a public address" in (MediaUrls(MediaUrlPolicy()).refusal(public) or "")
+    allowed = MediaUrls(MediaUrlPolicy(allowed_networks=(CARRIER_RANGES[form],)))
+    assert allowed.refusal(public) is None
+    private = carrying(form, ipaddress.IPv4Address("10.0.0.1"))
+    assert "(it carries 10.0.0.1)" in (allowed.refusal(private) or "")
+    both = MediaUrls(MediaUrlPolicy(allowed_networks=(CARRIER_RANGES[form], "10.0.0.0/8")))
+    assert both.refusal(private) is None
+
+
+def test_a_mapped_address_is_its_ipv4_address() -> None:
+    """Sockets connect to the IPv4 address itself: no translator in between to vouch for."""
+    assert MediaUrls(MediaUrlPolicy()).refusal(carrying("mapped", PUBLIC)) is None
+    local = MediaUrls(MediaUrlPolicy(allowed_networks=("10.0.0.0/8",)))
+    assert local.refusal(carrying("mapped", ipaddress.IPv4Address("10.0.0.1"))) is None
 
 
 def test_a_network_the_operator_allows_is_fetched_into_a_data_url(files: FileServer) -> None:
@@ -230,7 +353,41 @@ def test_a_request_s_urls_share_one_deadline(files: FileServer, path: str) -> No
     assert time.monotonic() - started < 2
 
 
-def test_urls_that_are_not_fetched_at_all() -> None:
+def test_a_host_name_s_resolution_counts_toward_the_deadline(resolver: Resolver, no_connections: None) -> None:
+    resolver.answers["slow-dns.test"] = "127.0.0.1"
+    resolver.delay = 3
+    started = time.monotonic()
+    error = refusal(MediaUrlPolicy(timeout=0.5, allowed_networks=LOOPBACK), "http://slow-dns.test/image.png")
+    assert "not fetched within 0.5 s" in error.message
+    assert time.monotonic() - started < 0.8  # the deadline's, not the event loop's later give-up
+
+
+def test_a_host_name_resolved_in_time_is_fetched(files: FileServer, resolver: Resolver) -> None:
+    resolver.answers["images.test"] = "127.0.0.1"
+    resolver.delay = 0.1
+    [part] = inlined(MediaUrlPolicy(allowed_networks=LOOPBACK), files.url("/image.png", "images.test"))
+    assert part["image_url"]["url"].endswith(base64.b64encode(IMAGE).decode())
+
+
+def test_slow_hosts_of_some_requests_do_not_hold_up_the_fetches_of_others(files: FileServer) -> None:
+    fetcher = MediaUrls(MediaUrlPolicy(timeout=1.5, allowed_networks=LOOPBACK))
+    stalled = [url_message(files.url("/slow")) for _ in range(8)]
+    prompt = url_message(files.url("/image.png"))
+
+    async def serve_all() -> tuple[list[bool], list[BaseException | None]]:
+        stalling = [asyncio.ensure_future(fetcher.inline([message])) for message in stalled]
+        await asyncio.sleep(0.2)  # each is waiting for its host's answer
+        await fetcher.inline([prompt])
+        waiting = [not fetch.done() for fetch in stalling]
+        return waiting, await asyncio.gather(*stalling, return_exceptions=True)
+
+    waiting, outcomes = asyncio.run(serve_all())
+    assert prompt["content"][0]["image_url"]["url"].endswith(base64.b64encode(IMAGE).decode())
+    assert all(waiting)  # the prompt's image came while the stalled requests still waited
+    assert all(isinstance(outcome, ApiError) and "not fetched within" in outcome.message for outcome in outcomes)
+
+
+def test_urls_that_are_not_fetched_at_all(resolver: Resolver) -> None:
     policy = MediaUrlPolicy(allowed_networks=LOOPBACK)
     assert "credentials" in refusal(policy, "http://user:secret@127.0.0.1/image.png").message
     assert "does not resolve" in refusal(policy, "http://no-such-host.invalid/image.png").message
@@ -358,3 +515,18 @@ def test_fetching_image_urls_needs_a_projector(model_path: Path, model: llamactx
     assert ran.stderr == "llamactx serve: --allow-media-urls needs --mmproj, the projector that reads images\n"
     with llamactx.Engine(model, n_ctx=256, n_seq_max=1) as engine, pytest.raises(ValueError, match="needs a projector"):
         create_app(engine, media_urls=MediaUrlPolicy())
+
+
+def test_fetch_threads_past_their_bound_are_a_503_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each fetch and resolution has a thread of its own: their number is bounded for all
+    requests together, and a request past the bound is answered at once, never queued."""
+    bound = threading.BoundedSemaphore(1)
+    monkeypatch.setattr(_media_urls, "_FETCH_THREADS", bound)
+    release = threading.Event()
+    held = _media_urls._on_a_thread_of_its_own(lambda: release.wait(10))
+    with pytest.raises(ApiError) as refused:
+        _media_urls._on_a_thread_of_its_own(lambda: True)
+    assert refused.value.status == 503
+    release.set()
+    assert held.result(10) is True
+    assert _media_urls._on_a_thread_of_its_own(lambda: "fetched").result(10) == "fetched"

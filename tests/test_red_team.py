@@ -219,3 +219,30 @@ def test_a_recurrent_sequence_state_moves_to_another_sequence(tmp_path: Path) ->
 def test_an_adapter_no_cpu_kernel_multiplies_is_refused(model_path: Path, tmp_path: Path) -> None:
     adapter = synthetic.write_lora_for_smollm2(tmp_path / "f64.gguf", dtype=np.float64)
     assert raised_by(model_path, "adapter_no_cpu_kernel_multiplies", stdin=str(adapter)) == "LlamaLoraAdapterInitError"
+
+
+@pytest.mark.parametrize("case", ["context_past_the_learned_positions", "positions_past_the_table_in_a_padded_context"])
+def test_a_context_never_reaches_past_a_models_learned_positions(model_path: Path, tmp_path: Path, case: str) -> None:
+    bert = synthetic.write_tiny_bert(tmp_path / "bert.gguf")
+    assert raised_by(model_path, case, stdin=str(bert)) == "ValueError"
+
+
+def test_a_draft_model_holding_fewer_positions_than_the_engine_is_refused(model_path: Path, tmp_path: Path) -> None:
+    draft = synthetic.write_tiny_gpt2(model_path, tmp_path / "gpt2.gguf", context=64)
+    case = "draft_model_holding_fewer_positions_than_the_engine"
+    assert raised_by(model_path, case, stdin=str(draft)) == "ValueError"
+
+
+def test_a_model_with_learned_positions_takes_as_many_tokens_as_they_hold(tmp_path: Path) -> None:
+    bert = llamactx.LlamaModel.load_from_file(synthetic.write_tiny_bert(tmp_path / "bert.gguf"))
+    ctx = bert.new_context(n_batch=512, n_ubatch=512, embeddings=True)  # n_ctx unset: bounded to the table
+    whole = llamactx.LlamaBatch(synthetic.BERT_CONTEXT)
+    whole.add_sequence([5] * synthetic.BERT_CONTEXT, 0, True)
+    ctx.encode(whole)
+    assert np.isfinite(ctx.embeddings_seq_ith(0)).all()
+    past = llamactx.LlamaBatch(synthetic.BERT_CONTEXT + 1)
+    past.add_sequence([5] * (synthetic.BERT_CONTEXT + 1), 0, True)
+    with pytest.raises(ValueError, match="learned position embeddings hold positions 0 to 127"):
+        ctx.encode(past)
+    with pytest.raises(ValueError, match="past the 128 positions"):
+        bert.new_context(n_ctx=129)

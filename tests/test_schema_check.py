@@ -13,11 +13,13 @@ from typing import Any, Literal
 import jsonschema
 import pydantic
 import pytest
+from hostile_constraints import doubling_one_of
+from support.counting_host import counting_host
 from support.prompts import HELPFUL
 
 import llamactx
 from llamactx import LlamaModel, LlamaSampler, SchemaError
-from llamactx._schema_check import OutputCheck
+from llamactx._schema_check import MAX_CHECK_STEPS, OutputCheck
 
 ASK = [{"role": "system", "content": HELPFUL}, {"role": "user", "content": "List three colors as a JSON array."}]
 # Three items of two values: every value the constraint admits repeats one.
@@ -195,5 +197,49 @@ def test_hostile_schemas_are_checked_in_bounded_time() -> None:
         nested = {"not": nested}
     with pytest.raises(SchemaError, match="nested too deeply"):
         OutputCheck(nested, "")
-    with pytest.raises(SchemaError, match="cannot be resolved"):
-        OutputCheck({"$ref": "https://example.com/schema.json"}, "").validate("1")
+    with pytest.raises(SchemaError, match="leads outside the schema"):
+        OutputCheck({"$ref": "https://example.com/schema.json"}, "")
+
+
+@pytest.mark.parametrize("keyword", ["$ref", "$dynamicRef", "$recursiveRef"])
+def test_a_reference_outside_the_schema_is_refused_and_nothing_is_fetched(keyword: str) -> None:
+    """jsonschema's default registry GETs any URL a reference names (llguidance ignores
+    ``$dynamicRef``, so the check after generation did, and used the answer as a schema)."""
+    with counting_host() as host:
+        for reference in (f"{host.url}/schema.json", f"{host.url}/schema.json#/$defs/x"):
+            with pytest.raises(SchemaError, match="leads outside the schema") as raised:
+                OutputCheck({"type": "integer", keyword: reference}, "")
+            assert raised.value.kind == "Unsupported"
+        # Relative to an $id naming the host: still another document.
+        with pytest.raises(SchemaError, match="leads outside the schema"):
+            OutputCheck({"$id": f"{host.url}/root.json", keyword: "other.json"}, "")
+        assert host.paths == []
+
+
+def test_references_into_the_schemas_own_documents_resolve() -> None:
+    embedded = {
+        "$id": "https://schemas.example/root.json",
+        "$defs": {"digit": {"$id": "digit.json", "type": "integer", "minimum": 0, "maximum": 9}, "word": {}},
+        "type": "array",
+        "prefixItems": [{"$ref": "digit.json"}, {"$ref": "#/$defs/word"}, {"$ref": "root.json#/$defs/digit"}],
+    }
+    check = OutputCheck(embedded, "")
+    check.validate("[1, 2, 3]")
+    with pytest.raises(SchemaError, match="'maximum' at \\$\\[0\\]"):
+        check.validate("[10, 2, 3]")
+
+
+def test_a_check_whose_work_doubles_with_nesting_stops_at_its_budget() -> None:
+    check = OutputCheck(doubling_one_of(24), "")
+    started = time.perf_counter()
+    with pytest.raises(SchemaError, match=f"more than {MAX_CHECK_STEPS} steps") as raised:
+        check.validate("true")
+    assert raised.value.kind == "TooLarge"
+    over_budget = time.perf_counter() - started
+    # Within budget, the same check judges: both branches admit the value, so oneOf refuses it.
+    with pytest.raises(SchemaError, match="'oneOf'"):
+        OutputCheck(doubling_one_of(8), "").validate("true")
+    # An ordinary value of 2,000 records fits the budget many times over.
+    records = {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"}}}}
+    OutputCheck(records, "").validate(json.dumps([{"id": index} for index in range(2000)]))
+    assert over_budget < 10, f"the check ran {over_budget:.1f} s before its budget stopped it"

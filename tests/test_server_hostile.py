@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,8 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
-from hostile_constraints import chained_schema, wide_schema
+from hostile_constraints import chained_schema, doubling_one_of, wide_schema
 from serving import MODEL_ID, Server, running_server
+from support import no_network
+from support.counting_host import counting_host
 from tool_examples import ASK_SHIPMENT, SHIP, Shipment
 
 from llamactx.server._serve import CLOSE_SECONDS, GRACEFUL_SECONDS
@@ -144,3 +147,42 @@ def test_sigterm_ends_the_server_within_a_bound_while_its_engine_does_not_close(
             assert time.monotonic() - signalled < GRACEFUL_SECONDS + CLOSE_SECONDS + 10, "still running"
             time.sleep(0.2)
     assert any("exiting without it" in line for line in server.log), server.log
+
+
+@pytest.mark.parametrize("keyword", ["$ref", "$dynamicRef"])
+def test_a_schema_referencing_a_url_is_a_400_and_nothing_is_fetched(server: Server, keyword: str) -> None:
+    """llguidance ignores ``$dynamicRef``: the check after generation fetched its URL (first
+    red-team finding of the third round) and quoted the answer in the 400."""
+    with counting_host() as host:
+        schema = {"type": "boolean", keyword: f"{host.url}/internal"}
+        body = {"messages": [{"role": "user", "content": "Yes or no?"}], "response_format": json_schema_format(schema)}
+        response = post(server, "/v1/chat/completions", body)()
+        assert host.paths == []
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "response_format"
+    assert "leads outside the schema" in response.json()["error"]["message"]
+
+
+def test_a_check_whose_work_doubles_with_nesting_is_a_400_and_leaves_the_server_answering(server: Server) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "Yes or no?"}],
+        "max_tokens": 8,
+        "response_format": json_schema_format(doubling_one_of(24)),
+    }
+    response, slowest = while_polling_health(server, post(server, "/v1/chat/completions", body))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "response_format"
+    assert "steps" in response.json()["error"]["message"]
+    assert slowest < HEALTH_SECONDS
+
+
+def test_the_no_network_guard_refuses_and_records_a_connection_outside_loopback() -> None:
+    """What makes every server test a proof that no code path of ours connects on its own: the
+    guard (support/no_network.py) these tests and their servers run under refuses and records."""
+    before = len(no_network.refused)
+    with pytest.raises(PermissionError, match="no-network guard"):
+        socket.create_connection(("192.0.2.1", 9), timeout=1)  # TEST-NET-1: routed nowhere
+    with pytest.raises(PermissionError, match="no-network guard"):
+        socket.getaddrinfo("internal.example", 80)
+    assert len(no_network.refused) == before + 2
+    del no_network.refused[before:]  # seen here on purpose: the test passes

@@ -117,7 +117,7 @@ class Request:
         while True:
             kind, delta = self._core.poll()
             if kind == "end":
-                self._check_end()
+                await asyncio.to_thread(self._check_end)
                 return
             if delta is not None:
                 yield delta
@@ -144,7 +144,8 @@ class Request:
         waker = _waker_for(self._core, pieces=False)
         while (completion := self._core.result_now()) is None:
             await self._wait(waker, end_only=True)
-        return self._checked(completion)
+        # Off the event loop: the check's work is bounded (MAX_CHECK_STEPS), not small.
+        return await asyncio.to_thread(self._checked, completion)
 
     def _check_end(self) -> None:
         """After the last piece (a failure was raised instead of the end): the check of the

@@ -82,6 +82,7 @@ impl OpenContext {
         self.check_rpc()?;
         let (limit, limit_name) = self.batch_limit(encoding);
         state.check_for(self.n_vocab, self.n_seq_max, limit, limit_name)?;
+        self.check_positions(state)?;
         let checkpoint = self.checkpoint(state, !encoding)?;
         let outcome = self.run_guarded(state.tokens.len(), |context| run(context, &mut state.batch));
         match outcome {
@@ -97,6 +98,23 @@ impl OpenContext {
                 self.roll_back(&checkpoint);
                 Err(err)
             }
+        }
+    }
+
+    /// Refuses a batch that places a token past what the model's learned position embeddings
+    /// hold (`position_limit`; positions are never negative, `BatchState` refuses those).
+    fn check_positions(&self, state: &BatchState) -> Result<()> {
+        let Some(limit) = self.position_limit else {
+            return Ok(());
+        };
+        match state.spans.iter().find(|(_, span)| span.last >= limit) {
+            Some((seq, span)) => Err(Error::value(format!(
+                "sequence {seq} reaches position {}: this model's learned position embeddings hold positions \
+                 0 to {}",
+                span.last,
+                limit - 1
+            ))),
+            None => Ok(()),
         }
     }
 

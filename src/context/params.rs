@@ -170,6 +170,27 @@ impl ContextOptions {
         }
     }
 
+    /// These options for a model with learned position embeddings, which has a row for each of
+    /// `n_ctx_train` positions: llama.cpp asserts on a position past them (third red team: a
+    /// draft model with a shorter context aborted the engine once a request passed it). An
+    /// unset `n_ctx` is bounded to them, a larger one refused.
+    pub fn within_positions(&self, n_ctx_train: u32) -> Result<Self> {
+        let n_ctx = self.effective_n_ctx(n_ctx_train);
+        if n_ctx <= n_ctx_train {
+            return Ok(self.clone());
+        }
+        if self.n_ctx.is_none() {
+            return Ok(Self {
+                n_ctx: Some(n_ctx_train),
+                ..self.clone()
+            });
+        }
+        Err(Error::value(format!(
+            "n_ctx={n_ctx} is past the {n_ctx_train} positions this model's learned position embeddings hold: \
+             pass n_ctx={n_ctx_train} or less"
+        )))
+    }
+
     /// llama.cpp reserves an output row per sequence within `n_batch`, which it first caps at
     /// `n_ctx`, and asserts when they do not fit. An encoder-decoder model's relative position
     /// bias cannot be added to attention split into one KV stream per sequence: llama.cpp
@@ -293,6 +314,23 @@ mod tests {
             ..ContextOptions::default()
         };
         assert_eq!(given.effective_n_ctx(8192), 300);
+    }
+
+    #[test]
+    fn bounds_contexts_to_learned_positions() {
+        let unset = ContextOptions::default();
+        assert_eq!(unset.within_positions(128).map(|o| o.n_ctx).ok(), Some(Some(128)));
+        assert_eq!(unset.within_positions(2048).map(|o| o.n_ctx).ok(), Some(None));
+        let whole = ContextOptions {
+            n_ctx: Some(0),
+            ..ContextOptions::default()
+        };
+        assert_eq!(whole.within_positions(128).map(|o| o.n_ctx).ok(), Some(Some(0)));
+        let past = ContextOptions {
+            n_ctx: Some(129),
+            ..ContextOptions::default()
+        };
+        assert!(matches!(past.within_positions(128), Err(Error::Value(_))));
     }
 
     #[test]

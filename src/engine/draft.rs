@@ -211,6 +211,7 @@ impl PyDrafter {
         n_threads: i32,
     ) -> PyResult<Self> {
         let (target, draft) = (model.get().vocabulary()?, draft_model.get().vocabulary()?);
+        let learned_positions = draft_model.get().learned_positions();
         check_can_cut(&target)?;
         let options = ContextOptions {
             n_ctx: Some(n_ctx),
@@ -219,7 +220,14 @@ impl PyDrafter {
             ..ContextOptions::default()
         };
         let context = detached(py, move || {
-            DraftContext::open(&target, draft, &options, usize::from(n_draft_max), p_min)
+            DraftContext::open(
+                &target,
+                draft,
+                learned_positions,
+                &options,
+                usize::from(n_draft_max),
+                p_min,
+            )
         })?;
         Ok(Self::from_source(DraftSource::Model(Box::new(context))))
     }

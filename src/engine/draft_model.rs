@@ -79,11 +79,12 @@ fn check_draft_model(target: &LlamaModel, draft: &LlamaModel) -> Result<()> {
 
 impl DraftContext {
     /// A context of `model`, checked to draft for `target`, with `options` (sequences and
-    /// cells as the target's), drafting at most `n_draft_max` tokens while each has
-    /// probability `p_min` or more.
+    /// cells as the target's; `learned_positions` as `OpenContext::open`), drafting at most
+    /// `n_draft_max` tokens while each has probability `p_min` or more.
     pub fn open(
         target: &LlamaModel,
         model: Arc<LlamaModel>,
+        learned_positions: bool,
         options: &ContextOptions,
         n_draft_max: usize,
         p_min: f32,
@@ -92,7 +93,10 @@ impl DraftContext {
             return Err(Error::value(format!("p_min must be in 0..=1, got {p_min}")));
         }
         check_draft_model(target, &model)?;
-        let context = OpenContext::open(model, options)?;
+        let context = OpenContext::open(model, options, learned_positions).map_err(|error| match error {
+            Error::Value(message) => Error::value(format!("the draft model: {message}")),
+            other => other,
+        })?;
         context.require_memory()?;
         let (n_batch, n_seq_max) = context.with(|context| (context.n_batch() as usize, context.n_seq_max()));
         Ok(Self {

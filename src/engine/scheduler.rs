@@ -250,14 +250,14 @@ impl Scheduler {
         speculation: Option<Speculation>,
         mtmd: Option<Py<PyMtmdContext>>,
     ) -> Self {
-        let (n_batch, n_ctx, n_ctx_seq, n_seq_max) = native.with(|context| {
+        let (n_batch, n_ctx, n_seq_max) = native.with(|context| {
             (
                 context.n_batch() as usize,
                 context.n_ctx() as usize,
-                context.n_ctx_seq() as usize,
                 context.n_seq_max(),
             )
         });
+        let n_ctx_seq = native.positions_per_sequence() as usize;
         Self {
             native,
             shared,

@@ -149,6 +149,43 @@ def encoder_decoder_from_stdin(**options: Any) -> llamactx.LlamaContext:
     return model.new_context(n_ctx=64, n_batch=64, n_ubatch=64, **options)
 
 
+# Third red team, 10: llama.cpp reads a model's learned position embeddings (GPT-2, StarCoder,
+# BERT, MPT) by row, and asserts (GGML_ASSERT(i01 < ne01)) on a position past the table, which
+# it neither checks nor bounds n_ctx by (and it pads n_ctx to a multiple of 256).
+
+
+def learned_positions_from_stdin() -> llamactx.LlamaModel:
+    """The model with learned positions whose path the test writes on standard input."""
+    return llamactx.LlamaModel.load_from_file(sys.stdin.read().strip())
+
+
+def encoding(tokens: int) -> llamactx.LlamaBatch:
+    batch = llamactx.LlamaBatch(tokens)
+    batch.add_sequence([5] * tokens, 0, True)
+    return batch
+
+
+@case
+def context_past_the_learned_positions(model: llamactx.LlamaModel) -> None:
+    bert = learned_positions_from_stdin()
+    ctx = bert.new_context(n_ctx=256, n_batch=256, n_ubatch=256, embeddings=True)
+    ctx.encode(encoding(200))
+
+
+@case
+def positions_past_the_table_in_a_padded_context(model: llamactx.LlamaModel) -> None:
+    bert = learned_positions_from_stdin()
+    ctx = bert.new_context(n_ctx=128, n_batch=256, n_ubatch=256, embeddings=True)
+    ctx.encode(encoding(200))
+
+
+@case
+def draft_model_holding_fewer_positions_than_the_engine(model: llamactx.LlamaModel) -> None:
+    draft = llamactx.DraftModel(learned_positions_from_stdin())
+    with llamactx.Engine(model, n_ctx=512, n_seq_max=1, speculative=draft) as engine:
+        engine.submit("The " * 100, max_tokens=8).result()
+
+
 def one_token(token: int, pos: int = 0) -> llamactx.LlamaBatch:
     batch = llamactx.LlamaBatch(1)
     batch.add(token, pos, [0], True)

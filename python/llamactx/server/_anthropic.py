@@ -104,7 +104,7 @@ class Messages:
                         opened = True
                     yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
             completions = [await job.request for job in jobs]
-            self.serving._finished(draft, jobs, completions)
+            await self.serving._finished(draft, jobs, completions)
             (completion,) = completions
             message = self._message(draft, chat, stops, completion)
             if opened:

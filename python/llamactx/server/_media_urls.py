@@ -4,17 +4,20 @@ llamactx itself reads only ``data:`` URLs (``llamactx._media.bitmap_of_url``). A
 a policy fetches a chat's ``http(s)://`` image URLs before the chat is rendered and hands them on
 as ``data:`` URLs. A URL is a request for this machine to connect somewhere, so:
 
-- every address its host resolves to must be public: loopback, private, link-local (where cloud
-  metadata services answer), shared, unique-local, multicast and reserved addresses are refused,
-  IPv4 inside IPv6 included, unless the operator named their network;
+- every address its host resolves to, or that it is, must be public: loopback, private, link-local
+  (where cloud metadata services answer), shared, unique-local, site-local, multicast and reserved
+  addresses are refused unless the operator named their network. IPv6 addresses that carry an
+  IPv4 one (mapped, compatible, SIIT, NAT64, 6to4, Teredo) reach it through a translator or a
+  tunnel: the IPv4 address is judged as itself, and the ranges of translators and tunnels are
+  refused as well unless named (``MediaUrls.refusal``);
 - the connection goes to the address that was checked, not to a second lookup's answer, so a
   DNS answer that changes in between (DNS rebinding) cannot move it; TLS still verifies the
   certificate against the URL's host name;
 - redirects are followed, at most ``MAX_REDIRECTS``, each checked the same way;
-- the fetches of one request share one deadline and one byte budget, and run on threads of
-  their own, so slow hosts never hold the threads that render other requests' chats; at the
-  deadline the connection is shut down, so no fetch outlasts it (a host name's resolution
-  excepted: it takes as long as the system's resolver lets it).
+- the fetches of one request share one deadline and one byte budget, one at a time, each on a
+  thread of its own, so slow hosts hold neither the threads that render chats nor other
+  requests' fetches; at the deadline the connection is shut down and a host name's resolution
+  no longer waited for, so no fetch outlasts it (``_resolved``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import http.client
 import ipaddress
 import re
@@ -29,10 +33,10 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 from llamactx._media import MAX_IMAGE_BYTES, MEDIA_URL_MAX_BYTES, MEDIA_URL_TIMEOUT
@@ -42,13 +46,41 @@ __all__ = ["MAX_REDIRECTS", "MediaUrlPolicy", "MediaUrls", "refuse_media_urls"]
 
 #: Redirects followed for one image URL.
 MAX_REDIRECTS = 3
-#: Threads fetching at once, for all requests: more requests wait for one (within their deadline).
-FETCH_THREADS = 8
+#: Fetches and resolutions running at once, for all requests: each has a thread of its own (a
+#: resolution past its deadline keeps one until the system's resolver gives up), so their number
+#: is bounded here; a request that would pass it is a 503 at once, never a wait.
+MAX_FETCH_THREADS = 64
+_FETCH_THREADS = threading.BoundedSemaphore(MAX_FETCH_THREADS)
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK = 64 * 1024
 _IMAGE_TYPE = re.compile(r"image/[a-z0-9.+-]+", re.IGNORECASE)
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+_T = TypeVar("_T")
+#: IPv6 ranges whose last 32 bits are an IPv4 address that a packet to them reaches.
+_IPV4_IN_LAST_32_BITS = tuple(
+    ipaddress.IPv6Network(network)
+    for network in (
+        "::/96",  # IPv4-compatible (RFC 4291, deprecated; Linux's sit0 still tunnels them to the IPv4 host)
+        "::ffff:0:0:0/96",  # SIIT, IPv4-translated (RFC 2765)
+        "64:ff9b::/96",  # NAT64, the well-known prefix (RFC 6052)
+    )
+)
+#: IPv6 ranges that translators and tunnels carry to IPv4 hosts, or that route inside a site:
+#: not the internet's own, though Python calls several of them global. Refused unless an allowed
+#: network holds the address.
+_TRANSLATED = (
+    *_IPV4_IN_LAST_32_BITS,
+    *(
+        ipaddress.IPv6Network(network)
+        for network in (
+            "64:ff9b:1::/48",  # NAT64, local use (RFC 8215): where the IPv4 address sits is the site's choice
+            "2001::/32",  # Teredo (RFC 4380)
+            "2002::/16",  # 6to4 (RFC 3056)
+            "fec0::/10",  # site-local (RFC 3879, deprecated, yet routed where still configured)
+        )
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -58,10 +90,13 @@ class MediaUrlPolicy:
 
     ``max_bytes`` bounds what all the image URLs of one request bring together (each is also at
     most ``MAX_IMAGE_BYTES``, as a ``data:`` URL is), ``timeout`` (seconds) the time all of them
-    take together, connections and redirects included. ``allowed_networks`` (CIDR strings such as
-    ``"10.1.2.0/24"``) are networks that are not public but may be fetched from, such as an
-    intranet's image store; no other non-public address ever is. ``ssl_context`` verifies
-    ``https://`` hosts (default: the system's certificate authorities).
+    take together, resolutions, connections and redirects included. ``allowed_networks`` (CIDR
+    strings such as ``"10.1.2.0/24"``) are networks that are not public but may be fetched from,
+    such as an intranet's image store; no other non-public address ever is. An IPv6 address that a
+    translator or tunnel carries to an IPv4 host (NAT64, 6to4, Teredo, ...) is fetched from only
+    where an allowed network holds it (such as ``"64:ff9b::/96"``) and the IPv4 address it carries
+    is public or allowed as well. ``ssl_context`` verifies ``https://`` hosts (default: the
+    system's certificate authorities).
     """
 
     max_bytes: int = MEDIA_URL_MAX_BYTES
@@ -98,7 +133,6 @@ class MediaUrls:
         self.policy = policy
         self.networks: tuple[_Network, ...] = tuple(ipaddress.ip_network(net) for net in policy.allowed_networks)
         self.ssl_context = policy.ssl_context or ssl.create_default_context()
-        self.threads = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="llamactx-media-url")
 
     async def inline(self, messages: Sequence[MutableMapping[str, Any]]) -> None:
         """Replaces, in place, each ``http(s)://`` image URL of ``messages`` with a ``data:`` URL
@@ -106,9 +140,8 @@ class MediaUrls:
         large or too slow."""
         deadline = time.monotonic() + self.policy.timeout
         budget = self.policy.max_bytes
-        loop = asyncio.get_running_loop()
         for part, url in _http_image_urls(messages):
-            fetch = loop.run_in_executor(self.threads, self._fetch, url, deadline, budget)
+            fetch = asyncio.wrap_future(_on_a_thread_of_its_own(functools.partial(self._fetch, url, deadline, budget)))
             try:
                 data, media_type = await asyncio.wait_for(fetch, max(0.0, deadline - time.monotonic()) + 0.5)
             except (TimeoutError, asyncio.TimeoutError):
@@ -136,7 +169,7 @@ class MediaUrls:
         media type."""
         try:
             host, port, path, secure = _parts(url)
-            addresses = self._vetted_addresses(url, host, port)
+            addresses = self._vetted_addresses(url, host, port, deadline)
             connection: http.client.HTTPConnection
             if secure:
                 connection = _PinnedHTTPSConnection(host, addresses, port, _left(deadline), self.ssl_context)
@@ -165,20 +198,30 @@ class MediaUrls:
                 raise _refused(url, f"not fetched within {self.policy.timeout:g} s") from None
             raise _refused(url, f"it could not be fetched: {type(error).__name__}: {str(error)[:200]}") from None
 
-    def _vetted_addresses(self, url: str, host: str, port: int) -> list[str]:
-        """The addresses to connect to for ``host``, in the resolver's order: every address it
-        resolves to must be public or in an allowed network."""
-        try:
-            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except socket.gaierror as error:
-            raise _refused(url, f"its host does not resolve: {error.strerror}") from None
-        addresses = [_unmapped(ipaddress.ip_address(str(info[4][0]).split("%")[0])) for info in found]
+    def refusal(self, address: _Address) -> str | None:
+        """Why this fetcher may not connect to ``address``, or None where it may: the address and
+        every IPv4 address it carries (``_carried_ipv4``) must each be public (``_public``) or in an
+        allowed network. The one judge of every address, a URL's own or a host name's."""
+        address = _unmapped(address)
+        for judged in (address, *_carried_ipv4(address)):
+            if not _public(judged) and not any(judged in network for network in self.networks):
+                carried = "" if judged == address else f" (it carries {judged})"
+                return f"{address}, which is not a public address{carried}"
+        return None
+
+    def _vetted_addresses(self, url: str, host: str, port: int, deadline: float) -> list[str]:
+        """The addresses to connect to for ``host``, in the resolver's order (by ``deadline``):
+        every one must pass ``refusal``."""
+        addresses = _literal(host)
+        if addresses is None:
+            try:
+                addresses = _resolved(host, port, deadline)
+            except socket.gaierror as error:
+                raise _refused(url, f"its host does not resolve: {error.strerror}") from None
         for address in addresses:
-            if not (address.is_global and not address.is_multicast) and not any(
-                address in network for network in self.networks if network.version == address.version
-            ):
-                raise _refused(url, f"its host resolves to {address}, which is not a public address")
-        return list(dict.fromkeys(str(address) for address in addresses))
+            if (why := self.refusal(address)) is not None:
+                raise _refused(url, f"its host resolves to {why}")
+        return list(dict.fromkeys(str(_unmapped(address)) for address in addresses))
 
 
 def _http_image_urls(messages: Iterable[Mapping[str, Any]]) -> Iterator[tuple[MutableMapping[str, Any], str]]:
@@ -210,11 +253,82 @@ def _parts(url: str) -> tuple[str, int, str, bool]:
     return host, split.port or (443 if secure else 80), path, secure
 
 
+def _literal(host: str) -> list[_Address] | None:
+    """The address ``host`` spells, in any form the system's resolver reads as one (``::1``,
+    ``127.0.0.1``, ``2130706433``, ``0x7f.1``); None for a host name."""
+    try:
+        return [ipaddress.ip_address(host.split("%")[0])]
+    except ValueError:
+        pass
+    try:
+        return [ipaddress.IPv4Address(socket.inet_aton(host))]
+    except OSError:
+        return None
+
+
+def _resolved(host: str, port: int, deadline: float) -> list[_Address]:
+    """The addresses the system's resolver gives ``host``, by ``deadline`` (``TimeoutError``
+    past it). A resolution cannot be interrupted, so it runs on a thread of its own: one that
+    outlives the deadline keeps that thread until the resolver gives up (resolv.conf's timeouts),
+    and nothing waits for it."""
+    answer = _on_a_thread_of_its_own(lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in answer.result(_left(deadline))]
+
+
+def _on_a_thread_of_its_own(work: Callable[[], _T]) -> Future[_T]:
+    """What ``work()`` returns or raises, run on a new daemon thread. Fetches and resolutions hold
+    no shared thread, so no request waits for another's slow hosts; a request fetches one URL at a
+    time, and each fetch ends by its request's deadline. ``ApiError`` 503 when
+    ``MAX_FETCH_THREADS`` already run."""
+    if not _FETCH_THREADS.acquire(blocking=False):
+        raise ApiError(
+            503, f"the server is already fetching {MAX_FETCH_THREADS} image URLs: try again", code="media_url_busy"
+        )
+    outcome: Future[_T] = Future()
+
+    def run() -> None:
+        try:
+            if outcome.set_running_or_notify_cancel():
+                try:
+                    outcome.set_result(work())
+                except Exception as error:  # raised where the outcome is awaited
+                    outcome.set_exception(error)
+        finally:
+            _FETCH_THREADS.release()
+
+    threading.Thread(target=run, name="llamactx-media-url", daemon=True).start()
+    return outcome
+
+
 def _unmapped(address: _Address) -> _Address:
-    """The IPv4 address an IPv4-mapped IPv6 address (``::ffff:a.b.c.d``) stands for."""
+    """The IPv4 address an IPv4-mapped IPv6 address (``::ffff:a.b.c.d``) is: sockets connect to it."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
+
+
+def _carried_ipv4(address: _Address) -> tuple[ipaddress.IPv4Address, ...]:
+    """The IPv4 addresses that a packet to ``address`` reaches through a translator or tunnel:
+    the last 32 bits of a compatible, SIIT or NAT64 address, a 6to4 address's bits 16-47, a Teredo
+    address's server (bits 32-63) and client (the last 32 bits, inverted)."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return ()
+    if any(address in network for network in _IPV4_IN_LAST_32_BITS):
+        return (ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF),)
+    if address.sixtofour is not None:
+        return (address.sixtofour,)
+    return address.teredo or ()
+
+
+def _public(address: _Address) -> bool:
+    """Whether ``address`` is the internet's own: global, unicast, allocated, and in no range of
+    translators or tunnels (``_TRANSLATED``)."""
+    return (
+        address.is_global
+        and not address.is_multicast
+        and not address.is_reserved
+        and not any(address in network for network in _TRANSLATED)
+    )
 
 
 def _cut_at(sock: socket.socket | None, deadline: float) -> threading.Timer:

@@ -198,7 +198,7 @@ class Responses:
                 if texts and text:
                     yield events.text_delta(0, draft.message_id, text)
             completions = [await job.request for job in jobs]
-            self.serving._finished(draft, jobs, completions)
+            await self.serving._finished(draft, jobs, completions)
             (completion,) = completions
             status = _message_status(completion)
             if texts:

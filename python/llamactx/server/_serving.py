@@ -457,7 +457,7 @@ class Serving:
                     yield envelope.event([chunk])
                 offsets[index] += len(delta[0])
             completions = [await job.request for job in jobs]
-            self._finished(envelope, jobs, completions)
+            await self._finished(envelope, jobs, completions)
             for job, completion in zip(jobs, completions, strict=True):
                 yield envelope.event([choices.closing(job, completion)])
             if envelope.include_usage:
@@ -480,12 +480,13 @@ class Serving:
         except Exception as error:
             raise openai_error(error, "the request failed while generating") from None
         if completions is not None:
-            self._finished(envelope, jobs, completions)
+            await self._finished(envelope, jobs, completions)
         return completions
 
-    def _finished(self, envelope: _Identified, jobs: list[_Job], completions: list[Completion]) -> None:
+    async def _finished(self, envelope: _Identified, jobs: list[_Job], completions: list[Completion]) -> None:
         """Counts and logs a response whose choices all ended; a choice the engine cancelled
-        (it was closed) fails the response."""
+        (it was closed) fails the response, and so does a value its schema's check refuses (the
+        check runs in a worker thread: its work is bounded, not small)."""
         for job, completion in zip(jobs, completions, strict=True):
             self.metrics.record(completion, prompt_counted=job.first_of_prompt)
         if any(completion.finish_reason == "cancelled" for completion in completions):
@@ -493,7 +494,7 @@ class Serving:
         for job, completion in zip(jobs, completions, strict=True):
             if job.check is not None and completion.finish_reason == "stop":
                 try:
-                    job.check.validate(completion.text)
+                    await asyncio.to_thread(job.check.validate, completion.text)
                 except SchemaError as error:
                     raise openai_error(error, "the output breaks the schema", job.schema_param) from None
         first = completions[0]
