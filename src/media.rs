@@ -9,19 +9,18 @@ mod audio_file;
 mod bitmap;
 mod chunks;
 pub mod image_file;
+mod kept_encodings;
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use llama_cpp_4::model::LlamaModel;
-use llama_cpp_4::mtmd::{
-    MtmdContext, MtmdContextParams, MtmdInputChunk, MtmdInputChunks, MtmdInputPart, MtmdInputText,
-};
+use llama_cpp_4::mtmd::{MtmdContext, MtmdContextParams, MtmdInputChunks, MtmdInputPart, MtmdInputText};
 use pyo3::prelude::*;
 
 pub use bitmap::PyMtmdBitmap;
 pub use chunks::{PyMtmdInputChunk, PyMtmdInputChunks, SharedChunks};
+use kept_encodings::{KeptEncodings, MediaKey};
 
 use crate::backend::{backend, explained};
 use crate::context::PyLlamaContext;
@@ -34,39 +33,32 @@ use crate::threadpool::{available_cpus, check_threads};
 /// Numbers each `MtmdContext`, so that chunks know which one made them.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Embeddings kept by image id: a conversation (or several requests) about one image encodes
-/// it once. Bounded in count and bytes, the oldest dropped first.
-const KEPT_ENCODINGS: usize = 16;
-const KEPT_ENCODING_BYTES: usize = 256 << 20;
-
 /// A projector, open.
 pub struct OpenMtmd {
     pub native: MtmdContext,
     /// Image and audio chunks encoded so far.
     pub encodes: u64,
-    /// The embeddings of recently encoded media, by chunk id, oldest first.
-    kept: VecDeque<(String, Arc<Vec<f32>>)>,
+    /// The embeddings of recently encoded media chunks.
+    kept: KeptEncodings,
 }
 
 impl OpenMtmd {
-    /// The embeddings of media `chunk`: encoded now, or kept from an earlier encode of the
-    /// same media (same id). `model` is the text model, whose width they have.
-    pub fn encoded(&mut self, model: &LlamaModel, chunk: &MtmdInputChunk<'_>) -> Result<Arc<Vec<f32>>> {
-        let id = chunk.id().filter(|id| !id.is_empty()).map(str::to_owned);
-        if let Some(found) = id.as_ref().and_then(|id| self.kept.iter().find(|(kept, _)| kept == id)) {
-            return Ok(Arc::clone(&found.1));
+    /// The embeddings of media chunk `index` of `chunks`: encoded now, or kept from an earlier
+    /// encode of the same chunk of the same media (`kept_encodings`). `model` is the text
+    /// model, whose width they have.
+    pub fn encoded(&mut self, model: &LlamaModel, chunks: &MtmdInputChunks, index: usize) -> Result<Arc<Vec<f32>>> {
+        let chunk = chunks
+            .get(index)
+            .ok_or_else(|| Error::value(format!("chunk {index} is missing")))?;
+        let key = MediaKey::of(chunks, index);
+        if let Some(kept) = key.as_ref().and_then(|key| self.kept.get(key)) {
+            return Ok(kept);
         }
-        explained(|| self.native.encode_chunk(model, chunk))?;
+        explained(|| self.native.encode_chunk(model, &chunk))?;
         self.encodes += 1;
         let embeddings = Arc::new(self.native.output_embd().to_vec());
-        if let Some(id) = id {
-            self.kept.push_back((id, Arc::clone(&embeddings)));
-            let bytes = |kept: &VecDeque<(String, Arc<Vec<f32>>)>| {
-                kept.iter().map(|(_, values)| values.len() * 4).sum::<usize>()
-            };
-            while self.kept.len() > KEPT_ENCODINGS || bytes(&self.kept) > KEPT_ENCODING_BYTES {
-                self.kept.pop_front();
-            }
+        if let Some(key) = key {
+            self.kept.keep(key, Arc::clone(&embeddings));
         }
         Ok(embeddings)
     }
@@ -219,7 +211,7 @@ impl PyMtmdContext {
             native: Mutex::new(Some(OpenMtmd {
                 native,
                 encodes: 0,
-                kept: VecDeque::new(),
+                kept: KeptEncodings::default(),
             })),
             text_model: model.get().native()?,
             model: model.clone().unbind(),
@@ -266,7 +258,8 @@ impl PyMtmdContext {
     }
 
     /// Media chunks encoded by this projector so far. The embeddings of the last 16 media
-    /// (up to 256 MiB) are kept by id: evaluating the same image again does not encode it.
+    /// (up to 256 MiB) are kept by id and chunk (a long clip or a tiled image is several chunks of one
+    /// id): evaluating the same image again does not encode it.
     fn n_encodes(&self) -> Result<u64> {
         Ok(self.lock()?.as_ref().map_or(0, |open| open.encodes))
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,24 @@ from support.processes import comparable_mtmd_cli
 from synthetic import AUDIO_PROJECTOR_SAMPLE_RATE, AUDIO_PROJECTOR_TOKENS, write_tiny_audio_projector
 
 import llamactx
-from llamactx import AudioError, MtmdBitmap, MtmdContext
+from llamactx import AudioError, MtmdBitmap, MtmdContext, MtmdInputChunkType
+
+#: Decodes the WAV file argv[1] at the sample rate argv[2] under a 4 GiB address-space limit (an
+#: allocation past it aborts the process, as one past the machine's memory would), and prints
+#: ``RAISED``, the exception's name and its kind (``RAISED none`` if it returned).
+DECODE_IN_A_CHILD = """
+import resource, sys
+import llamactx
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+with open(sys.argv[1], "rb") as file:
+    data = file.read()
+try:
+    llamactx.MtmdBitmap.from_buf(data, sample_rate=int(sys.argv[2]))
+except ValueError as error:
+    print("RAISED", type(error).__name__, getattr(error, "kind", None))
+else:
+    print("RAISED none")
+"""
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +79,76 @@ def test_audio_files_that_are_refused(data: bytes, kind: str) -> None:
         MtmdBitmap.from_buf(data)
     assert raised.value.kind == kind
     assert isinstance(raised.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "rate", "sample_rate", "raised"),
+    [
+        # One second asked at 4 GHz: 16 GB of samples once resampled.
+        (1, 16_000, 4_000_000_000, "ValueError None"),
+        (1, 16_000, 0, "ValueError None"),
+        # Ten minutes of a 1 Hz header asked at 768 kHz: 460,800,000 samples (1.8 GB).
+        (600, 1, 768_000, "AudioError TooLong"),
+        (601, 1, 16_000, "AudioError TooLong"),
+        (600, 1, 16_000, "none"),
+    ],
+)
+def test_a_clip_is_measured_at_the_asked_rate_before_it_is_resampled(
+    tmp_path: Path, seconds: int, rate: int, sample_rate: int, raised: str
+) -> None:
+    (tmp_path / "clip.wav").write_bytes(wav(np.zeros(seconds * rate, np.float32), rate))
+    ran = subprocess.run(
+        [sys.executable, "-c", DECODE_IN_A_CHILD, str(tmp_path / "clip.wav"), str(sample_rate)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 0, f"child died with {ran.returncode}: {ran.stderr[-2000:]}"
+    assert ran.stdout.split("RAISED ", 1)[1].strip() == raised, ran.stderr[-2000:]
+
+
+def long_clip() -> np.ndarray:
+    """45 s in two 30-second chunks that differ: one tone, then another for 15 s."""
+    return np.concatenate([tone(440, 30), tone(3000, 15)])
+
+
+def test_every_chunk_of_a_long_clip_gets_its_own_embeddings(listener: MtmdContext, model: llamactx.LlamaModel) -> None:
+    """mtmd gives every chunk of a clip the clip's id: each chunk is still encoded, and an
+    evaluation that keeps them gives the logits of one that keeps nothing."""
+    named = MtmdBitmap.from_audio(long_clip())
+    unnamed = MtmdBitmap.from_audio(long_clip())
+    unnamed.set_id("")  # media without an id are never kept: each chunk is encoded afresh
+
+    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+
+        def evaluate(bitmap: MtmdBitmap) -> tuple[llamactx.MtmdInputChunks, int, np.ndarray]:
+            chunks = listener.tokenize_from_parts(["Hear: ", bitmap, " What is it?"])
+            ctx.clear_kv_cache()
+            encodes = listener.n_encodes()
+            listener.eval_chunks(ctx, chunks, 0)
+            return chunks, listener.n_encodes() - encodes, ctx.get_logits_ith(-1).copy()
+
+        chunks, encoded, logits = evaluate(named)
+        clip = [chunk for chunk in chunks if chunk.chunk_type() == MtmdInputChunkType.AUDIO]
+        assert len(clip) == 2
+        assert len({chunk.id() for chunk in clip}) == 1
+        assert encoded == len(clip)
+        _, _, fresh = evaluate(unnamed)
+        np.testing.assert_allclose(logits, fresh, atol=1e-5)
+        # Evaluated again, each chunk takes the embeddings kept of it.
+        _, encoded_again, again = evaluate(named)
+        assert encoded_again == 0
+        np.testing.assert_allclose(again, logits, atol=1e-5)
+
+
+def test_the_engine_encodes_every_chunk_of_a_long_clip(model: llamactx.LlamaModel, audio_projector_path: Path) -> None:
+    with (
+        MtmdContext(model, audio_projector_path, n_threads=2) as projector,
+        llamactx.Engine(model, mtmd=projector, n_ctx=1024, n_seq_max=1, n_threads=2) as engine,
+    ):
+        engine.submit_chat([audio_message("What do you hear?", wav(long_clip()))], max_tokens=2).result()
+        assert projector.n_encodes() == 2
 
 
 def test_an_audio_projector_reads_clips(listener: MtmdContext) -> None:

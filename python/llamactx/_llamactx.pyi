@@ -839,7 +839,8 @@ class MtmdContext:
         """
     def n_encodes(self) -> int:
         """Media chunks encoded by this projector so far. The embeddings of the last 16 media
-        (up to 256 MiB) are kept by id: evaluating the same image again does not encode it.
+        (up to 256 MiB) are kept by id and chunk (a long clip or a tiled image is several chunks of one
+        id): evaluating the same image again does not encode it.
         """
     def tokenize(
         self, text: str, bitmaps: Sequence[MtmdBitmap] = ..., *, add_special: bool = True, parse_special: bool = True

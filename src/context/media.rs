@@ -66,7 +66,7 @@ impl OpenContext {
             let wants_logits = logits_last && index + 1 == chunks.len();
             position = match chunk.text_tokens() {
                 Some(tokens) => self.decode_text(tokens, position, seq, wants_logits)?,
-                None => self.decode_media(mtmd, &chunk, position, seq)?,
+                None => self.decode_media(mtmd, chunks, index, position, seq)?,
             };
         }
         Ok(position)
@@ -92,14 +92,25 @@ impl OpenContext {
         Ok(position)
     }
 
-    /// Encodes an image or audio chunk (or takes its kept embeddings) and decodes them.
-    fn decode_media(&mut self, mtmd: &mut OpenMtmd, chunk: &MtmdInputChunk<'_>, n_past: i32, seq: i32) -> Result<i32> {
+    /// Encodes image or audio chunk `index` of `chunks` (or takes its kept embeddings) and
+    /// decodes them.
+    fn decode_media(
+        &mut self,
+        mtmd: &mut OpenMtmd,
+        chunks: &PyMtmdInputChunks,
+        index: usize,
+        n_past: i32,
+        seq: i32,
+    ) -> Result<i32> {
+        let chunk = chunks
+            .get(index)
+            .ok_or_else(|| Error::value(format!("chunk {index} is missing")))?;
         let model = Arc::clone(self.model());
         let embeddings = {
             let _cpus = self.claim_cpus(chunk.n_tokens())?;
-            mtmd.encoded(&model, chunk)?
+            mtmd.encoded(&model, &chunks.chunks.0, index)?
         };
-        self.decode_encoded(mtmd, chunk, &embeddings, n_past, seq)
+        self.decode_encoded(mtmd, &chunk, &embeddings, n_past, seq)
     }
 
     /// Decodes the embeddings of media `chunk` (as the projector encoded it) into `seq` at

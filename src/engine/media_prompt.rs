@@ -73,7 +73,7 @@ pub fn assemble(mtmd: &PyMtmdContext, model: &LlamaModel, tokens: &[i32], media:
             let embeddings = {
                 let mut guard = mtmd.lock()?;
                 let open = guard.as_mut().ok_or_else(|| Error::closed("MtmdContext"))?;
-                open.encoded(model, &chunk)?
+                open.encoded(model, &input.chunks.0, index)?
             };
             assembled.media.push(MediaSpan {
                 at: assembled.tokens.len(),

@@ -1,21 +1,32 @@
 //! WAV files from untrusted sources (a chat request's `input_audio`), decoded in Rust: their bytes
 //! never reach llama.cpp's C decoders (miniaudio inside mtmd). PCM of 8, 16, 24 or 32 bits and
 //! 32-bit float, any channel count up to 8 (mixed down to mono), resampled linearly to the
-//! projector's rate. The length is bounded before any sample is decoded.
+//! projector's rate. Every size is bounded before anything is allocated: the clip's length from
+//! its frame count and rate, and the resampled clip's from that and the rate asked for (one
+//! second asked for at 4 GHz took 16 GB, and a failed allocation aborts the process).
+
+use std::ops::RangeInclusive;
 
 use crate::errors::{Error, ExcClass, Result};
 
-/// The longest clip: ten minutes at the projector's rate.
-pub const MAX_SECONDS: usize = 600;
+/// The longest clip: ten minutes.
+const MAX_SECONDS: u32 = 600;
+/// The most samples a clip may hold at the projector's rate: ten minutes at 16 kHz, the rate
+/// of the Whisper-style encoders mtmd reads audio with.
+pub const MAX_SAMPLES: usize = 16_000 * MAX_SECONDS as usize;
+/// The sample rates read, a file's or the one asked for (768 kHz is the highest any audio
+/// interface records at).
+const RATES: RangeInclusive<u32> = 1..=768_000;
 
 /// Whether `bytes` start as a WAV file does.
 pub fn is_wav(bytes: &[u8]) -> bool {
     bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WAVE"
 }
 
-/// Decodes a WAV file to mono float samples at `sample_rate`. `AudioError` with `kind`
-/// `NotAudio` (not RIFF/WAVE), `Unsupported` (a compressed or odd format), `TooLong`, `Empty`
-/// or `Corrupt` (truncated, malformed).
+/// Decodes a WAV file to mono float samples at `sample_rate`. `ValueError` for a `sample_rate`
+/// outside 1..=768000; `AudioError` with `kind` `NotAudio` (not RIFF/WAVE), `Unsupported` (a
+/// compressed or odd format), `TooLong` (over ten minutes, or over `MAX_SAMPLES` samples once
+/// resampled), `Empty` or `Corrupt` (truncated, malformed).
 pub fn decode(bytes: &[u8], sample_rate: u32) -> Result<Vec<f32>> {
     if !is_wav(bytes) {
         return Err(audio_error(
@@ -23,8 +34,12 @@ pub fn decode(bytes: &[u8], sample_rate: u32) -> Result<Vec<f32>> {
             format!("the data ({} bytes) is not a WAV file", bytes.len()),
         ));
     }
-    if sample_rate == 0 {
-        return Err(Error::value("the projector reads no audio (sample rate 0)"));
+    if !RATES.contains(&sample_rate) {
+        return Err(Error::value(format!(
+            "sample_rate must be in {}..={} Hz, got {sample_rate}",
+            RATES.start(),
+            RATES.end()
+        )));
     }
     let WavChunks { format, data } = chunks(&bytes[12..])?;
     let layout = Layout::read(format)?;
@@ -32,13 +47,7 @@ pub fn decode(bytes: &[u8], sample_rate: u32) -> Result<Vec<f32>> {
     if frames == 0 {
         return Err(audio_error("Empty", "the WAV file holds no samples"));
     }
-    let seconds = frames / layout.rate.max(1) as usize;
-    if seconds > MAX_SECONDS {
-        return Err(audio_error(
-            "TooLong",
-            format!("the audio lasts {seconds} s, more than the limit of {MAX_SECONDS} s"),
-        ));
-    }
+    let count = resampled_len(frames, layout.rate, sample_rate)?;
     let mono: Vec<f32> = data
         .chunks_exact(layout.frame_bytes())
         .map(|frame| {
@@ -49,7 +58,31 @@ pub fn decode(bytes: &[u8], sample_rate: u32) -> Result<Vec<f32>> {
             sum / f32::from(layout.channels)
         })
         .collect();
-    Ok(resample(&mono, layout.rate, sample_rate))
+    Ok(resample(mono, layout.rate, sample_rate, count))
+}
+
+/// How many samples `frames` at `from` Hz become at `to` Hz; `TooLong` past ten minutes or
+/// `MAX_SAMPLES`. Computed from the header alone, before any sample is decoded or allocated.
+fn resampled_len(frames: usize, from: u32, to: u32) -> Result<usize> {
+    let frames = u128::try_from(frames).unwrap_or(u128::MAX);
+    let (from, to) = (u128::from(from), u128::from(to));
+    if frames > u128::from(MAX_SECONDS) * from {
+        return Err(audio_error(
+            "TooLong",
+            format!(
+                "the audio lasts over {} s, more than the limit of {MAX_SECONDS} s",
+                frames / from
+            ),
+        ));
+    }
+    let count = frames * to / from;
+    match usize::try_from(count) {
+        Ok(count) if count <= MAX_SAMPLES => Ok(count),
+        _ => Err(audio_error(
+            "TooLong",
+            format!("the audio is {count} samples at {to} Hz, more than the limit of {MAX_SAMPLES}"),
+        )),
+    }
 }
 
 pub fn audio_error(kind: &'static str, message: impl Into<String>) -> Error {
@@ -126,7 +159,7 @@ impl Layout {
                 ),
             ));
         }
-        if !(1..=8).contains(&layout.channels) || !(1..=768_000).contains(&layout.rate) {
+        if !(1..=8).contains(&layout.channels) || !RATES.contains(&layout.rate) {
             return Err(audio_error(
                 "Unsupported",
                 format!("{} channels at {} Hz is not read", layout.channels, layout.rate),
@@ -164,23 +197,24 @@ impl Layout {
     }
 }
 
-/// `samples` at `from` Hz, linearly interpolated to `to` Hz.
+/// `samples` at `from` Hz, linearly interpolated to `count` samples at `to` Hz (`count` from
+/// `resampled_len`).
 #[allow(
     clippy::cast_precision_loss,
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss
 )]
-fn resample(samples: &[f32], from: u32, to: u32) -> Vec<f32> {
+fn resample(samples: Vec<f32>, from: u32, to: u32, count: usize) -> Vec<f32> {
     if from == to || samples.is_empty() {
-        return samples.to_vec();
+        return samples;
     }
     let step = f64::from(from) / f64::from(to);
-    let count = ((samples.len() as f64) / step).floor() as usize;
+    let last = samples.len() - 1;
     (0..count)
         .map(|index| {
             let at = index as f64 * step;
-            let before = at.floor() as usize;
-            let after = (before + 1).min(samples.len() - 1);
+            let before = (at.floor() as usize).min(last);
+            let after = (before + 1).min(last);
             let weight = (at - before as f64) as f32;
             samples[before] * (1.0 - weight) + samples[after] * weight
         })
@@ -245,5 +279,27 @@ mod tests {
         assert_eq!(kind(decode(&long, 16_000)), "TooLong");
         let header_only = &wav(1, 16, 1, 16_000, &[0; 8])[..20];
         assert_eq!(kind(decode(header_only, 16_000)), "Corrupt");
+    }
+
+    #[test]
+    fn sizes_are_refused_before_anything_is_allocated() {
+        let kind = |result: Result<Vec<f32>>| match result {
+            Err(Error::Llama { kind, .. }) => kind,
+            Err(Error::Value(_)) => "ValueError".to_owned(),
+            _ => "no error".to_owned(),
+        };
+        let second = wav(1, 16, 1, 16_000, &vec![0; 32_000]);
+        // 16,000 frames asked at 4 GHz: 4e12 samples once resampled.
+        assert_eq!(kind(decode(&second, 4_000_000_000)), "ValueError");
+        assert_eq!(kind(decode(&second, 0)), "ValueError");
+        // Ten minutes at 1 Hz asked at 768 kHz: 460,800,000 samples, past MAX_SAMPLES.
+        assert_eq!(kind(decode(&wav(1, 8, 1, 1, &[0; 600]), 768_000)), "TooLong");
+        assert_eq!(
+            decode(&wav(1, 8, 1, 1, &[0; 600]), 16_000).map(|s| s.len()).ok(),
+            Some(MAX_SAMPLES)
+        );
+        // Ten minutes and half a second: past the limit, not rounded down to it.
+        assert_eq!(kind(decode(&wav(1, 8, 1, 2, &[0; 1201]), 2)), "TooLong");
+        assert_eq!(resampled_len(16_000, 16_000, 48_000).ok(), Some(48_000));
     }
 }

@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 use sha2::{Digest, Sha256};
 
-use super::audio_file;
+use super::audio_file::{self, MAX_SAMPLES};
 use super::image_file::{self, image_error, DEFAULT_MAX_PIXELS};
 use crate::errors::{Error, Result};
 use crate::gil::detached;
@@ -22,8 +22,6 @@ use crate::paths::existing_file;
 /// Audio shorter than this many samples is refused: llama.cpp's mel spectrogram asserts on a
 /// clip of under two frames (0.1 s at 16 kHz is well above that).
 const MIN_AUDIO_SAMPLES: usize = 1600;
-/// Ten minutes at 16 kHz.
-const MAX_AUDIO_SAMPLES: usize = 16_000 * 600;
 
 /// An image or an audio clip, ready for `MtmdContext.tokenize`.
 #[pyclass(frozen, module = "llamactx", name = "MtmdBitmap")]
@@ -62,9 +60,9 @@ impl PyMtmdBitmap {
     }
 
     fn audio(samples: &[f32]) -> Result<Self> {
-        if !(MIN_AUDIO_SAMPLES..=MAX_AUDIO_SAMPLES).contains(&samples.len()) {
+        if !(MIN_AUDIO_SAMPLES..=MAX_SAMPLES).contains(&samples.len()) {
             return Err(Error::value(format!(
-                "audio must hold {MIN_AUDIO_SAMPLES} to {MAX_AUDIO_SAMPLES} samples, got {}",
+                "audio must hold {MIN_AUDIO_SAMPLES} to {MAX_SAMPLES} samples, got {}",
                 samples.len()
             )));
         }
