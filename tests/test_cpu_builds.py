@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.processes import load_script
+from support.prompts import DEMO_ANSWER, DEMO_QUESTION
 
 import llamactx
 from llamactx import _cpu
@@ -27,13 +28,15 @@ ALL_BUILDS = frozenset(build.name for build in _cpu.BUILDS)
 FROM_WHEEL = llamactx.cpu_variant().name != "source"
 needs_wheel = pytest.mark.skipif(not FROM_WHEEL, reason="runs where llamactx is the portable wheel (make test-wheel)")
 
-#: One greedy generation; prints the build that ran it and the text, as JSON.
+#: One greedy generation and the greedy answer to ``make demo``'s question (argv[2]); prints the
+#: build that ran them, the text and the answer, as JSON.
 GENERATE = """
 import json, sys, llamactx
 model = llamactx.LlamaModel.load_from_file(sys.argv[1])
-with model.new_context(n_ctx=128, n_threads=2) as ctx:
+with model.new_context(n_ctx=256, n_threads=2) as ctx:
     text = llamactx.generate(ctx, "The capital of France is", max_tokens=12)
-print(json.dumps({"build": llamactx.cpu_variant().name, "text": text}))
+    answer = llamactx.chat(ctx, [("user", sys.argv[2])], max_tokens=32)
+print(json.dumps({"build": llamactx.cpu_variant().name, "text": text, "answer": answer}))
 """
 
 
@@ -131,7 +134,7 @@ def generate(model_path: Path, *prefix: str, build: str | None = None) -> dict[s
     if build is not None:
         environ[_cpu.FORCE_VARIABLE] = build
     done = subprocess.run(
-        [*prefix, sys.executable, "-c", GENERATE, str(model_path)],
+        [*prefix, sys.executable, "-c", GENERATE, str(model_path), DEMO_QUESTION],
         capture_output=True,
         text=True,
         env=environ,
@@ -145,13 +148,15 @@ def generate(model_path: Path, *prefix: str, build: str | None = None) -> dict[s
 
 @needs_wheel
 def test_every_build_this_cpu_runs_gives_the_same_text(model_path: Path) -> None:
+    """The same greedy text, and ``make demo``'s answer, from every build."""
     native = generate(model_path)
     assert native["build"] == llamactx.cpu_variant().name
     assert native["text"].strip()
+    assert native["answer"] == DEMO_ANSWER
     features = frozenset(llamactx.cpu_variant().features)
     for build in _cpu.BUILDS:
         if build.needs <= features:
-            assert generate(model_path, build=build.name) == {"build": build.name, "text": native["text"]}
+            assert generate(model_path, build=build.name) == {**native, "build": build.name}
 
 
 @needs_wheel
@@ -160,4 +165,4 @@ def test_every_build_this_cpu_runs_gives_the_same_text(model_path: Path) -> None
 def test_older_cpus_run_their_build_and_give_the_same_text(model_path: Path, cpu: str, build: str) -> None:
     qemu = shutil.which("qemu-x86_64")
     assert qemu, "qemu-x86_64 runs the wheel as an older CPU: install Debian's qemu-user (.ci/run does)"
-    assert generate(model_path, qemu, "-cpu", cpu) == {"build": build, "text": generate(model_path)["text"]}
+    assert generate(model_path, qemu, "-cpu", cpu) == {**generate(model_path), "build": build}

@@ -1,6 +1,7 @@
 """Prompts whose answers on the real model (SmolLM2-135M-Instruct) the tests know, and a chat
 template."""
 
+import re
 from pathlib import Path
 
 #: Greedy continues it with " Paris".
@@ -12,3 +13,9 @@ HELPFUL = "You are a helpful assistant."
 #: A ChatML chat template written for the tests, with a tool-call format of its own (the
 #: ``<tool_call>`` style), so that tools go through llama.cpp's format analysis.
 TOOL_TEMPLATE = (Path(__file__).resolve().parents[1] / "templates" / "chatml_tools.jinja").read_text()
+#: The question ``make demo`` asks (the Makefile's ``QUESTION``), and the default model's greedy
+#: answer on every CPU build the wheel ships.
+DEMO_QUESTION = re.findall(
+    r"^QUESTION \?= (.+)$", (Path(__file__).resolve().parents[2] / "Makefile").read_text(), re.MULTILINE
+)[0]
+DEMO_ANSWER = "The capital of France is Paris."
