@@ -233,3 +233,18 @@ def test_an_image_part_holding_audio_is_refused(mtmd: MtmdContext, small_audio_c
     message = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}
     with pytest.raises(ValueError, match="input_audio part"):
         llamactx.chat(small_audio_ctx, [message], mtmd=mtmd)
+
+
+def test_a_chat_s_clips_share_one_budget_of_seconds(
+    listener: MtmdContext, small_audio_ctx: llamactx.LlamaContext
+) -> None:
+    clip = audio_message("", wav(tone(440, 1)))["content"][0]
+    one_and_a_half = llamactx.MediaBudget(max_audio_seconds=1.5)
+    two = [{"role": "user", "content": [clip, clip, {"type": "text", "text": "What do you hear?"}]}]
+    refusal = r"content\[1\]: with this clip the chat's audio lasts 2\.0 s, more than the 1\.5 s one chat may hold"
+    with pytest.raises(ValueError, match=rf"{refusal} .*--max-audio-seconds"):
+        llamactx.chat(small_audio_ctx, two, mtmd=listener, media_budget=one_and_a_half)
+    # One clip is within it, and two are within the default.
+    llamactx.chat(small_audio_ctx, two, max_tokens=1, mtmd=listener, media_budget=llamactx.MediaBudget())
+    one = [{"role": "user", "content": [clip, {"type": "text", "text": "What do you hear?"}]}]
+    llamactx.chat(small_audio_ctx, one, max_tokens=1, mtmd=listener, media_budget=one_and_a_half)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import synthetic
 from support.processes import run_child
 
 import llamactx
@@ -429,7 +430,7 @@ def test_a_grammar_constrains_one_request_and_not_the_others(engine: llamactx.En
 def test_models_the_engine_cannot_run_are_refused(tiny_bert_path: Path) -> None:
     bert = llamactx.LlamaModel.load_from_file(tiny_bert_path)
     with pytest.raises(ValueError, match="no KV cache"):
-        llamactx.Engine(bert, n_ctx=256, n_seq_max=2)
+        llamactx.Engine(bert, n_ctx=synthetic.BERT_CONTEXT, n_seq_max=2)  # within its learned positions
 
 
 def test_a_request_arriving_while_a_prompt_is_read_is_read_before_the_next_step(

@@ -4,16 +4,19 @@ chats with images, on SmolLM2 with a synthetic LLaVA-style projector (``syntheti
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import openai
 import pytest
-from serving import ENGINE_OPTIONS, MODEL_ID, running_server
-from support.images import image_message, picture, png, png_header
+from serving import ENGINE_OPTIONS, MODEL_ID, Server, running_server
+from support.images import data_url, image_message, picture, png, png_header
 from support.processes import comparable_mtmd_cli
 from synthetic import PROJECTOR_TOKENS
 
@@ -266,7 +269,7 @@ def test_a_message_cannot_place_an_image_with_a_marker(mtmd: MtmdContext, small_
     renderer = llamactx._render.ChatRenderer(small_ctx.model)
     prepared = renderer.prepare(forged, mtmd=mtmd)
     assert prepared.media is not None
-    assert len(prepared.media.bitmaps) == 1
+    assert len(prepared.media.chunks) == 1
 
 
 def test_a_session_encodes_an_image_once_for_the_whole_conversation(
@@ -285,6 +288,107 @@ def test_a_session_encodes_an_image_once_for_the_whole_conversation(
         assert "".join(fresh.send(image_message("Describe the image.", picture(15))["content"])) == first
         assert mtmd.n_encodes() == 1
         assert [second, third] == ["".join(fresh.send("And its colours?")), "".join(fresh.send("Thanks."))]
+
+
+def url_part(data: bytes) -> dict[str, Any]:
+    """An ``image_url`` part holding ``data`` (any bytes) as a PNG data URL."""
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}}
+
+
+@pytest.mark.parametrize(
+    ("limits", "error"),
+    [
+        ({"max_parts": 0}, "max_parts must be >= 1"),
+        ({"max_pixels": 0}, "max_pixels must be in 1..=134217728"),
+        ({"max_pixels": 2**27 + 1}, "max_pixels must be in 1..=134217728"),
+        ({"max_audio_seconds": 0.0}, "max_audio_seconds must be"),
+        ({"max_audio_seconds": float("nan")}, "max_audio_seconds must be"),
+    ],
+)
+def test_a_media_budget_refuses_limits_out_of_range(limits: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        llamactx.MediaBudget(**limits)
+
+
+def test_a_chat_s_media_parts_are_counted_before_any_is_decoded(
+    mtmd: MtmdContext, small_ctx: llamactx.LlamaContext, image_engine: llamactx.Engine
+) -> None:
+    # Seventeen parts of no image: the count refuses them before the first is read.
+    message = {"role": "user", "content": [url_part(b"not an image")] * 17}
+    for prepare in (
+        lambda budget: llamactx.chat(small_ctx, [message], mtmd=mtmd, media_budget=budget),
+        lambda budget: image_engine.prepare_chat([message], media_budget=budget),
+    ):
+        with pytest.raises(ValueError, match=r"17 image and audio parts, more than the 16 .*--max-media-parts"):
+            prepare(llamactx.MediaBudget())
+        with pytest.raises(ImageError, match="not a PNG"):
+            prepare(llamactx.MediaBudget(max_parts=17))
+
+
+def test_a_chat_s_images_share_one_pixel_budget(
+    mtmd: MtmdContext, small_ctx: llamactx.LlamaContext, image_engine: llamactx.Engine
+) -> None:
+    two = llamactx.MediaBudget(max_pixels=2 * 64 * 64)
+    assert image_engine.prepare_chat([image_message("Compare them.", picture(70), picture(71))], media_budget=two)
+    three = [image_message("Compare them.", picture(70), picture(71), picture(72))]
+    refusal = r"content\[2\]: .* the images of a chat may hold 8192 pixels in all, 8192 of them taken by those before"
+    with pytest.raises(ValueError, match=rf"{refusal} .*--max-media-pixels"):
+        image_engine.submit_chat(three, media_budget=two)
+    with pytest.raises(ValueError, match=refusal):
+        llamactx.chat(small_ctx, three, mtmd=mtmd, media_budget=two)
+    # A conversation's budget is its whole prompt's: a turn past it is refused, and changes nothing.
+    session = llamactx.ChatSession(small_ctx, max_tokens=2, mtmd=mtmd, media_budget=two)
+    "".join(session.send(image_message("Compare them.", picture(70), picture(71))["content"]))
+    with pytest.raises(ValueError, match=r"messages\[2\]\.content\[0\]: .* 8192 of them taken"):
+        "".join(session.send(image_message("And this?", picture(72))["content"]))
+    assert len(session.messages) == 2
+
+
+#: Prepares a chat of argv[4] copies of the image file argv[3] with the model argv[1] and the
+#: projector argv[2], under an address-space limit of what the loaded process holds plus 1 GiB (an
+#: allocation past it aborts the process, as one past the machine's memory would), and prints
+#: ``REFUSED`` with the exception's name and message, or ``ACCEPTED``.
+PREPARE_IN_A_CHILD = """
+import base64, resource, sys
+import llamactx
+from llamactx._render import ChatRenderer
+model = llamactx.LlamaModel.load_from_file(sys.argv[1])
+mtmd = llamactx.MtmdContext(model, sys.argv[2], n_threads=1)
+with open(sys.argv[3], "rb") as file:
+    url = "data:image/png;base64," + base64.b64encode(file.read()).decode()
+parts = [{"type": "image_url", "image_url": {"url": url}}] * int(sys.argv[4])
+messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "What are these?"}]}]
+held = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (held + (1 << 30), held + (1 << 30)))
+try:
+    ChatRenderer(model).prepare(messages, mtmd=mtmd)
+except ValueError as error:
+    print("REFUSED", type(error).__name__, error)
+else:
+    print("ACCEPTED")
+"""
+
+
+def test_pixel_bombs_are_refused_from_their_headers_within_the_pixel_budget(
+    model_path: Path, projector_path: Path, tmp_path: Path
+) -> None:
+    """Sixteen 32 KB PNGs of 8192 x 4096 pixels (96 MiB each, decoded): the first takes the whole
+    default budget, and the second is refused from its header, within 1 GiB of memory."""
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(png(np.zeros((4096, 8192, 1), np.uint8)))
+    assert bomb.stat().st_size < 64 * 1024
+    ran = subprocess.run(
+        [sys.executable, "-c", PREPARE_IN_A_CHILD, str(model_path), str(projector_path), str(bomb), "16"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.startswith(
+        "REFUSED ChatInputError messages[0].content[1]: the image is 8192x4096 = 33554432 pixels, more than the "
+        "limit of 0: the images of a chat may hold 33554432 pixels in all, 33554432 of them taken by those before it"
+    ), ran.stdout
 
 
 @pytest.fixture(scope="module")
@@ -336,6 +440,40 @@ def test_a_conversation_about_an_image_reads_it_once(model: llamactx.LlamaModel,
         assert projector.n_encodes() == 2
 
 
+def test_a_prepared_chat_counts_its_images_tokens(image_engine: llamactx.Engine) -> None:
+    """``n_tokens`` is the prompt's whole length, as the engine reads it: 16 tokens an image here."""
+    counts = []
+    for images in (0, 1, 4):
+        chat = image_engine.prepare_chat([image_message("What is in these?", *map(picture, range(images)))])
+        assert chat.n_tokens == len(chat.tokens) + images * PROJECTOR_TOKENS
+        assert image_engine.submit_prepared(chat, max_tokens=1).result().prompt_tokens == chat.n_tokens
+        counts.append(chat.n_tokens)
+    assert counts[1] - counts[0] == PROJECTOR_TOKENS
+
+
+def test_an_image_prompt_too_long_is_refused_before_its_images_are_encoded(
+    model: llamactx.LlamaModel, projector_path: Path, small_ctx: llamactx.LlamaContext
+) -> None:
+    with (
+        MtmdContext(model, projector_path, n_threads=2) as projector,
+        llamactx.Engine(model, mtmd=projector, n_ctx=512, n_seq_max=2, n_threads=2) as engine,
+    ):
+        # Text that fits a sequence, and four images past it.
+        text = "a " * (engine.n_ctx_seq - 60)
+        assert len(engine.chat_tokens([("user", text)])) < engine.n_ctx_seq
+        messages = [image_message(text, *map(picture, range(4)))]
+        whole = engine.prepare_chat(messages).n_tokens
+        assert whole >= engine.n_ctx_seq
+        with pytest.raises(ValueError, match=f"the prompt has {whole} tokens, its images' included"):
+            engine.submit_chat(messages)
+        long = [image_message("a " * (small_ctx.n_ctx_seq() - 60), *map(picture, range(4)))]
+        with pytest.raises(ValueError, match=f"the context holds {small_ctx.n_ctx_seq()} per sequence"):
+            llamactx.chat(small_ctx, long, mtmd=projector)
+        with pytest.raises(ValueError, match="no longer fits the context"):
+            "".join(llamactx.ChatSession(small_ctx, mtmd=projector).send(long[0]["content"]))
+        assert projector.n_encodes() == 0
+
+
 def test_an_engine_refuses_images_it_cannot_read(
     model: llamactx.LlamaModel, mtmd: MtmdContext, draft_model: llamactx.LlamaModel, projector_path: Path
 ) -> None:
@@ -377,6 +515,120 @@ def test_the_server_replies_to_an_image_as_chat_and_the_engine_do(
         with pytest.raises(openai.BadRequestError, match="not a PNG"):
             client.chat.completions.create(model=MODEL_ID, messages=broken, max_tokens=2)  # type: ignore[arg-type]
         assert server.metrics()["llamactx_engine_running"] == 0
+
+
+@pytest.fixture(scope="module")
+def image_server(model_path: Path, projector_path: Path) -> Iterator[Server]:
+    """A server that reads images, with small sequences, without the prefix cache."""
+    options = ("--no-prefix-cache", "--mmproj", str(projector_path), "--ctx", "512", "--parallel", "4")
+    with running_server(model_path, *options) as server:
+        yield server
+
+
+def posted(server: Server, route: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.url}{route}", json={"model": MODEL_ID, **body}, timeout=120)
+
+
+def anthropic_message(text: str, *images: np.ndarray) -> dict[str, Any]:
+    """``image_message`` in Anthropic's blocks."""
+    blocks: list[dict[str, Any]] = [
+        {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png(image)).decode()},
+        }
+        for image in images
+    ]
+    return {"role": "user", "content": [*blocks, {"type": "text", "text": text}]}
+
+
+def responses_message(text: str, *images: np.ndarray) -> dict[str, Any]:
+    """``image_message`` in the Responses API's parts."""
+    parts: list[dict[str, Any]] = [{"type": "input_image", "image_url": data_url(image)} for image in images]
+    return {"role": "user", "content": [*parts, {"type": "input_text", "text": text}]}
+
+
+def test_the_server_counts_every_image_s_tokens(image_server: Server) -> None:
+    """Counted, started and used alike: the prompt with its images, as the engine reads it."""
+    counted = []
+    for images in (0, 1, 4):
+        messages = [anthropic_message("What is in these?", *map(picture, range(images)))]
+        count = posted(image_server, "/v1/messages/count_tokens", {"messages": messages}).json()["input_tokens"]
+        body = {"messages": messages, "max_tokens": 1}
+        assert posted(image_server, "/v1/messages", body).json()["usage"]["input_tokens"] == count
+        stream = posted(image_server, "/v1/messages", {**body, "stream": True}).text
+        start = json.loads(stream.split("\n\n")[0].split("\ndata: ")[1])
+        assert start["type"] == "message_start"
+        assert start["message"]["usage"]["input_tokens"] == count
+        counted.append(count)
+    assert [count - counted[0] for count in counted] == [0, PROJECTOR_TOKENS, 4 * PROJECTOR_TOKENS]
+
+
+def test_an_image_prompt_too_long_is_refused_as_a_text_one_is(image_server: Server) -> None:
+    """``context_length_exceeded`` with the whole prompt's tokens on all three APIs, before any
+    image is encoded, whatever constrains the reply (no ``response_format``, ``text.format`` or
+    ``tools`` is blamed)."""
+    too_long = posted(image_server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "a " * 600}]})
+    n_ctx = too_long.json()["error"]["n_ctx"]
+    text = "a " * (n_ctx - 60)
+    fits = posted(image_server, "/v1/messages/count_tokens", {"messages": [anthropic_message(text)]})
+    assert fits.json()["input_tokens"] < n_ctx
+    images = [picture(seed) for seed in range(4)]
+    counted = posted(image_server, "/v1/messages/count_tokens", {"messages": [anthropic_message(text, *images)]})
+    whole = counted.json()["input_tokens"]
+    assert whole >= n_ctx
+    expected = f"the prompt has {whole} tokens; a request of this server holds at most {n_ctx} (prompt and completion)"
+    chat = {"messages": [image_message(text, *images)], "response_format": {"type": "json_object"}}
+    responses = {"input": [responses_message(text, *images)], "text": {"format": {"type": "json_object"}}}
+    for route, body in (("/v1/chat/completions", chat), ("/v1/responses", responses)):
+        refused = posted(image_server, route, body)
+        assert refused.status_code == 400
+        assert refused.json()["error"] == {
+            **too_long.json()["error"],
+            "message": expected,
+            "n_prompt_tokens": whole,
+        }
+    # With a tool, which its system prompt describes: counted too.
+    tools = {"messages": [anthropic_message(text, *images)], "tools": [{"name": "look", "input_schema": {}}]}
+    with_tools = posted(image_server, "/v1/messages/count_tokens", tools).json()["input_tokens"]
+    assert with_tools > whole
+    refused = posted(image_server, "/v1/messages", {**tools, "max_tokens": 4})
+    assert refused.status_code == 400
+    assert refused.json()["error"] == {
+        "type": "invalid_request_error",
+        "message": expected.replace(f"has {whole} tokens", f"has {with_tools} tokens"),
+    }
+    image_server.wait_until_idle()
+
+
+def test_the_server_reads_a_request_s_media_under_its_budget(
+    image_server: Server, model_path: Path, projector_path: Path
+) -> None:
+    parts = [url_part(png(picture(80)))] * 17
+    refused = posted(image_server, "/v1/chat/completions", {"messages": [{"role": "user", "content": parts}]})
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == "messages"
+    assert "17 image and audio parts, more than the 16 one chat may hold" in error["message"]
+    assert "--max-media-parts" in error["message"]
+    help_text = subprocess.run(
+        [sys.executable, "-m", "llamactx", "serve", "--help"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    for option in ("--max-media-parts N", "--max-media-pixels PIXELS", "--max-audio-seconds SECONDS"):
+        assert option in help_text
+    budget = ("--max-media-parts", "2", "--max-media-pixels", "5000")
+    with running_server(model_path, "--mmproj", str(projector_path), *budget) as server:
+        three = posted(server, "/v1/chat/completions", {"messages": [image_message("Hi", *map(picture, range(3)))]})
+        assert three.status_code == 400
+        assert "3 image and audio parts, more than the 2 " in three.json()["error"]["message"]
+        two = posted(
+            server, "/v1/messages", {"messages": [anthropic_message("Hi", picture(1), picture(2))], "max_tokens": 1}
+        )
+        assert two.status_code == 400
+        message = two.json()["error"]["message"]
+        assert "may hold 5000 pixels in all, 4096 of them taken by those before it" in message
+        assert "--max-media-pixels" in message
+        one = posted(server, "/v1/chat/completions", {"messages": [image_message("Hi", picture(1))], "max_tokens": 1})
+        assert one.status_code == 200
 
 
 def test_a_server_without_a_projector_answers_images_with_400(model_path: Path) -> None:

@@ -67,6 +67,7 @@ from llamactx._llamactx import (
     serve_rpc,
 )
 from llamactx._logging import set_verbose
+from llamactx._media import MediaBudget
 from llamactx._models import default_model_path
 from llamactx._render import PreparedChat
 from llamactx._speculative import DraftModel, NgramDraft
@@ -111,6 +112,7 @@ __all__ = [
     "LlamaTokenData",
     "LlamaTokenDataArray",
     "LoadSessionError",
+    "MediaBudget",
     "MtmdBitmap",
     "MtmdContext",
     "MtmdError",

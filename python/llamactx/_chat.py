@@ -8,7 +8,7 @@ from typing import Any
 from llamactx._constraints import JsonSchema
 from llamactx._generation import continue_sequence, generate, prefill_media, stream_media
 from llamactx._llamactx import LlamaContext, LlamaSampler, MtmdContext
-from llamactx._media import MediaPrompt
+from llamactx._media import MediaBudget, MediaPrompt
 from llamactx._render import ChatRenderer, Message
 from llamactx._speculative import Speculative
 
@@ -27,6 +27,7 @@ def chat(
     grammar: str | None = None,
     speculative: Speculative | None = None,
     mtmd: MtmdContext | None = None,
+    media_budget: MediaBudget = MediaBudget(),
 ) -> str:
     """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts or pairs), formatted
     with the model's chat template; greedy when ``sampler`` is None. ``json_schema``,
@@ -35,8 +36,10 @@ def chat(
     A message's ``content`` may be OpenAI's list of parts: ``{"type": "text", "text": ...}`` and,
     with ``mtmd`` (a projector loaded for the model), ``{"type": "image_url", "image_url":
     {"url": "data:image/png;base64,..."}}``; ``ValueError`` for an image without one, ``ImageError``
-    for image data that does not decode. ``speculative`` does not take images."""
-    prepared = ChatRenderer(ctx.model).prepare(messages, mtmd=mtmd)
+    for image data that does not decode, ``ChatInputError`` (a ``ValueError``) for media past
+    ``media_budget``, ``ValueError`` for a prompt, media included, too long for the context.
+    ``speculative`` does not take images."""
+    prepared = ChatRenderer(ctx.model).prepare(messages, mtmd=mtmd, media_budget=media_budget)
     if prepared.media is not None and mtmd is not None:
         if speculative is not None:
             raise ValueError("speculative decoding does not take chats with images")
@@ -69,7 +72,8 @@ class ChatSession:
     """A conversation whose history stays in the KV cache of sequence 0 between turns: each
     turn decodes only what follows what the cache already holds (an image shown in an earlier
     turn is not encoded again). With ``mtmd``, a turn's text may be OpenAI's content parts with
-    images, as in ``chat``."""
+    images, as in ``chat``; ``media_budget`` bounds the media of the whole conversation, which
+    each turn reads again."""
 
     def __init__(
         self,
@@ -78,10 +82,12 @@ class ChatSession:
         system: str | None = None,
         max_tokens: int = 256,
         mtmd: MtmdContext | None = None,
+        media_budget: MediaBudget = MediaBudget(),
     ) -> None:
         self.ctx = ctx
         self.max_tokens = max_tokens
         self.mtmd = mtmd
+        self.media_budget = media_budget
         self.messages: list[Message] = [("system", system)] if system else []
         self._renderer = ChatRenderer(ctx.model)
         # What the cache holds: the prompt's items (tokens, and an image's id) and their positions.
@@ -100,12 +106,15 @@ class ChatSession:
         without images)."""
         user: Message = ("user", text) if isinstance(text, str) else {"role": "user", "content": text}
         messages = [*self.messages, user]
-        prepared = self._renderer.prepare(messages, mtmd=self.mtmd)
+        prepared = self._renderer.prepare(messages, mtmd=self.mtmd, media_budget=self.media_budget)
         prompt = prepared.media or MediaPrompt([prepared.tokens], [])
         if prepared.media is not None and speculative is not None:
             raise ValueError("speculative decoding does not take chats with images")
-        if len(prompt.tokens) >= self.ctx.n_ctx_seq():
-            raise ValueError("the conversation no longer fits the context")
+        if prepared.n_tokens >= self.ctx.n_ctx_seq():
+            raise ValueError(
+                f"the conversation no longer fits the context: {prepared.n_tokens} tokens, "
+                f"{self.ctx.n_ctx_seq()} in the sequence"
+            )
         items = prompt.keys()
         reply: list[str] = []
         try:

@@ -24,7 +24,7 @@ from llamactx._llamactx import (
     _RequestCore,
     _Waker,
 )
-from llamactx._media import MediaPrompt
+from llamactx._media import MediaBudget, MediaPrompt
 from llamactx._render import ChatRenderer, Message, PreparedChat
 from llamactx._schema_check import OutputCheck
 from llamactx._speculative import Speculative, check_speculative
@@ -199,7 +199,8 @@ class Engine:
     their own text, or with a draft model) and verify them in one decode: the same output in
     fewer decodes (``Completion.drafted_tokens`` and ``accepted_tokens`` say how many).
     With ``mtmd`` (an ``MtmdContext`` loaded for ``model``), chats may hold images: each is
-    encoded at submit, in the submitting thread, while the engine keeps stepping; its
+    tokenized when the chat is prepared (which gives the prompt's whole length) and encoded at
+    submit, in the submitting thread, while the engine keeps stepping; its
     embeddings are decoded in a step entry of their own, and the prefix cache recognises the
     same image in a later request (a conversation's next turn reads only what follows).
     ``close()`` (or leaving a ``with`` block, or the interpreter's exit) ends every request
@@ -271,10 +272,15 @@ class Engine:
         if media is not None:
             if self.mtmd is None:
                 raise ValueError("this engine was started without a projector (mtmd): it cannot read images")
+            if media.n_tokens >= self.n_ctx_seq:
+                # Here: the native engine encodes a prompt's images before it checks its length.
+                raise ValueError(
+                    f"the prompt has {media.n_tokens} tokens, its images' included; a sequence of this engine holds "
+                    f"{self.n_ctx_seq} (n_ctx / n_seq_max), and the prompt must leave room for a token"
+                )
             # Each image goes after the text runs before it.
             starts = accumulate(len(run) for run in media.texts[:-1])
-            chunks = (self.mtmd.tokenize_from_parts([bitmap], add_special=False) for bitmap in media.bitmaps)
-            images = list(zip(starts, chunks, strict=True))
+            images = list(zip(starts, media.chunks, strict=True))
         return Request(self._core.submit(tokens, max_tokens, stops, sampling, logprobs, spec, images), check)
 
     def submit_chat(
@@ -290,10 +296,12 @@ class Engine:
         tools: Sequence[Tool] = (),
         tool_choice: ToolChoice = "auto",
         parallel_tool_calls: bool = True,
+        media_budget: MediaBudget = MediaBudget(),
     ) -> Request:
         """``submit`` for the assistant's reply to ``messages`` (``{"role", "content"}`` dicts or
         pairs, OpenAI's assistant ``tool_calls`` and ``tool`` results included), formatted with
-        the model's chat template.
+        the model's chat template. The messages' images and audio are read under
+        ``media_budget`` (``ChatInputError``, a ``ValueError``, past it).
 
         ``tools`` (OpenAI's function tools) with ``tool_choice`` ("auto", "required", "none" or
         ``{"type": "function", "function": {"name": ...}}``) let the reply call them:
@@ -303,7 +311,11 @@ class Engine:
         ``tool_choice`` of the wrong type; ``ValueError`` for tools with ``json_schema`` or
         ``grammar``, a malformed message or tool, or an unknown ``tool_choice``."""
         chat = self.prepare_chat(
-            messages, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls
+            messages,
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            media_budget=media_budget,
         )
         return self.submit_prepared(
             chat,
@@ -322,12 +334,15 @@ class Engine:
         tools: Sequence[Tool] = (),
         tool_choice: ToolChoice = "auto",
         parallel_tool_calls: bool = True,
+        media_budget: MediaBudget = MediaBudget(),
     ) -> PreparedChat:
         """What ``submit_chat`` submits, without submitting it: the prompt's tokens in the chat
-        template, the constraint ``tools`` put on the reply, the template's extra stop strings
-        and the parser of the reply into OpenAI's message. Submit it (once or many times, e.g.
-        for several choices) with ``submit_prepared``. Errors as ``submit_chat``'s."""
-        return self._renderer.prepare(messages, tools, tool_choice, parallel_tool_calls, self.mtmd)
+        template (its images and audio read under ``media_budget`` and tokenized, so that
+        ``n_tokens`` is the whole prompt's length), the constraint ``tools`` put on the reply,
+        the template's extra stop strings and the parser of the reply into OpenAI's message.
+        Submit it (once or many times, e.g. for several choices) with ``submit_prepared``.
+        Errors as ``submit_chat``'s."""
+        return self._renderer.prepare(messages, tools, tool_choice, parallel_tool_calls, self.mtmd, media_budget)
 
     def submit_prepared(
         self,

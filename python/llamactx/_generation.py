@@ -25,10 +25,15 @@ def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int], max_tokens: i
         tokens = [int(token) for token in prompt]
     if not tokens:
         raise ValueError("the prompt has no tokens")
-    n_ctx = ctx.n_ctx_seq()
-    if len(tokens) >= n_ctx:
-        raise ValueError(f"the prompt has {len(tokens)} tokens; the context holds {n_ctx} per sequence")
+    _check_fits(ctx, len(tokens))
     return tokens
+
+
+def _check_fits(ctx: LlamaContext, n_tokens: int) -> None:
+    """``ValueError`` unless a prompt of ``n_tokens`` leaves room in one sequence of ``ctx``."""
+    n_ctx = ctx.n_ctx_seq()
+    if n_tokens >= n_ctx:
+        raise ValueError(f"the prompt has {n_tokens} tokens; the context holds {n_ctx} per sequence")
 
 
 def _steps(model: LlamaModel, stop: str | Sequence[str], max_tokens: int, n_ctx: int) -> _SequenceSteps:
@@ -66,16 +71,17 @@ def prefill_media(
 ) -> tuple[list[int], list[int]]:
     """Decodes ``prompt`` into ``seq_id``, whose cache already holds its first ``keep`` items
     (``MediaPrompt.keys``; an image is one item) and nothing after them; the last token gets
-    logits. ``mtmd`` encodes the images (None for a prompt without any). Returns the sequence's
-    history (its tokens, ``MEDIA_POSITION`` at each position an image takes:
-    ``continue_sequence`` counts positions by it) and the positions of each item."""
-    if prompt.bitmaps and mtmd is None:
+    logits. ``mtmd`` (the projector that tokenized the prompt's media) encodes the images (None
+    for a prompt without any). Returns the sequence's history (its tokens, ``MEDIA_POSITION`` at
+    each position an image takes: ``continue_sequence`` counts positions by it) and the
+    positions of each item."""
+    if prompt.chunks and mtmd is None:
         raise ValueError("a prompt with images needs the projector (mtmd) that reads them")
     history: list[int] = []
     widths: list[int] = []
     for number, run in enumerate(prompt.texts):
         if number > 0 and mtmd is not None:  # always, for a prompt with images (checked above)
-            chunks = mtmd.tokenize_from_parts([prompt.bitmaps[number - 1]], add_special=False)
+            chunks = prompt.chunks[number - 1]
             if len(widths) >= keep:
                 end = mtmd.eval_chunks(ctx, chunks, len(history), seq_id, logits_last=False)
             else:
@@ -223,9 +229,11 @@ def stream_media(
     json_schema: JsonSchema | None,
     grammar: str | None,
 ) -> Generator[str, None, str]:
-    """``stream`` for a prompt with images, which ``mtmd`` encodes."""
+    """``stream`` for a prompt with images, which ``mtmd`` encodes (a prompt too long for the
+    context is refused before any is)."""
     if max_tokens < 0:
         raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+    _check_fits(ctx, prompt.n_tokens)
     return (
         yield from _stream_after(
             ctx,

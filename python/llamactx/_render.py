@@ -18,12 +18,12 @@ from llamactx._llamactx import (
     ChatTemplateError,
     LlamaModel,
     LlamaSampler,
-    MtmdBitmap,
     MtmdContext,
+    MtmdInputChunks,
     _ChatApplied,
     _ChatTemplates,
 )
-from llamactx._media import MediaPrompt, media_marker, with_media_markers
+from llamactx._media import MediaBudget, MediaPrompt, media_marker, with_media_markers
 from llamactx._tools import (
     ChatInputError,
     Tool,
@@ -63,6 +63,12 @@ class PreparedChat:
     media: MediaPrompt | None = None
 
     @property
+    def n_tokens(self) -> int:
+        """The prompt's length in tokens, as a sequence holds it: its text, and each image's or
+        audio clip's tokens (its embeddings, and the model's delimiters around them)."""
+        return len(self.tokens) if self.media is None else self.media.n_tokens
+
+    @property
     def with_tools(self) -> bool:
         """Whether the reply is constrained to the tools' calls."""
         return self.sampler is not None
@@ -85,30 +91,32 @@ class ChatRenderer:
         tool_choice: ToolChoice = "auto",
         parallel_tool_calls: bool = True,
         mtmd: MtmdContext | None = None,
+        media_budget: MediaBudget = MediaBudget(),
     ) -> PreparedChat:
         """The ``PreparedChat`` for ``messages``, with ``tools`` callable. A template that formats
         tool calls itself renders the tools, constrains calls with its own grammar and parses
         them back; otherwise the tools and a JSON reply protocol go into the system turn
         (``_tools.plan``), and the messages are rendered by the same template. Image parts need
-        ``mtmd``, a projector that reads images (``ValueError`` otherwise)."""
+        ``mtmd``, a projector that reads images (``ValueError`` otherwise); the media are read
+        under ``media_budget`` (``ChatInputError`` past it) and tokenized here, once."""
         marker = media_marker()
-        messages, bitmaps = with_media_markers(checked_messages(messages), marker, mtmd)
+        messages, media = with_media_markers(checked_messages(messages), marker, mtmd, media_budget)
         templates = self._parsed()
         if templates is not None and templates.supports_tool_calls:
-            return _native(templates, messages, tools, tool_choice, parallel_tool_calls, marker, bitmaps)
+            return _native(templates, messages, tools, tool_choice, parallel_tool_calls, marker, media)
         planned = plan(messages, tools, tool_choice, parallel_tool_calls)
-        media = None
+        prompt = None
         if templates is not None:
             turns = [{"role": role, "content": text} for role, text in planned.messages]
-            tokens, media = _prompt(templates.apply(json.dumps(turns), "[]", "none", False), marker, bitmaps)
-        elif bitmaps:
+            tokens, prompt = _prompt(templates.apply(json.dumps(turns), "[]", "none", False), marker, media)
+        elif media:
             raise ValueError("this model's chat template cannot be parsed, so llamactx cannot place images in it")
         else:
             tokens = template_tokens(self.model, planned.messages, add_bos=self.model.add_bos_token())
         # Compiled once here: each submit of the chat (each choice) starts from a copy.
         # A tool's arguments are parsed from the reply, not validated: llguidance holds all of them.
         stage = constraint_stage(self.model, planned.schema, None, checked=False).sampler
-        return PreparedChat(tokens, planned.schema, stage, [], partial(reply_message, schema=planned.schema), media)
+        return PreparedChat(tokens, planned.schema, stage, [], partial(reply_message, schema=planned.schema), prompt)
 
     def _parsed(self) -> _ChatTemplates | None:
         """The Jinja templates; None when the model's own does not parse (the built-in matcher
@@ -131,7 +139,7 @@ def _native(
     tool_choice: ToolChoice,
     parallel_tool_calls: bool,
     marker: str,
-    bitmaps: list[MtmdBitmap],
+    media: list[MtmdInputChunks],
 ) -> PreparedChat:
     """A chat through the template's own tool-call format (llama.cpp's format analysis): the
     template renders the tools, its grammar (lazy, waiting for the call's opening) keeps calls
@@ -141,23 +149,23 @@ def _native(
     openai_tools = [{"type": "function", "function": function} for function in offered]
     openai_messages = [_openai_message(message) for message in checked_messages(messages)]
     applied = templates.apply(json.dumps(openai_messages), json.dumps(openai_tools), mode, parallel_tool_calls)
-    tokens, media = _prompt(applied, marker, bitmaps)
+    tokens, prompt = _prompt(applied, marker, media)
     return PreparedChat(
-        tokens, None, applied.sampler(), applied.additional_stops(), partial(_parsed_reply, applied), media
+        tokens, None, applied.sampler(), applied.additional_stops(), partial(_parsed_reply, applied), prompt
     )
 
 
-def _prompt(applied: _ChatApplied, marker: str, bitmaps: list[MtmdBitmap]) -> tuple[list[int], MediaPrompt | None]:
-    """The rendered prompt's tokens, and with images, the prompt they separate."""
-    if not bitmaps:
+def _prompt(applied: _ChatApplied, marker: str, media: list[MtmdInputChunks]) -> tuple[list[int], MediaPrompt | None]:
+    """The rendered prompt's tokens, and with media, the prompt they separate."""
+    if not media:
         return applied.tokens(), None
     runs = applied.segments(marker)
-    if len(runs) != len(bitmaps) + 1:
+    if len(runs) != len(media) + 1:
         raise ValueError(
-            f"the chat template placed {len(runs) - 1} of {len(bitmaps)} images: it drops or repeats message text"
+            f"the chat template placed {len(runs) - 1} of {len(media)} images: it drops or repeats message text"
         )
-    media = MediaPrompt(runs, bitmaps)
-    return media.tokens, media
+    prompt = MediaPrompt(runs, media)
+    return prompt.tokens, prompt
 
 
 def _openai_message(message: Message) -> dict[str, Any]:

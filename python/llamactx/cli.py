@@ -30,7 +30,7 @@ from llamactx._llamactx import (
     MtmdContext,
     serve_rpc,
 )
-from llamactx._media import MEDIA_URL_MAX_BYTES, MEDIA_URL_TIMEOUT
+from llamactx._media import MAX_PIXELS_CEILING, MEDIA_URL_MAX_BYTES, MEDIA_URL_TIMEOUT, MediaBudget
 from llamactx._models import default_model_path
 from llamactx._speculative import MAX_DRAFT, MAX_NGRAM, DraftModel, NgramDraft, Speculative
 from llamactx.bench import speeds
@@ -489,6 +489,28 @@ def _parser() -> argparse.ArgumentParser:
         "--mmproj",
         metavar="FILE",
         help="the model's multimodal projector (GGUF): chats may hold images as data: URLs",
+    )
+    serve.add_argument(
+        "--max-media-parts",
+        type=COUNT,
+        default=MediaBudget.max_parts,
+        metavar="N",
+        help="the most images and audio clips one request may hold, together (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-media-pixels",
+        type=_in_range(int, 1, MAX_PIXELS_CEILING),
+        default=MediaBudget.max_pixels,
+        metavar="PIXELS",
+        help="the most pixels the images of one request may hold, together, each image counted as width x height "
+        "(default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-audio-seconds",
+        type=_in_range(float, 0.001, 86400.0),
+        default=MediaBudget.max_audio_seconds,
+        metavar="SECONDS",
+        help="the most seconds of audio one request's clips may hold, together (default: %(default)s)",
     )
     serve.add_argument(
         "--allow-media-urls",

@@ -77,7 +77,7 @@ class Messages:
         except ContextLengthExceeded as error:  # too long to answer, not to count
             counted: InputTokens = {"input_tokens": error.n_prompt_tokens}
         else:
-            counted = {"input_tokens": len(chat.tokens)}
+            counted = {"input_tokens": chat.n_tokens}
         return JSONResponse(counted)
 
     def _message(
@@ -96,7 +96,7 @@ class Messages:
         texts = not chat.with_tools
         opened = False
         try:
-            yield event("message_start", message=draft.started(len(chat.tokens)))
+            yield event("message_start", message=draft.started(chat.n_tokens))
             async for _, (text, _logprobs) in _merged(jobs):
                 if texts and text:
                     if not opened:

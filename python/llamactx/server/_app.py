@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llamactx._engine import Engine
 from llamactx._llamactx import LlamaContext
+from llamactx._media import MediaBudget
 from llamactx.server._anthropic import Messages
 from llamactx.server._anthropic_protocol import anthropic_error
 from llamactx.server._media_urls import MediaUrlPolicy, MediaUrls
@@ -155,6 +156,7 @@ def create_app(
     embeddings: LlamaContext | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     media_urls: MediaUrlPolicy | None = None,
+    media_budget: MediaBudget = MediaBudget(),
 ) -> Starlette:
     """An ASGI application serving OpenAI's API with ``engine``: ``/v1/models``,
     ``/v1/completions``, ``/v1/chat/completions`` (streamed as server-sent events or not),
@@ -173,7 +175,10 @@ def create_app(
     ``/v1/embeddings``; bodies over ``max_body_bytes`` get 413. Chats' ``http(s)://`` image URLs
     are refused (400) unless ``media_urls`` allows fetching them (and the engine has a projector
     that reads images): only public addresses or the policy's networks, within its size limit and
-    timeout (``MediaUrlPolicy``). The app does not own the engine:
+    timeout (``MediaUrlPolicy``). A chat's images and audio are read under ``media_budget``
+    (400 naming the limit past it), and a prompt that cannot fit a sequence, its media's tokens
+    included, is a 400 ``context_length_exceeded`` before any image is encoded. The app does not
+    own the engine:
     close it when the app is done. Mount it in another Starlette or FastAPI app as any ASGI app.
     """
     if max_body_bytes < 1:
@@ -189,6 +194,7 @@ def create_app(
         embeddings,
         max_body_bytes,
         None if media_urls is None else MediaUrls(media_urls),
+        media_budget,
     )
     routes = _routes(serving)
     handlers: dict[Any, Callable[[HttpRequest, Exception], Awaitable[Response]]] = {

@@ -16,6 +16,7 @@ import uvicorn
 
 from llamactx._engine import Engine
 from llamactx._llamactx import LlamaContext, LlamaModel, MtmdContext, MtmdError
+from llamactx._media import MediaBudget
 from llamactx._speculative import Speculative
 from llamactx.server._app import create_app
 from llamactx.server._media_urls import MediaUrlPolicy
@@ -130,6 +131,7 @@ def _serve_until_stopped(
         api_key=arguments.api_key,
         embeddings=embeddings,
         media_urls=_media_url_policy(arguments),
+        media_budget=MediaBudget(arguments.max_media_parts, arguments.max_media_pixels, arguments.max_audio_seconds),
     )
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

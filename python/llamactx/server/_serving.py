@@ -34,6 +34,7 @@ from llamactx._llamactx import (
     SchemaError,
     StringToTokenError,
 )
+from llamactx._media import MediaBudget
 from llamactx._render import Message, PreparedChat
 from llamactx._schema_check import OutputCheck
 from llamactx._tools import Tool, ToolChoice
@@ -164,6 +165,7 @@ class Serving:
         embeddings: LlamaContext | None,
         max_body_bytes: int,
         media_urls: MediaUrls | None = None,
+        media_budget: MediaBudget = MediaBudget(),
     ) -> None:
         self.engine = engine
         self.model = engine.model
@@ -177,6 +179,7 @@ class Serving:
         self.embeddings_lock = threading.Lock()
         self.max_body_bytes = max_body_bytes
         self.media_urls = media_urls
+        self.media_budget = media_budget
         self.metrics = ServerMetrics(engine)
         self.created = int(time.time())
 
@@ -228,14 +231,15 @@ class Serving:
             raise openai_error(error, "the prompt cannot be read", "prompt") from None
         if not tokens:
             raise ApiError(400, "the prompt has no tokens", param="prompt")
-        return self._fitting(tokens)
-
-    def _fitting(self, tokens: list[int]) -> list[int]:
-        """``tokens``, if they fit a sequence: checked here, before the engine does, for
-        OpenAI's error code."""
-        if len(tokens) >= self.engine.n_ctx_seq:
-            raise ContextLengthExceeded(len(tokens), self.engine.n_ctx_seq)
+        self._check_fits(len(tokens))
         return tokens
+
+    def _check_fits(self, n_tokens: int) -> None:
+        """``ContextLengthExceeded`` unless a prompt of ``n_tokens`` (images included) fits a
+        sequence: checked here, before the engine encodes any image or checks the length
+        itself, for OpenAI's error code."""
+        if n_tokens >= self.engine.n_ctx_seq:
+            raise ContextLengthExceeded(n_tokens, self.engine.n_ctx_seq)
 
     async def chat(self, http: HttpRequest) -> Response:
         body = await self._body(http, ChatRequest)
@@ -293,12 +297,17 @@ class Serving:
         messages_param: str = "messages",
     ) -> PreparedChat:
         """The chat rendered once for all its choices (``Engine.prepare_chat``, which checks the
-        messages and tools: its errors name their parameter, or are the messages' or, for a
-        tool-call constraint that cannot be compiled, the tools'). The messages are
+        messages and tools, and reads the media under the server's ``MediaBudget``: its errors
+        name their parameter, or are the messages' or, for a tool-call constraint that cannot
+        be compiled, the tools'), checked to fit a sequence, media included. The messages are
         ``messages_param`` of the body (the Responses API's ``input``)."""
         try:
             chat = self.engine.prepare_chat(
-                messages, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls
+                messages,
+                tools=tools,
+                tool_choice=tool_choice,
+                parallel_tool_calls=parallel_tool_calls,
+                media_budget=self.media_budget,
             )
         except Exception as error:
             param = "tools" if isinstance(error, (SchemaError, SamplerInitError)) else messages_param
@@ -306,7 +315,7 @@ class Serving:
             if isinstance(failure, ApiError) and failure.param == "messages":
                 failure.param = messages_param  # as the engine names them
             raise failure from None
-        self._fitting(chat.tokens)
+        self._check_fits(chat.n_tokens)
         return chat
 
     def _submitted(
@@ -321,7 +330,7 @@ class Serving:
     ) -> list[_Job]:
         """Submits ``body.n`` choices of each prompt with ``submit`` (``Engine.submit`` or
         ``submit_prepared``): all, or none (a refusal cancels those already queued). The body's
-        constraint is compiled once, and each choice takes a copy. The prompts fit (``_fitting``)
+        constraint is compiled once, and each choice takes a copy. The prompts fit (``_check_fits``)
         and the numbers are in range (the body's model): what the engine can refuse is the
         constraint (named by ``constraint_param``), or the request when the queue is full. Blocking
         work: call it off the event loop."""
