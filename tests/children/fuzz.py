@@ -29,8 +29,12 @@ import llamactx
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests/, for the GGUF writers
 import fake_rpc
 import synthetic
-from hostile_constraints import chained_lark, chained_schema, wide_schema
-from support import audio, images
+from hostile_constraints import chained_lark, chained_schema, doubling_one_of, wide_schema
+from support import audio, images, no_network
+
+# No call may open a connection (a schema's reference once made the check fetch it): one that
+# tries raises PermissionError, an exception no call documents.
+no_network.install()
 
 # RuntimeError: a callback that calls back into the context it runs in.
 ALLOWED = (llamactx.LlamaCppError, ValueError, IndexError, TypeError, OverflowError, FileNotFoundError, RuntimeError)
@@ -222,6 +226,10 @@ SCHEMA_LEAVES = st.sampled_from(
         {"type": ["null", "boolean"]},
         {"$ref": "#/$defs/missing"},
         {"$ref": "#"},
+        # References outside the document: refused, never fetched (the port is closed anyway).
+        {"$ref": "http://127.0.0.1:9/schema.json"},
+        {"$dynamicRef": "http://127.0.0.1:9/schema.json#node"},
+        {"$id": "http://127.0.0.1:9/root.json", "$recursiveRef": "other.json"},
         {"minimum": 5, "maximum": 3},
         {"not": {}},
         {"uniqueItems": True},
@@ -253,7 +261,11 @@ schemas = st.recursive(
 
 
 # Schemas and grammars deep and wide, around the limits the compiler enforces (20,000 links).
-deep_schemas = st.builds(chained_schema, st.sampled_from([10, 3000, 19_990, 20_001, 40_000]), alias=st.booleans())
+deep_schemas = st.one_of(
+    st.builds(chained_schema, st.sampled_from([10, 3000, 19_990, 20_001, 40_000]), alias=st.booleans()),
+    # A check whose work doubles with each level: stopped by its budget (MAX_CHECK_STEPS).
+    st.builds(doubling_one_of, st.sampled_from([4, 24])),
+)
 wide_schemas = st.builds(wide_schema, st.sampled_from([1, 200, 2000]), required=st.booleans())
 deep_larks = st.builds(chained_lark, st.sampled_from([10, 5000, 19_990, 20_001]), st.sampled_from([1, 3]))
 constraint_texts = st.one_of(
