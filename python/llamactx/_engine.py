@@ -117,7 +117,8 @@ class Request:
         while True:
             kind, delta = self._core.poll()
             if kind == "end":
-                await asyncio.to_thread(self._check_end)
+                if self._check is not None:  # off the event loop, as in ``_result``
+                    await asyncio.to_thread(self._check_end)
                 return
             if delta is not None:
                 yield delta
@@ -144,6 +145,8 @@ class Request:
         waker = _waker_for(self._core, pieces=False)
         while (completion := self._core.result_now()) is None:
             await self._wait(waker, end_only=True)
+        if self._check is None:
+            return completion
         # Off the event loop: the check's work is bounded (MAX_CHECK_STEPS), not small.
         return await asyncio.to_thread(self._checked, completion)
 
