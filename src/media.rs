@@ -10,6 +10,7 @@ mod bitmap;
 mod chunks;
 pub mod image_file;
 mod kept_encodings;
+mod projector_file;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -153,8 +154,10 @@ impl PyMtmdContext {
     /// Loads the projector `mmproj_path` for `model`. `n_threads` encodes images (default: the
     /// CPUs this process may use); `image_min_tokens`/`image_max_tokens` bound the tokens of an
     /// image for projectors of dynamic resolution; `media_marker` replaces `default_marker()` in
-    /// `tokenize`. `MtmdError` kind `ContextCreateFailed` when llama.cpp refuses the file (not a
-    /// projector, or one whose embeddings do not fit the model).
+    /// `tokenize`. `MtmdError` kind `InvalidProjector` for a file whose keys, hyperparameters or
+    /// tensors do not fit its projector type (checked before llama.cpp reads it),
+    /// `UnsupportedProjector` for a type whose files are not checked, `ContextCreateFailed` when
+    /// llama.cpp refuses the file (not a projector, or one whose embeddings do not fit the model).
     #[new]
     #[pyo3(signature = (
         model, mmproj_path, *, use_gpu = true, n_threads = None, image_min_tokens = None,
@@ -187,6 +190,8 @@ impl PyMtmdContext {
             }
         }
         let native = detached(py, || {
+            let text_width = u64::try_from(text_model.n_embd_inp()).unwrap_or(0);
+            projector_file::check_projector_file(&path, text_width)?;
             backend()?;
             let mut params = MtmdContextParams::default()
                 .use_gpu(use_gpu)

@@ -5,7 +5,7 @@
 //! scalars and strings (arrays are skipped), so the longest string in the file's header bounds
 //! them all: we read that bound from the header once and size every buffer by it.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
@@ -20,12 +20,12 @@ use crate::errors::{Error, ExcClass, Result};
 const SCALAR_TEXT_LEN: usize = 64;
 
 /// GGUF value types and the vocabulary key, for walking a file's header [llama.cpp internal].
-const GGUF_TYPE_STRING: u32 = 8;
+pub const GGUF_TYPE_STRING: u32 = 8;
 const GGUF_TYPE_ARRAY: u32 = 9;
 const TOKEN_LIST_KEY: &[u8] = b"tokenizer.ggml.tokens";
 const TOKEN_TYPE_KEY: &[u8] = b"tokenizer.ggml.token_type";
 const TOKENIZER_KEY: &[u8] = b"tokenizer.ggml.model";
-const GGUF_TYPE_INT32: u32 = 5;
+pub const GGUF_TYPE_INT32: u32 = 5;
 /// `LLAMA_TOKEN_TYPE_BYTE`, in `tokenizer.ggml.token_type`.
 const BYTE_TOKEN_TYPE: i32 = 6;
 /// The tokenizer whose vocabulary type (WordPiece) has no byte tokens: llama.cpp aborts
@@ -42,8 +42,47 @@ fn fixed_size(gguf_type: u32) -> Option<u64> {
     }
 }
 
+/// A value of a key the walk keeps (`Header::keeping`): a scalar's bits (as the file has them),
+/// a string, or what an array holds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KeptValue {
+    Scalar { gguf_type: u32, bits: u64 },
+    Text(String),
+    Array { item_type: u32, count: u64 },
+}
+
+impl KeptValue {
+    /// The GGUF type of the value (an array's is `GGUF_TYPE_ARRAY`).
+    pub fn gguf_type(&self) -> u32 {
+        match self {
+            Self::Scalar { gguf_type, .. } => *gguf_type,
+            Self::Text(_) => GGUF_TYPE_STRING,
+            Self::Array { .. } => GGUF_TYPE_ARRAY,
+        }
+    }
+}
+
+/// GGUF's scalar types as llama.cpp's getters ask for them [llama.cpp internal].
+pub const GGUF_TYPE_UINT32: u32 = 4;
+pub const GGUF_TYPE_FLOAT32: u32 = 6;
+pub const GGUF_TYPE_BOOL: u32 = 7;
+/// The longest string value the walk keeps (longer ones are kept as their type alone).
+const KEPT_TEXT_LEN: u64 = 4096;
+/// ggml's bound on a tensor's name, its terminating NUL included (`GGML_MAX_NAME`), and on its
+/// dimensions (`GGML_MAX_DIMS`) [llama.cpp internal].
+const MAX_TENSOR_NAME: u64 = 64;
+const MAX_DIMS: u32 = 4;
+/// The most tensors a walk that keeps their shapes reads: far above any projector's (about 30
+/// per block), and a bound on what a crafted count can make it hold.
+const MAX_KEPT_TENSORS: u64 = 1 << 16;
+
 struct Header<R> {
     reader: R,
+    /// The prefixes of the keys whose values are kept, in `kept` (none: no value is).
+    keeping: &'static [&'static str],
+    kept: HashMap<String, KeptValue>,
+    /// Each tensor's dimensions (ggml's `ne`, innermost first), when the walk keeps them.
+    shapes: Option<HashMap<String, Vec<u64>>>,
     longest: u64,
     /// A token that `tokenizer.ggml.tokens` lists twice: llama.cpp asserts (aborts) on those.
     duplicate_token: Option<String>,
@@ -66,6 +105,9 @@ impl<R: Read> Header<R> {
     fn new(reader: R) -> Self {
         Self {
             reader,
+            keeping: &[],
+            kept: HashMap::new(),
+            shapes: None,
             longest: 0,
             duplicate_token: None,
             tensor_types: BTreeSet::new(),
@@ -116,6 +158,14 @@ impl<R: Read> Header<R> {
     }
 
     fn value(&mut self, gguf_type: u32, key: &[u8]) -> std::io::Result<()> {
+        if let Some(key) = std::str::from_utf8(key)
+            .ok()
+            .filter(|key| self.keeping.iter().any(|prefix| key.starts_with(prefix)))
+        {
+            let kept = self.kept_value(gguf_type, key)?;
+            self.kept.insert(key.to_owned(), kept);
+            return Ok(());
+        }
         match (gguf_type, fixed_size(gguf_type)) {
             (_, Some(size)) => self.skip(size),
             (GGUF_TYPE_STRING, None) if key == TOKENIZER_KEY => {
@@ -129,19 +179,59 @@ impl<R: Read> Header<R> {
             (GGUF_TYPE_ARRAY, None) => {
                 let item_type = self.u32()?;
                 let count = self.u64()?;
-                match fixed_size(item_type) {
-                    Some(_) if item_type == GGUF_TYPE_INT32 && key == TOKEN_TYPE_KEY => self.token_types(count),
-                    Some(size) => self.skip(size.saturating_mul(count)),
-                    None if item_type == GGUF_TYPE_STRING && key == TOKEN_LIST_KEY => self.token_list(count),
-                    // Array items never reach llama.cpp's metadata strings.
-                    None if item_type == GGUF_TYPE_STRING => (0..count).try_for_each(|_| {
-                        let len = self.string_len(false)?;
-                        self.skip(len)
-                    }),
-                    None => Err(std::io::ErrorKind::InvalidData.into()),
-                }
+                self.array_items(item_type, count, key)
             }
             _ => Err(std::io::ErrorKind::InvalidData.into()),
+        }
+    }
+
+    /// Reads the value of a kept key (which never is one of the vocabulary's).
+    fn kept_value(&mut self, gguf_type: u32, key: &str) -> std::io::Result<KeptValue> {
+        match (gguf_type, fixed_size(gguf_type)) {
+            (_, Some(size)) => {
+                let mut bytes = [0; 8];
+                let width = usize::try_from(size).map_err(|_| std::io::ErrorKind::InvalidData)?;
+                self.reader.read_exact(&mut bytes[..width])?;
+                Ok(KeptValue::Scalar {
+                    gguf_type,
+                    bits: u64::from_le_bytes(bytes),
+                })
+            }
+            (GGUF_TYPE_STRING, None) => {
+                let len = self.string_len(true)?;
+                if len > KEPT_TEXT_LEN {
+                    self.skip(len)?;
+                    return Ok(KeptValue::Text(String::new()));
+                }
+                let mut text = Vec::new();
+                (&mut self.reader).take(len).read_to_end(&mut text)?;
+                if text.len() as u64 != len {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                Ok(KeptValue::Text(String::from_utf8_lossy(&text).into_owned()))
+            }
+            (GGUF_TYPE_ARRAY, None) => {
+                let item_type = self.u32()?;
+                let count = self.u64()?;
+                // The walk goes on past it as past any other array.
+                self.array_items(item_type, count, key.as_bytes())?;
+                Ok(KeptValue::Array { item_type, count })
+            }
+            _ => Err(std::io::ErrorKind::InvalidData.into()),
+        }
+    }
+
+    fn array_items(&mut self, item_type: u32, count: u64, key: &[u8]) -> std::io::Result<()> {
+        match fixed_size(item_type) {
+            Some(_) if item_type == GGUF_TYPE_INT32 && key == TOKEN_TYPE_KEY => self.token_types(count),
+            Some(size) => self.skip(size.saturating_mul(count)),
+            None if item_type == GGUF_TYPE_STRING && key == TOKEN_LIST_KEY => self.token_list(count),
+            // Array items never reach llama.cpp's metadata strings.
+            None if item_type == GGUF_TYPE_STRING => (0..count).try_for_each(|_| {
+                let len = self.string_len(false)?;
+                self.skip(len)
+            }),
+            None => Err(std::io::ErrorKind::InvalidData.into()),
         }
     }
 
@@ -185,20 +275,44 @@ impl<R: Read> Header<R> {
     }
 
     /// Reads the tensor infos that follow the key-value section (name, dimensions, type,
-    /// offset), keeping their types and whether one is the position table.
+    /// offset), keeping their types, whether one is the position table, and their shapes when
+    /// `shapes` is set.
     fn scan_tensors(&mut self, n_tensors: u64) -> std::io::Result<()> {
         for _ in 0..n_tensors {
             let name_len = self.string_len(false)?;
-            // Only a name of the table's length is read: a length is the file's to claim.
-            if name_len == POSITION_TABLE.len() as u64 {
-                let mut name = [0; POSITION_TABLE.len()];
+            // A name is read only where it is kept or may be the table's: a length is the
+            // file's to claim.
+            let name = if self.shapes.is_some() {
+                if name_len >= MAX_TENSOR_NAME {
+                    return Err(std::io::ErrorKind::InvalidData.into());
+                }
+                let mut name = vec![0; usize::try_from(name_len).map_err(|_| std::io::ErrorKind::InvalidData)?];
                 self.reader.read_exact(&mut name)?;
-                self.learned_positions |= name == POSITION_TABLE;
+                Some(name)
+            } else if name_len == POSITION_TABLE.len() as u64 {
+                let mut name = vec![0; POSITION_TABLE.len()];
+                self.reader.read_exact(&mut name)?;
+                Some(name)
             } else {
                 self.skip(name_len)?;
-            }
+                None
+            };
+            self.learned_positions |= name.as_deref() == Some(POSITION_TABLE);
             let n_dims = self.u32()?;
-            self.skip(u64::from(n_dims).saturating_mul(8))?;
+            if let (Some(shapes), Some(name)) = (self.shapes.as_mut(), name) {
+                if n_dims > MAX_DIMS {
+                    return Err(std::io::ErrorKind::InvalidData.into());
+                }
+                let mut dims = Vec::new();
+                for _ in 0..n_dims {
+                    let mut bytes = [0; 8];
+                    self.reader.read_exact(&mut bytes)?;
+                    dims.push(u64::from_le_bytes(bytes));
+                }
+                shapes.insert(String::from_utf8_lossy(&name).into_owned(), dims);
+            } else {
+                self.skip(u64::from(n_dims).saturating_mul(8))?;
+            }
             let tensor_type = self.u32()?;
             self.tensor_types.insert(tensor_type);
             let _offset = self.u64()?;
@@ -299,6 +413,34 @@ pub fn check_model_file(path: &Path) -> Result<ModelFileFacts> {
     // A table the walk cannot reach is one llama.cpp cannot load either.
     let learned_positions = header.scan_tensors(n_tensors).is_ok() && header.learned_positions;
     Ok(ModelFileFacts { learned_positions })
+}
+
+/// What a projector's header says: the values of its `clip.` and `general.` keys and its
+/// tensors' shapes (`media/projector_file.rs` checks them).
+pub struct ProjectorHeader {
+    pub kept: HashMap<String, KeptValue>,
+    pub shapes: HashMap<String, Vec<u64>>,
+}
+
+/// The header of the projector at `path`, or None where it is not readable GGUF (llama.cpp
+/// refuses such a file with an error of its own). `Err(count)` for a file that lists more
+/// tensors than any projector has.
+pub fn read_projector_header(path: &Path) -> std::result::Result<Option<ProjectorHeader>, u64> {
+    let Ok(file) = File::open(path) else { return Ok(None) };
+    let mut header = Header::new(BufReader::new(file));
+    header.keeping = &["clip.", "general."];
+    header.shapes = Some(HashMap::new());
+    let Ok(n_tensors) = header.scan() else { return Ok(None) };
+    if n_tensors > MAX_KEPT_TENSORS {
+        return Err(n_tensors);
+    }
+    if header.scan_tensors(n_tensors).is_err() {
+        return Ok(None);
+    }
+    Ok(Some(ProjectorHeader {
+        kept: header.kept,
+        shapes: header.shapes.unwrap_or_default(),
+    }))
 }
 
 /// A buffer size that holds every key and value llama.cpp reports for the model at `path`.

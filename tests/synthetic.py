@@ -370,23 +370,53 @@ def write_first_layers(source: Path, path: Path, layers: int, rename: tuple[int,
     vocabulary and other metadata kept, tensors copied as stored): a draft model of the same
     vocabulary that agrees with the whole model on some tokens, not all. ``rename=(id, text)``
     gives token ``id`` another text."""
+    architecture = str(gguf.GGUFReader(source).fields["general.architecture"].contents())
+    keys: dict[str, KeyValue | None] = {f"{architecture}.block_count": (layers, gguf.GGUFValueType.UINT32)}
+    if rename is not None:
+        tokens = gguf.GGUFReader(source).fields[gguf.Keys.Tokenizer.LIST].contents()
+        tokens[rename[0]] = rename[1]
+        keys[gguf.Keys.Tokenizer.LIST] = (tokens, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
+
+    def kept(name: str) -> bool:
+        parts = name.split(".")
+        return parts[0] != "blk" or int(parts[1]) < layers
+
+    return rewrite_gguf(source, path, keys=keys, keep=kept)
+
+
+#: A key's new value for ``rewrite_gguf``: the value and its GGUF type (and an array's item type).
+KeyValue = tuple[Any, gguf.GGUFValueType] | tuple[Any, gguf.GGUFValueType, gguf.GGUFValueType]
+
+
+def rewrite_gguf(
+    source: Path,
+    path: Path,
+    *,
+    keys: dict[str, KeyValue | None] | None = None,
+    tensors: dict[str, np.ndarray | None] | None = None,
+    keep: Callable[[str], bool] = lambda name: True,
+) -> Path:
+    """A copy of the GGUF at ``source`` with ``keys`` set (None removes one) and ``tensors`` set
+    (an array, as numpy orders its dimensions: ggml's reversed; None removes one); of the other
+    tensors, those ``keep`` names are copied as stored. Crafted files start here."""
+    keys, tensors = keys or {}, tensors or {}
     reader = gguf.GGUFReader(source)
     architecture = str(reader.fields["general.architecture"].contents())
     writer = gguf.GGUFWriter(str(path), architecture)
-    block_count = f"{architecture}.block_count"
     for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue  # the writer writes these itself
-        value: Any = layers if field.name == block_count else field.contents()
-        if rename is not None and field.name == gguf.Keys.Tokenizer.LIST:
-            value[rename[0]] = rename[1]
+        if field.name.startswith("GGUF.") or field.name == "general.architecture" or field.name in keys:
+            continue  # the writer writes the first ones itself
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    for name, value in keys.items():
+        if value is not None:
+            writer.add_key_value(name, value[0], value[1], sub_type=value[2] if len(value) == 3 else None)
     for tensor in reader.tensors:
-        parts = tensor.name.split(".")
-        if parts[0] == "blk" and int(parts[1]) >= layers:
-            continue
-        writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
+        if tensor.name not in tensors and keep(tensor.name):
+            writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
+    for name, array in tensors.items():
+        if array is not None:
+            writer.add_tensor(name, array)
     _finish(writer)
     return path
 

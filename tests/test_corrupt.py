@@ -83,6 +83,6 @@ def test_corrupted_files_raise_and_the_process_survives(
     for name, outcome in outcomes.items():
         if "truncated" in name or "duplicate" in name:
             assert outcome.startswith("raised"), f"{name}: {outcome}"
-    assert outcomes["model: vocabulary with a duplicate token"] == "raised LlamaModelLoadError"
+    assert outcomes["model: vocabulary with a duplicate token"] == "raised LlamaModelLoadError InvalidVocabulary"
     raised = sum(outcome.startswith("raised") for outcome in outcomes.values())
     assert raised > len(cases) // 2, outcomes

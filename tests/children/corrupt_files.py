@@ -1,6 +1,8 @@
-"""Loads each damaged file listed on stdin (see test_corrupt.py): a JSON list of ``[name, kind,
-path]``. Prints ``CASE name`` before each load, so that a crash names its case, and ``RESULT
-name => loaded`` or ``=> raised ExceptionName`` after it."""
+"""Loads each damaged file listed on stdin (see test_corrupt.py, test_projector_files.py): a
+JSON list of ``[name, kind, path]``, or ``[name, "projector", path, media]`` for a projector that
+must also read the image or audio file ``media``. Prints ``CASE name`` before each load, so that a
+crash names its case, and ``RESULT name => loaded`` or ``=> raised ExceptionName kind`` (the
+error's ``kind``, where it has one) after it."""
 
 from __future__ import annotations
 
@@ -13,8 +15,15 @@ import harness
 import llamactx
 
 
-def load(model: llamactx.LlamaModel, kind: str, path: str, tokens: list[int]) -> None:
-    """Loads ``path`` as a file of ``kind``; a damaged model must also survive a decode."""
+def load(model: llamactx.LlamaModel, kind: str, path: str, tokens: list[int], media: list[str]) -> None:
+    """Loads ``path`` as a file of ``kind``; a damaged model must also survive a decode, a
+    projector an encode of ``media``."""
+    if kind == "projector":
+        with llamactx.MtmdContext(model, path) as projector:
+            chunks = projector.tokenize("<__media__> What is it?", [llamactx.MtmdBitmap.from_file(media[0])])
+            with model.new_context(n_ctx=512) as ctx:
+                projector.eval_chunks(ctx, chunks, 0, 0)
+        return
     if kind == "model":
         loaded = llamactx.LlamaModel.load_from_file(path)
         ctx = loaded.new_context(n_ctx=256)
@@ -39,13 +48,13 @@ def load(model: llamactx.LlamaModel, kind: str, path: str, tokens: list[int]) ->
 
 def load_each(model: llamactx.LlamaModel) -> None:
     tokens = model.str_to_token("The capital of France is", False)
-    for name, kind, path in json.load(sys.stdin):
+    for name, kind, path, *media in json.load(sys.stdin):
         print("CASE", name, flush=True)
         try:
-            load(model, kind, path, tokens)
+            load(model, kind, path, tokens, media)
             outcome = "loaded"
         except Exception as error:
-            outcome = "raised " + type(error).__name__
+            outcome = " ".join(["raised", type(error).__name__, *filter(None, [getattr(error, "kind", None)])])
         print("RESULT", name, "=>", outcome, flush=True)
     print("ALL DONE")
 

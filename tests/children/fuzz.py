@@ -21,6 +21,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import gguf
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -459,6 +461,57 @@ def crafted_model(kind: str, seed: int, options: dict[str, Any], ids: list[int],
         context.set_state_data(bytes(state))
 
 
+#: The projector keys clip reads, each with the GGUF type it asks for (a value of another type is
+#: one of the hostile choices).
+PROJECTOR_KEYS = {
+    "clip.projector_type": gguf.GGUFValueType.STRING,
+    "clip.vision.attention.head_count": gguf.GGUFValueType.UINT32,
+    "clip.vision.attention.head_count_kv": gguf.GGUFValueType.UINT32,
+    "clip.vision.embedding_length": gguf.GGUFValueType.UINT32,
+    "clip.vision.block_count": gguf.GGUFValueType.UINT32,
+    "clip.vision.image_size": gguf.GGUFValueType.UINT32,
+    "clip.vision.patch_size": gguf.GGUFValueType.UINT32,
+    "clip.vision.attention.layer_norm_epsilon": gguf.GGUFValueType.FLOAT32,
+    "clip.vision.projector.scale_factor": gguf.GGUFValueType.UINT32,
+    "clip.audio.projector.stack_factor": gguf.GGUFValueType.UINT32,
+    "clip.audio.num_mel_bins": gguf.GGUFValueType.UINT32,
+    "clip.audio.block_count": gguf.GGUFValueType.UINT32,
+}
+PROJECTOR_VALUES = st.one_of(
+    st.integers(0, 70),
+    st.sampled_from([2**31, 2**32 - 1]),
+    st.sampled_from(["mlp", "idefics3", "gemma3", "qwen2vl_merger", "qwen2.5vl_merger", "ultravox", "minicpmv"]),
+    st.sampled_from([float("nan"), -1.0, 1e-6, float("inf")]),
+)
+
+
+def crafted_projector(of_audio: bool, keys: dict[str, tuple[Any, bool]], dropped: list[int], reshaped: int) -> None:
+    """The synthetic vision or audio projector with keys set to any value (of the type clip reads
+    or another), tensors dropped, one tensor given another shape: loaded, then fed an image or a
+    clip of its kind."""
+    with tempfile.TemporaryDirectory() as folder:
+        write = synthetic.write_tiny_audio_projector if of_audio else synthetic.write_tiny_projector
+        base = write(Path(folder) / "base.gguf", model.n_embd())
+        names = [tensor.name for tensor in gguf.GGUFReader(base).tensors]
+        changed: dict[str, synthetic.KeyValue | None] = {}
+        for key, (value, as_read) in keys.items():
+            kind = PROJECTOR_KEYS[key] if as_read else gguf.GGUFValueType.STRING
+            if kind == gguf.GGUFValueType.STRING:
+                value = str(value)
+            elif kind == gguf.GGUFValueType.FLOAT32:
+                value = float(value) if not isinstance(value, str) else 0.5
+            else:
+                value = value if isinstance(value, int) else 3
+            changed[key] = (value, kind)
+        tensors: dict[str, np.ndarray | None] = {names[i % len(names)]: None for i in dropped}
+        tensors[names[reshaped % len(names)]] = np.zeros((3, 5), np.float32)
+        path = synthetic.rewrite_gguf(base, Path(folder) / "crafted.gguf", keys=changed, tensors=tensors)
+        with contextlib.suppress(*ALLOWED), llamactx.MtmdContext(model, path, n_threads=1) as projector:
+            media = audio.wav(audio.tone(440, 1.0)) if of_audio else images.random_png(64, 64, 2)
+            chunks = projector.tokenize("<__media__> hi", [llamactx.MtmdBitmap.from_buf(media)])
+            projector.eval_chunks(ctx, chunks, 0, 0)
+
+
 def chain_of(made: list[Callable[[], llamactx.LlamaSampler]]) -> llamactx.LlamaSampler:
     return llamactx.LlamaSampler.chain([make() for make in made])
 
@@ -630,6 +683,17 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
             ),
             st.lists(st.integers(-1, 50), max_size=6),
             st.tuples(st.integers(0, 2**16), st.integers(1, 255)),
+        ),
+    ),
+    "crafted_projector": (
+        crafted_projector,
+        st.tuples(
+            st.booleans(),
+            st.dictionaries(
+                st.sampled_from(list(PROJECTOR_KEYS)), st.tuples(PROJECTOR_VALUES, st.booleans()), max_size=3
+            ),
+            st.lists(st.integers(0, 200), max_size=2),
+            st.integers(0, 200),
         ),
     ),
     "state_flip": (
