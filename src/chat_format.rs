@@ -22,7 +22,8 @@ use crate::work_limit;
 /// `llamactx._render`).
 #[pyclass(frozen, module = "llamactx", name = "_ChatTemplates")]
 pub struct PyChatTemplates {
-    templates: ChatTemplates,
+    /// Shared with each render's thread (`work_limit::limited`), which may outlive a call.
+    templates: Arc<ChatTemplates>,
     model: Arc<LlamaModel>,
     /// Whether the template renders tools and tool calls (llama.cpp's capability analysis).
     #[pyo3(get)]
@@ -39,10 +40,11 @@ impl PyChatTemplates {
         let model = model.get().tokenizer()?;
         detached(py, move || {
             let input_bytes = template.as_ref().map_or(0, String::len);
-            let (templates, caps) = work_limit::limited(input_bytes, || {
-                let templates = ChatTemplates::from_model(&model, template.as_deref()).map_err(template_error)?;
+            let for_call = Arc::clone(&model);
+            let (templates, caps) = work_limit::limited(input_bytes, move || {
+                let templates = ChatTemplates::from_model(&for_call, template.as_deref()).map_err(template_error)?;
                 let caps = templates.caps_json().map_err(template_error)?;
-                Ok((templates, caps))
+                Ok((Arc::new(templates), caps))
             })?;
             let caps: serde_json::Value = serde_json::from_str(&caps).unwrap_or_default();
             let supports_tool_calls = caps["supports_tool_calls"].as_bool().unwrap_or(false);
@@ -75,7 +77,8 @@ impl PyChatTemplates {
                 .with_tools(tools)
                 .with_tool_choice(choice)
                 .with_parallel_tool_calls(parallel_tool_calls);
-            let params = work_limit::limited(input_bytes, || self.templates.apply(&request).map_err(chat_value_error))?;
+            let templates = Arc::clone(&self.templates);
+            let params = work_limit::limited(input_bytes, move || templates.apply(&request).map_err(chat_value_error))?;
             Ok(PyChatApplied {
                 params,
                 model: Arc::clone(&self.model),
