@@ -27,15 +27,23 @@ help: ## list the targets
 demo: build model ## set up, then let the default model answer a question through its chat template
 	$(PY) -m llamactx chat "$(QUESTION)" --max-tokens 128 --greedy --stats
 
+# The Python tests run on a worker per CPU, each keeping to its own (tests/conftest.py) and running
+# whole modules (their module fixtures computed once), then, one at a time on the whole machine,
+# the few that need more than one CPU (marked whole_machine).
+PYTEST_PARALLEL := -n auto --dist loadscope -m "not whole_machine"
+PYTEST_SERIAL := -m whole_machine
+
 test: build model ## set up, then run the Rust unit tests, the Python tests and stubtest
 	$(TOOLCHAIN) cargo test --release --lib
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_PARALLEL)
+	$(PY) -m pytest $(PYTEST_SERIAL)
 	$(PY) -m mypy.stubtest llamactx._llamactx --allowlist .mypy-stubtest-allowlist
 
-test-profile: build model ## the Python tests' seconds per file, slowest first (the table of docs/testing.md)
-	$(PY) scripts/test_profile.py
+test-profile: build model ## the Python tests' seconds per file, slowest first, for each of make test's two passes (docs/testing.md)
+	$(PY) scripts/test_profile.py $(PYTEST_PARALLEL)
+	$(PY) scripts/test_profile.py $(PYTEST_SERIAL)
 
-fuzz: build model ## the property-based API fuzzer with 20,000 examples (2,000 run in `make test`)
+fuzz: build model ## the property-based API fuzzer with 20,000 examples (600 run in `make test`)
 	LLAMACTX_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/test_fuzz.py --timeout=7200
 
 bench: build model bench-peers wheel-venv ## llamactx vs llama.cpp's tools (built from the same source), llama-cpp-python and llama.cpp's server, the wheel vs the native build, over RPC and through Ray Data vs local; JSON+PNG in bench-results/

@@ -3,18 +3,48 @@ that are not fixtures live in ``support/``."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import synthetic
 from support import no_network
+from support.cpus import threads
 from support.decoding import decode_prompt
 from support.prompts import PARIS_PROMPT, TOOL_TEMPLATE
 
 import llamactx
 
 no_network.install()
+
+#: Set in each worker of a parallel run (``pytest -n``, pytest-xdist): ``gw0``, ``gw1``, ...
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a parallel run, each worker keeps to one CPU of its own, so its contexts (and the
+    servers and children it starts, which inherit the affinity) compute with one thread each:
+    ggml's threads spin while they wait, so two workers with a thread per CPU each would
+    oversubscribe the CPUs many times over."""
+    if WORKER is not None:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(WORKER.removeprefix("gw")) % len(cpus)]})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a parallel run: tests marked ``long`` first (so that their modules, which a worker
+    runs whole, start first and none runs alone at the end), every worker ordering alike. Tests
+    marked ``whole_machine`` need more than one CPU (two compute threads, or pools of several),
+    so a worker skips them and ``make test`` runs them in its serial pass (``pytest -m
+    whole_machine``)."""
+    if WORKER is None:
+        return
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+    serial = pytest.mark.skip(reason="needs more than a parallel worker's one CPU: make test runs it serially")
+    for item in items:
+        if item.get_closest_marker("whole_machine") is not None:
+            item.add_marker(serial)
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +100,16 @@ def draft_model(draft_model_path: Path) -> llamactx.LlamaModel:
     return llamactx.LlamaModel.load_from_file(draft_model_path)
 
 
+@pytest.fixture(scope="module", params=["ngram", "draft_model"])
+def drafting(request: pytest.FixtureRequest) -> llamactx.NgramDraft | llamactx.DraftModel:
+    """Each kind of draft (for the speculation tests), at every step, so that every test verifies
+    drafts, whatever drafting measures on this machine (the default drafts only where it measured
+    faster)."""
+    if request.param == "ngram":
+        return llamactx.NgramDraft(only_where_faster=False)
+    return llamactx.DraftModel(request.getfixturevalue("draft_model"), only_where_faster=False)
+
+
 @pytest.fixture(scope="session")
 def engine(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
     """The engine the chat and tool tests share. Two modules define their own, for options this
@@ -108,5 +148,5 @@ def projector_path(model: llamactx.LlamaModel, tmp_path_factory: pytest.TempPath
 
 @pytest.fixture(scope="session")
 def mtmd(model: llamactx.LlamaModel, projector_path: Path) -> Iterator[llamactx.MtmdContext]:
-    with llamactx.MtmdContext(model, projector_path, n_threads=2) as projector:
+    with llamactx.MtmdContext(model, projector_path, n_threads=threads()) as projector:
         yield projector

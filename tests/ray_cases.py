@@ -20,6 +20,7 @@ import openai
 import pytest
 from rpc_serving import free_port
 from serving import MODEL_ID
+from support.cpus import threads
 
 import llamactx
 from llamactx._embedding import embedding_context
@@ -116,7 +117,7 @@ def test_rows_set_their_own_length_and_sampling(cluster: None, model: llamactx.L
 
 def test_missing_row_settings_take_the_defaults(model: llamactx.LlamaModel, model_path: Path) -> None:
     """Ray hands numpy batches: a setting column with a missing value is float, the value NaN."""
-    predictor = llamactx.ray.Predictor(model_path=str(model_path), max_tokens=5, n_ctx=1024, threads=2)
+    predictor = llamactx.ray.Predictor(model_path=str(model_path), max_tokens=5, n_ctx=1024, threads=threads())
     prompt = "The capital of France is"
     batch = {
         "prompt": np.array([prompt, prompt], dtype=object),
@@ -210,17 +211,29 @@ def answer_as_the_local_model(client: openai.OpenAI, model: llamactx.LlamaModel)
 
 
 def replica_pids() -> list[int]:
-    """The processes of Serve's llamactx replicas (Ray names them in their command line)."""
-    pids = []
+    """The processes of Serve's llamactx replicas (Ray names them in their command line) that
+    this process's Ray session started (its descendants: another Ray on the machine, such as a
+    parallel test worker's, has its own)."""
+    parents, replicas = {}, []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 command = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
+                # The parent is the field after the command name, which ends at the last ')'.
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
             if b"ServeReplica:llamactx" in command:
-                pids.append(int(entry))
-    return pids
+                replicas.append(int(entry))
+
+    def descends_from_this_process(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return [pid for pid in replicas if descends_from_this_process(pid)]
 
 
 def test_a_replica_killed_mid_load_loses_only_its_started_requests(served: str) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support.audio import tone, wav
+from support.cpus import threads
 from support.processes import comparable_mtmd_cli
 from synthetic import AUDIO_PROJECTOR_SAMPLE_RATE, AUDIO_PROJECTOR_TOKENS, write_tiny_audio_projector
 
@@ -44,7 +45,7 @@ def audio_projector_path(model: llamactx.LlamaModel, tmp_path_factory: pytest.Te
 
 @pytest.fixture(scope="module")
 def listener(model: llamactx.LlamaModel, audio_projector_path: Path) -> Iterator[MtmdContext]:
-    with MtmdContext(model, audio_projector_path, n_threads=2) as projector:
+    with MtmdContext(model, audio_projector_path, n_threads=threads()) as projector:
         yield projector
 
 
@@ -120,7 +121,7 @@ def test_every_chunk_of_a_long_clip_gets_its_own_embeddings(listener: MtmdContex
     unnamed = MtmdBitmap.from_audio(long_clip())
     unnamed.set_id("")  # media without an id are never kept: each chunk is encoded afresh
 
-    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+    with model.new_context(n_ctx=512, n_threads=threads(), n_threads_batch=threads()) as ctx:
 
         def evaluate(bitmap: MtmdBitmap) -> tuple[llamactx.MtmdInputChunks, int, np.ndarray]:
             chunks = listener.tokenize_from_parts(["Hear: ", bitmap, " What is it?"])
@@ -144,8 +145,8 @@ def test_every_chunk_of_a_long_clip_gets_its_own_embeddings(listener: MtmdContex
 
 def test_the_engine_encodes_every_chunk_of_a_long_clip(model: llamactx.LlamaModel, audio_projector_path: Path) -> None:
     with (
-        MtmdContext(model, audio_projector_path, n_threads=2) as projector,
-        llamactx.Engine(model, mtmd=projector, n_ctx=1024, n_seq_max=1, n_threads=2) as engine,
+        MtmdContext(model, audio_projector_path, n_threads=threads()) as projector,
+        llamactx.Engine(model, mtmd=projector, n_ctx=1024, n_seq_max=1, n_threads=threads()) as engine,
     ):
         engine.submit_chat([audio_message("What do you hear?", wav(long_clip()))], max_tokens=2).result()
         assert projector.n_encodes() == 2
@@ -164,7 +165,7 @@ def test_clips_change_the_reply_and_equal_llama_mtmd_cli(
     listener: MtmdContext, model: llamactx.LlamaModel, model_path: Path, audio_projector_path: Path, tmp_path: Path
 ) -> None:
     clips = [wav(tone(440, 1)), wav(tone(3000, 1))]
-    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+    with model.new_context(n_ctx=512, n_threads=threads(), n_threads_batch=threads()) as ctx:
         replies = [
             llamactx.chat(ctx, [audio_message("What do you hear?", clip)], max_tokens=12, mtmd=listener)
             for clip in clips
@@ -175,7 +176,8 @@ def test_clips_change_the_reply_and_equal_llama_mtmd_cli(
         ran = subprocess.run(
             [
                 *(str(cli), "-m", str(model_path), "--mmproj", str(audio_projector_path), "--audio"),
-                *(str(tmp_path / "clip.wav"), "-p", "What do you hear?", "-n", "16", "--temp", "0", "-t", "2"),
+                *(str(tmp_path / "clip.wav"), "-p", "What do you hear?", "-n", "16", "--temp", "0"),
+                *("-t", str(threads())),
             ],
             capture_output=True,
             text=True,
@@ -193,9 +195,9 @@ def test_clips_change_the_reply_and_equal_llama_mtmd_cli(
 
 def test_the_engine_replies_to_a_clip_as_chat_does(listener: MtmdContext, model: llamactx.LlamaModel) -> None:
     messages = [audio_message("What do you hear?", wav(tone(660, 1)))]
-    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+    with model.new_context(n_ctx=512, n_threads=threads(), n_threads_batch=threads()) as ctx:
         expected = llamactx.chat(ctx, messages, max_tokens=10, mtmd=listener)
-    with llamactx.Engine(model, mtmd=listener, n_ctx=1024, n_seq_max=2, n_threads=2) as engine:
+    with llamactx.Engine(model, mtmd=listener, n_ctx=1024, n_seq_max=2, n_threads=threads()) as engine:
         assert engine.submit_chat(messages, max_tokens=10).result().text == expected
 
 
@@ -224,7 +226,7 @@ def test_audio_needs_a_projector_that_reads_it(mtmd: MtmdContext, small_audio_ct
 
 @pytest.fixture
 def small_audio_ctx(model: llamactx.LlamaModel) -> Iterator[llamactx.LlamaContext]:
-    with model.new_context(n_ctx=256, n_threads=2) as ctx:
+    with model.new_context(n_ctx=256, n_threads=threads()) as ctx:
         yield ctx
 
 

@@ -52,6 +52,7 @@ def test_encoder_model_has_no_kv_cache(tiny_bert_path: Path) -> None:
             ctx.kv_cache_seq_pos_max(0)
 
 
+@pytest.mark.whole_machine  # sets two threads
 def test_set_n_threads(ctx: llamactx.LlamaContext) -> None:
     ctx.set_n_threads(1, 2)
     assert (ctx.n_threads(), ctx.n_threads_batch()) == (1, 2)

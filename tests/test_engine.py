@@ -307,6 +307,7 @@ def test_close_ends_every_request_in_flight(model: llamactx.LlamaModel) -> None:
     engine.close()  # twice is fine
 
 
+@pytest.mark.long
 def test_1000_submit_cancel_cycles_from_4_threads_leave_nothing_behind(model: llamactx.LlamaModel) -> None:
     with llamactx.Engine(model, n_ctx=1024, n_seq_max=4) as engine:
 

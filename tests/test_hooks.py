@@ -59,6 +59,7 @@ def test_abort_callback_exception_propagates(model: llamactx.LlamaModel) -> None
             ctx.set_abort_callback(42)  # type: ignore[arg-type]
 
 
+@pytest.mark.whole_machine  # a pool of two threads
 def test_thread_pool_gives_the_same_logits(model: llamactx.LlamaModel, ctx: llamactx.LlamaContext) -> None:
     tokens = model.str_to_token(PARIS_PROMPT, False)
     decode_prompt(ctx, tokens)

@@ -16,6 +16,7 @@ import numpy as np
 import openai
 import pytest
 from serving import ENGINE_OPTIONS, MODEL_ID, Server, running_server
+from support.cpus import threads
 from support.images import data_url, image_message, picture, png, png_header
 from support.processes import comparable_mtmd_cli
 from synthetic import PROJECTOR_TOKENS
@@ -26,7 +27,7 @@ from llamactx import ImageError, MtmdBitmap, MtmdContext, MtmdInputChunkType
 
 @pytest.fixture
 def small_ctx(model: llamactx.LlamaModel) -> Any:
-    with model.new_context(n_ctx=512, n_batch=512, n_threads=2, n_threads_batch=2) as ctx:
+    with model.new_context(n_ctx=512, n_batch=512, n_threads=threads(), n_threads_batch=threads()) as ctx:
         yield ctx
 
 
@@ -106,7 +107,8 @@ def test_a_projector_reports_what_it_reads(mtmd: MtmdContext, model: llamactx.Ll
 def test_a_file_that_is_no_projector_is_refused(model: llamactx.LlamaModel, model_path: Path) -> None:
     with pytest.raises(llamactx.MtmdError) as raised:
         MtmdContext(model, model_path)
-    assert raised.value.kind == "ContextCreateFailed"
+    assert raised.value.kind == "InvalidProjector"
+    assert "is no projector: it has neither a vision nor an audio encoder" in str(raised.value)
 
 
 def test_tokenize_splices_each_image_where_its_marker_stands(mtmd: MtmdContext, model: llamactx.LlamaModel) -> None:
@@ -138,7 +140,7 @@ def test_eval_chunks_equals_decoding_the_image_embeddings_in_pieces(
     assert small_ctx.kv_cache_seq_pos_max(0) == end - 1
     whole = small_ctx.get_logits_ith(-1).copy()
     # The same prompt with n_batch 4: the image's 16 embeddings in four decodes.
-    with model.new_context(n_ctx=512, n_batch=4, n_ubatch=4, n_threads=2, n_threads_batch=2) as pieces:
+    with model.new_context(n_ctx=512, n_batch=4, n_ubatch=4, n_threads=threads(), n_threads_batch=threads()) as pieces:
         assert mtmd.eval_chunks(pieces, chunks, 0, 0) == end
         np.testing.assert_allclose(pieces.get_logits_ith(-1), whole, atol=1e-3)
 
@@ -220,7 +222,7 @@ def test_greedy_tokens_equal_llama_mtmd_cli_on_the_same_inputs(
     ran = subprocess.run(
         [
             *(str(cli), "-m", str(model_path), "--mmproj", str(projector_path), "--image", str(tmp_path / "image.png")),
-            *("-p", "What is it?", "-n", "16", "--temp", "0", "-t", "2", "-c", "512"),
+            *("-p", "What is it?", "-n", "16", "--temp", "0", "-t", str(threads()), "-c", "512"),
         ],
         capture_output=True,
         text=True,
@@ -230,7 +232,7 @@ def test_greedy_tokens_equal_llama_mtmd_cli_on_the_same_inputs(
     # The CLI renders the marker before the prompt with the template llama.cpp matches (no
     # system turn), as below.
     rendered = model.apply_chat_template([("user", "<__media__>What is it?")], None, True)
-    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+    with model.new_context(n_ctx=512, n_threads=threads(), n_threads_batch=threads()) as ctx:
         chunks = mtmd.tokenize(rendered, [MtmdBitmap.from_rgb(image)], add_special=model.add_bos_token())
         history = [0] * mtmd.eval_chunks(ctx, chunks, 0, 0)
         ours = "".join(llamactx.continue_sequence(ctx, history, max_tokens=16, sampler=llamactx.LlamaSampler.greedy()))
@@ -393,7 +395,9 @@ def test_pixel_bombs_are_refused_from_their_headers_within_the_pixel_budget(
 
 @pytest.fixture(scope="module")
 def image_engine(model: llamactx.LlamaModel, mtmd: MtmdContext) -> Any:
-    with llamactx.Engine(model, mtmd=mtmd, n_ctx=2048, n_seq_max=4, n_threads=2, n_threads_batch=2) as engine:
+    with llamactx.Engine(
+        model, mtmd=mtmd, n_ctx=2048, n_seq_max=4, n_threads=threads(), n_threads_batch=threads()
+    ) as engine:
         yield engine
 
 
@@ -401,7 +405,7 @@ def test_the_engine_replies_to_an_image_as_chat_does(
     image_engine: llamactx.Engine, mtmd: MtmdContext, model: llamactx.LlamaModel
 ) -> None:
     messages = [image_message("Describe the image.", picture(20))]
-    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+    with model.new_context(n_ctx=512, n_threads=threads(), n_threads_batch=threads()) as ctx:
         expected = llamactx.chat(ctx, messages, max_tokens=12, mtmd=mtmd)
     assert image_engine.submit_chat(messages, max_tokens=12).result().text == expected
 
@@ -410,7 +414,7 @@ def test_the_engine_serves_image_chats_at_once_as_one_at_a_time(
     image_engine: llamactx.Engine, mtmd: MtmdContext, model: llamactx.LlamaModel
 ) -> None:
     conversations = [[image_message(f"Image {n}: what is in it?", picture(30 + n))] for n in range(6)]
-    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+    with model.new_context(n_ctx=512, n_threads=threads(), n_threads_batch=threads()) as ctx:
         one_at_a_time = [llamactx.chat(ctx, messages, max_tokens=10, mtmd=mtmd) for messages in conversations]
     requests = [image_engine.submit_chat(messages, max_tokens=10) for messages in conversations]
     assert [request.result().text for request in requests] == one_at_a_time
@@ -419,8 +423,8 @@ def test_the_engine_serves_image_chats_at_once_as_one_at_a_time(
 
 def test_a_conversation_about_an_image_reads_it_once(model: llamactx.LlamaModel, projector_path: Path) -> None:
     with (
-        MtmdContext(model, projector_path, n_threads=2) as projector,
-        llamactx.Engine(model, mtmd=projector, n_ctx=1024, n_seq_max=2, n_threads=2) as engine,
+        MtmdContext(model, projector_path, n_threads=threads()) as projector,
+        llamactx.Engine(model, mtmd=projector, n_ctx=1024, n_seq_max=2, n_threads=threads()) as engine,
     ):
         first_turn = [image_message("Describe the image.", picture(40))]
         reply = engine.submit_chat(first_turn, max_tokens=8).result().text
@@ -455,8 +459,8 @@ def test_an_image_prompt_too_long_is_refused_before_its_images_are_encoded(
     model: llamactx.LlamaModel, projector_path: Path, small_ctx: llamactx.LlamaContext
 ) -> None:
     with (
-        MtmdContext(model, projector_path, n_threads=2) as projector,
-        llamactx.Engine(model, mtmd=projector, n_ctx=512, n_seq_max=2, n_threads=2) as engine,
+        MtmdContext(model, projector_path, n_threads=threads()) as projector,
+        llamactx.Engine(model, mtmd=projector, n_ctx=512, n_seq_max=2, n_threads=threads()) as engine,
     ):
         # Text that fits a sequence, and four images past it.
         text = "a " * (engine.n_ctx_seq - 60)
@@ -491,7 +495,7 @@ def test_the_server_replies_to_an_image_as_chat_and_the_engine_do(
     model_path: Path, model: llamactx.LlamaModel, mtmd: MtmdContext, projector_path: Path
 ) -> None:
     messages = [image_message("What is in this image?", picture(50))]
-    with model.new_context(n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
+    with model.new_context(n_ctx=512, n_threads=threads(), n_threads_batch=threads()) as ctx:
         expected = llamactx.chat(ctx, messages, max_tokens=12, mtmd=mtmd)
     with llamactx.Engine(model, mtmd=mtmd, **ENGINE_OPTIONS) as engine:
         assert engine.submit_chat(messages, max_tokens=12).result().text == expected
@@ -664,7 +668,7 @@ def test_serve_refuses_a_file_that_is_no_projector(model_path: Path) -> None:
         check=False,
     )
     assert ran.returncode == 2
-    assert "llamactx serve: failed to create mtmd context" in ran.stderr
+    assert "llamactx serve: the file is no projector" in ran.stderr
 
 
 def test_the_cli_chats_about_an_image_file(model_path: Path, projector_path: Path, tmp_path: Path) -> None:

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from support.processes import run_child
+
+# Pools of up to every CPU's thread.
+pytestmark = pytest.mark.whole_machine
 
 
 def test_contexts_share_one_persistent_pool_per_thread_count(model_path: Path) -> None:

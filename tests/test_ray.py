@@ -19,6 +19,7 @@ CASES = [
     if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
 ]
 SECONDS = 1500
+pytestmark = pytest.mark.long
 
 
 @pytest.fixture(scope="module")

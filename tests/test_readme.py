@@ -26,7 +26,9 @@ SERVE_COMMAND = "llamactx serve --port 8000"
 RPC_ENDPOINTS = ("127.0.0.1:50052", "127.0.0.1:50053")
 
 
-@pytest.mark.parametrize("code", EXAMPLES)
+@pytest.mark.parametrize(
+    "code", [pytest.param(code, marks=pytest.mark.long) if "import ray" in code else code for code in EXAMPLES]
+)
 def test_readme_example_runs(
     code: str, capsys: pytest.CaptureFixture[str], model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -93,6 +93,7 @@ def test_the_corpus_examples_are_judged_as_jsonschema_judges_them(model: LlamaMo
     assert stricter == KNOWN_STRICTER
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_every_corpus_schema_generates_valid_json_or_raises_schema_error(model: LlamaModel) -> None:
     assert len(CORPUS) >= 150

@@ -79,6 +79,7 @@ def test_four_threads_hammering_one_context(model: llamactx.LlamaModel) -> None:
     ctx.close()
 
 
+@pytest.mark.whole_machine
 def test_contexts_with_two_threads_decoding_at_once(model: llamactx.LlamaModel) -> None:
     # Both want 2 CPUs at the same moments: on a machine without 4, one waits for the other's
     # decode (before, both spun at once, and a token took seconds). Neither result may suffer.

@@ -276,15 +276,14 @@ def _embed(arguments: argparse.Namespace) -> int:
 
 def _bench(arguments: argparse.Namespace) -> int:
     model = _load_model(arguments)
-    threads = arguments.threads or 2
     ctx = model.new_context(
         n_ctx=arguments.pp + arguments.tg,
         n_batch=arguments.pp,
-        n_threads=threads,
-        n_threads_batch=threads,
+        n_threads=arguments.threads,
+        n_threads_batch=arguments.threads,
         flash_attn_type=arguments.flash_attn,
     )
-    print(f"model: {model.desc()}  threads: {threads}  flash_attn: {arguments.flash_attn}")
+    print(f"model: {model.desc()}  threads: {ctx.n_threads()}  flash_attn: {arguments.flash_attn}")
     for test, rate in speeds(ctx, pp=arguments.pp, tg=arguments.tg, repetitions=arguments.repetitions).items():
         print(f"{test:>8}: {rate:8.1f} tokens/s")
     return 0
