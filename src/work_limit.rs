@@ -169,7 +169,10 @@ pub fn limited<T: Send + 'static>(input_bytes: usize, work: impl FnOnce() -> Res
                     std::ptr::from_ref(&strand).cast_mut().cast(),
                 );
             }
-            let outcome = work();
+            // A panic must end the call, not only its thread: the caller would wait out the
+            // deadline and count the thread as left behind for good.
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+                .unwrap_or_else(|_| Err(Error::Panic("the chat template call panicked".to_owned())));
             // SAFETY: as above.
             let stopped = unsafe { llamactx_work_limit_end() };
             if let Ok(mut phase) = on_thread.phase.lock() {
