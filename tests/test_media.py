@@ -393,6 +393,61 @@ def test_pixel_bombs_are_refused_from_their_headers_within_the_pixel_budget(
     ), ran.stdout
 
 
+#: Makes media bitmaps under an address-space limit of what the process holds plus 16 MiB, with
+#: the model argv[1] and the projector argv[2] loaded, and prints each outcome; then, the limit
+#: lifted, tokenizes an image.
+BITMAPS_WITHOUT_MEMORY_IN_A_CHILD = """
+import resource, sys
+import numpy as np
+import llamactx
+model = llamactx.LlamaModel.load_from_file(sys.argv[1])
+mtmd = llamactx.MtmdContext(model, sys.argv[2], n_threads=1)
+pixels = np.ones((4096, 8192, 3), np.uint8)
+samples = np.zeros(9_600_000, np.float32)
+held = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:")) * 1024
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, (held + (16 << 20), hard))
+cases = {
+    "mtmd's copy of pixels": lambda: llamactx.MtmdBitmap.from_rgb(pixels),
+    "our copy of strided pixels": lambda: llamactx.MtmdBitmap.from_rgb(pixels[:, ::-1]),
+    "mtmd's copy of samples": lambda: llamactx.MtmdBitmap.from_audio(samples),
+}
+for case, make in cases.items():
+    try:
+        make()
+        print(case, "MADE")
+    except Exception as error:
+        print(case, "REFUSED", type(error).__name__, error)
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+print("AFTER", mtmd.tokenize(mtmd.marker(), [llamactx.MtmdBitmap.from_rgb(pixels[:64, :64])]).n_tokens())
+"""
+
+
+def test_a_bitmap_without_memory_for_its_copy_is_an_error_not_an_abort(
+    model_path: Path, projector_path: Path
+) -> None:
+    """mtmd's bitmap constructors copy into a `std::vector` and do not catch `std::bad_alloc`
+    (which would abort the process at the Rust boundary); a strided array is copied by Rust,
+    which would abort too."""
+    ran = subprocess.run(
+        [sys.executable, "-c", BITMAPS_WITHOUT_MEMORY_IN_A_CHILD, str(model_path), str(projector_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    lines = ran.stdout.splitlines()
+    failed = "(llama.cpp: {} threw a C++ exception: std::bad_alloc)"
+    assert lines == [
+        f"mtmd's copy of pixels REFUSED MtmdError failed to create mtmd bitmap {failed.format('mtmd_bitmap_init')}",
+        "our copy of strided pixels REFUSED MemoryError no memory for a copy of 100663296 array elements",
+        "mtmd's copy of samples REFUSED MtmdError failed to create mtmd bitmap "
+        + failed.format("mtmd_bitmap_init_from_audio"),
+        f"AFTER {PROJECTOR_TOKENS}",
+    ], ran.stdout
+
+
 @pytest.fixture(scope="module")
 def image_engine(model: llamactx.LlamaModel, mtmd: MtmdContext) -> Any:
     with llamactx.Engine(

@@ -176,6 +176,35 @@ def test_a_check_whose_work_doubles_with_nesting_is_a_400_and_leaves_the_server_
     assert slowest < HEALTH_SECONDS
 
 
+#: A chat of 10,000 turns (about 3 MB, under the body limit): rendering and counting it takes a
+#: few seconds of the server's CPU before the length check refuses it.
+LONG_TURNS = [{"role": ("user", "assistant")[turn % 2], "content": "word " * 60} for turn in range(10_001)]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": LONG_TURNS, "max_tokens": 1}),
+        ("/v1/messages", {"messages": LONG_TURNS, "max_tokens": 1}),
+        ("/v1/messages/count_tokens", {"messages": LONG_TURNS}),
+        ("/v1/responses", {"input": LONG_TURNS, "max_output_tokens": 16}),
+    ],
+)
+def test_a_long_chat_is_rendered_and_counted_off_the_event_loop(server: Server, path: str, body: dict[str, Any]) -> None:
+    started = time.perf_counter()
+    response, slowest = while_polling_health(server, post(server, path, body))
+    took = time.perf_counter() - started
+    if path.endswith("count_tokens"):
+        assert response.status_code == 200, response.text
+        assert response.json()["input_tokens"] > 500_000
+    else:
+        assert response.status_code == 400, response.text
+        assert "a request of this server holds at most 512" in response.text
+    # The request kept the server's CPU busy for longer than /health may take to answer.
+    assert took > HEALTH_SECONDS
+    assert slowest < HEALTH_SECONDS
+
+
 def test_the_no_network_guard_refuses_and_records_a_connection_outside_loopback() -> None:
     """What makes every server test a proof that no code path of ours connects on its own: the
     guard (support/no_network.py) these tests and their servers run under refuses and records."""

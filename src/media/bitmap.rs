@@ -4,17 +4,21 @@
 //! into the chunks it tokenizes: the prefix cache recognises the same image by it, as llama.cpp's
 //! server does with its own hash.
 
+use std::borrow::Cow;
 use std::fmt::Write;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use llama_cpp_4::mtmd::MtmdBitmap;
+use numpy::ndarray::{ArrayView, Dimension};
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 use sha2::{Digest, Sha256};
 
 use super::audio_file::{self, MAX_SAMPLES};
 use super::image_file::{self, image_error, DEFAULT_MAX_PIXELS};
+use crate::backend::explained;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::paths::existing_file;
@@ -23,6 +27,24 @@ use crate::paths::existing_file;
 /// clip of under two frames (0.1 s at 16 kHz is well above that).
 const MIN_AUDIO_SAMPLES: usize = 1600;
 
+/// The elements of `array` in order: borrowed when they lie so in memory, else copied into memory
+/// asked for without aborting (`MemoryError` when there is none: a Rust allocation that fails ends
+/// the process).
+fn contiguous<'a, T: Copy, D: Dimension>(array: &'a ArrayView<'_, T, D>) -> Result<Cow<'a, [T]>> {
+    if let Some(elements) = array.as_slice() {
+        return Ok(Cow::Borrowed(elements));
+    }
+    let mut elements = Vec::new();
+    elements.try_reserve_exact(array.len()).map_err(|_| {
+        Error::Python(PyMemoryError::new_err(format!(
+            "no memory for a copy of {} array elements",
+            array.len()
+        )))
+    })?;
+    elements.extend(array.iter().copied());
+    Ok(Cow::Owned(elements))
+}
+
 /// An image or an audio clip, ready for `MtmdContext.tokenize`.
 #[pyclass(frozen, module = "llamactx", name = "MtmdBitmap")]
 pub struct PyMtmdBitmap {
@@ -30,12 +52,13 @@ pub struct PyMtmdBitmap {
 }
 
 impl PyMtmdBitmap {
-    fn named(mut bitmap: MtmdBitmap, kind: &str, content: &[u8]) -> Result<Self> {
+    /// Names `bitmap` by the hash of its kind, size and `content` (which feeds the hash).
+    fn named(mut bitmap: MtmdBitmap, kind: &str, content: impl FnOnce(&mut Sha256)) -> Result<Self> {
         let mut hash = Sha256::new();
         hash.update(kind.as_bytes());
         hash.update(bitmap.nx().to_le_bytes());
         hash.update(bitmap.ny().to_le_bytes());
-        hash.update(content);
+        content(&mut hash);
         let id = hash.finalize().iter().fold(String::with_capacity(64), |mut id, byte| {
             let _ = write!(id, "{byte:02x}");
             id
@@ -56,7 +79,8 @@ impl PyMtmdBitmap {
                 pixels.len()
             )));
         }
-        Self::named(MtmdBitmap::from_rgb(width, height, pixels)?, "rgb", pixels)
+        let bitmap = explained(|| MtmdBitmap::from_rgb(width, height, pixels))?;
+        Self::named(bitmap, "rgb", |hash| hash.update(pixels))
     }
 
     fn audio(samples: &[f32]) -> Result<Self> {
@@ -69,8 +93,17 @@ impl PyMtmdBitmap {
         if samples.iter().any(|sample| !sample.is_finite()) {
             return Err(Error::value("audio samples must be finite"));
         }
-        let bytes: Vec<u8> = samples.iter().flat_map(|sample| sample.to_le_bytes()).collect();
-        Self::named(MtmdBitmap::from_audio(samples)?, "audio", &bytes)
+        let bitmap = explained(|| MtmdBitmap::from_audio(samples))?;
+        Self::named(bitmap, "audio", |hash| {
+            // The samples' bytes in blocks: a copy of a ten-minute clip would be 38 MB.
+            let mut block = [0u8; 4 * 1024];
+            for samples in samples.chunks(block.len() / 4) {
+                for (bytes, sample) in block.chunks_exact_mut(4).zip(samples) {
+                    bytes.copy_from_slice(&sample.to_le_bytes());
+                }
+                hash.update(&block[..samples.len() * 4]);
+            }
+        })
     }
 
     /// The bitmap, for reading (tokenizing reads it only).
@@ -91,8 +124,8 @@ impl PyMtmdBitmap {
             )));
         };
         let side = |value: usize| u32::try_from(value).map_err(|_| image_error("TooLarge", "the image is too large"));
-        let pixels: Vec<u8> = image.as_array().iter().copied().collect();
-        Self::rgb(side(width)?, side(height)?, &pixels)
+        let (width, height) = (side(width)?, side(height)?);
+        Self::rgb(width, height, &contiguous(&image.as_array())?)
     }
 
     /// An image decoded from the bytes of a PNG, JPEG, GIF or BMP file, or an audio clip from
@@ -140,8 +173,7 @@ impl PyMtmdBitmap {
     /// (copied); from 0.1 s to ten minutes at 16 kHz, every sample finite.
     #[classmethod]
     fn from_audio(_cls: &Bound<'_, PyType>, samples: PyReadonlyArray1<'_, f32>) -> Result<Self> {
-        let samples: Vec<f32> = samples.as_array().iter().copied().collect();
-        Self::audio(&samples)
+        Self::audio(&contiguous(&samples.as_array())?)
     }
 
     /// Width in pixels (for audio, the number of samples).
