@@ -54,7 +54,8 @@ def main() -> int:
             check=False,
         )
         report, status = ran.stdout, ran.returncode
-        print(report.splitlines()[-1] if report else ran.stderr, file=sys.stderr)
+        failures = [line for line in report.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+        print(*failures, report.splitlines()[-1] if report else ran.stderr, sep="\n", file=sys.stderr)
     print(table(per_file(report)))
     return status
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import synthetic
 from support.decoding import decode_prompt
-from support.processes import run_child
+from support.processes import reported_cases, run_child
 from support.prompts import PARIS_PROMPT
 
 import llamactx
@@ -75,10 +75,9 @@ def test_corrupted_files_raise_and_the_process_survives(
         for name, path in write_cases(tmp_path, kind, mutations(data, 4096, 12)):
             cases.append((name, kind, str(path)))
     result = run_child(model_path, "corrupt_files", "load_each", stdin=json.dumps(cases), timeout=900)
-    started = [line[5:] for line in result.stdout.splitlines() if line.startswith("CASE ")]
+    outcomes, started = reported_cases(result.stdout)
     assert result.returncode == 0, f"crashed on {started[-1] if started else '?'}: {result.stderr[-1500:]}"
     assert "ALL DONE" in result.stdout
-    outcomes = dict(line[7:].split(" => ") for line in result.stdout.splitlines() if line.startswith("RESULT "))
     assert len(outcomes) == len(cases)
     for name, outcome in outcomes.items():
         if "truncated" in name or "duplicate" in name:

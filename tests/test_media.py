@@ -423,9 +423,7 @@ print("AFTER", mtmd.tokenize(mtmd.marker(), [llamactx.MtmdBitmap.from_rgb(pixels
 """
 
 
-def test_a_bitmap_without_memory_for_its_copy_is_an_error_not_an_abort(
-    model_path: Path, projector_path: Path
-) -> None:
+def test_a_bitmap_without_memory_for_its_copy_is_an_error_not_an_abort(model_path: Path, projector_path: Path) -> None:
     """mtmd's bitmap constructors copy into a `std::vector` and do not catch `std::bad_alloc`
     (which would abort the process at the Rust boundary); a strided array is copied by Rust,
     which would abort too."""

@@ -15,7 +15,7 @@ import pytest
 import synthetic
 from support.audio import tone, wav
 from support.images import random_png
-from support.processes import run_child
+from support.processes import reported_cases, run_child
 
 import llamactx
 
@@ -79,11 +79,8 @@ def run_cases(model_path: Path, cases: list[list[str]]) -> dict[str, str]:
     outcomes: dict[str, str] = {}
     while cases:
         result = run_child(model_path, "corrupt_files", "load_each", stdin=json.dumps(cases), timeout=600)
-        for line in result.stdout.splitlines():
-            if line.startswith("RESULT "):
-                name, outcome = line[7:].split(" => ")
-                outcomes[name] = outcome
-        started = [line[5:] for line in result.stdout.splitlines() if line.startswith("CASE ")]
+        finished, started = reported_cases(result.stdout)
+        outcomes.update(finished)
         if result.returncode == 0 or not started:
             break
         cause = [line for line in result.stderr.splitlines() if "GGML_" in line or "terminate" in line]

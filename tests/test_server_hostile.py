@@ -190,7 +190,9 @@ LONG_TURNS = [{"role": ("user", "assistant")[turn % 2], "content": "word " * 60}
         ("/v1/responses", {"input": LONG_TURNS, "max_output_tokens": 16}),
     ],
 )
-def test_a_long_chat_is_rendered_and_counted_off_the_event_loop(server: Server, path: str, body: dict[str, Any]) -> None:
+def test_a_long_chat_is_rendered_and_counted_off_the_event_loop(
+    server: Server, path: str, body: dict[str, Any]
+) -> None:
     started = time.perf_counter()
     response, slowest = while_polling_health(server, post(server, path, body))
     took = time.perf_counter() - started

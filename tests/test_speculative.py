@@ -19,6 +19,7 @@ import pytest
 import synthetic
 from serving import ENGINE_OPTIONS, MODEL_ID, running_server
 from support.speculation import (
+    BATCHING_TOLERANCE,
     FREE,
     GROUNDED,
     OPTIONS,
@@ -26,6 +27,7 @@ from support.speculation import (
     QUOTED_TEXTS,
     RECORDS,
     same_output,
+    worst_greedy_gap,
 )
 
 import llamactx
@@ -66,25 +68,24 @@ def speculative(
         yield engine
 
 
-# Serially: on a parallel worker's one CPU, one request of the three parted from decoding alone
-# in about one run of three (at a token whose two candidates were 0.06 apart in log-probability,
-# no near tie of the last bits): under investigation in issue 49.
-@pytest.mark.whole_machine
-def test_greedy_output_equals_decoding_without_drafts_for_a_mix_of_requests(
-    alone: Alone, speculative: llamactx.Engine
+def test_greedy_tokens_of_a_mix_of_requests_are_the_models_choices(
+    model: llamactx.LlamaModel, speculative: llamactx.Engine
 ) -> None:
-    # Submitted together, so drafts share decodes with the other requests' tokens (with a KV
-    # stream per sequence, a step drafts as many tokens for each request, or none).
+    """Requests submitted together share decodes, so their numbers differ a little from decoding
+    alone, and a greedy token can change where two candidates are close (it did without drafts
+    too): each token is checked against the model's choice after the tokens before it, read again
+    in one decode, within ``BATCHING_TOLERANCE``. A drafted token kept after a rejection, or a
+    cell of a rejected draft left in the cache, would be far from the model's choice."""
+    # With a KV stream per sequence, a step drafts as many tokens for each request, or none.
     requests = [
         speculative.submit_chat(GROUNDED, max_tokens=240),
         speculative.submit_chat(FREE, max_tokens=120),
         speculative.submit(RECORDS, max_tokens=60),
     ]
     drafted = [request.result() for request in requests]
-    without_drafts = [alone(GROUNDED, max_tokens=240), alone(FREE, max_tokens=120), alone(RECORDS, max_tokens=60)]
-    for with_drafts, without in zip(drafted, without_drafts, strict=True):
-        same_output(with_drafts, without)
-        assert without.drafted_tokens == without.accepted_tokens == 0
+    prompts = [speculative.chat_tokens(GROUNDED), speculative.chat_tokens(FREE), speculative.tokens(RECORDS)]
+    for prompt, completion in zip(prompts, drafted, strict=True):
+        assert worst_greedy_gap(model, prompt, completion.tokens) < BATCHING_TOLERANCE
     grounded = drafted[0]
     assert "format_receipt(items, tax_rate)" in grounded.text  # it quotes its input
     # Drafts were accepted and rejected: both paths of the verification ran.

@@ -425,7 +425,7 @@ impl ProjectorFile<'_> {
                     self.require("mm.input_projection.weight", &[text_width, width])
                 }
             }
-            _ => self.check_qwen(kind, tower, text_width),
+            _ => self.check_qwen(kind, tower, patch, text_width),
         }
     }
 
@@ -458,9 +458,8 @@ impl ProjectorFile<'_> {
         self.require(&format!("{second}.bias"), &[text_width])
     }
 
-    fn check_qwen(&self, kind: &str, tower: &Tower, text_width: u64) -> Result<()> {
+    fn check_qwen(&self, kind: &str, tower: &Tower, patch: u64, text_width: u64) -> Result<()> {
         let width = tower.width;
-        let patch = self.required("clip.vision.patch_size")?;
         self.require("v.patch_embd.weight.1", &[patch, patch, 3, width])?;
         self.forbid("v.patch_embd.bias", "which Qwen's graph refuses")?;
         self.forbid("v.class_embd", "which Qwen's graph refuses")?;
@@ -510,7 +509,7 @@ impl ProjectorFile<'_> {
                 "its stack factor {stack} does not divide the {AUDIO_POSITIONS} positions of a chunk"
             )));
         }
-        let kernel = self.width_of_conv("a.conv1d.1.weight")?;
+        let kernel = self.conv_kernel("a.conv1d.1.weight")?;
         self.require("a.conv1d.1.weight", &[kernel, mel_bins, width])?;
         self.require("a.conv1d.1.bias", &[1, width])?;
         self.require("a.conv1d.2.weight", &[kernel, width, width])?;
@@ -539,7 +538,7 @@ impl ProjectorFile<'_> {
 
     /// The kernel size of a 1-D convolution's weight: odd, so that the stride-2 pair keeps the
     /// positions the graph adds the table to.
-    fn width_of_conv(&self, name: &str) -> Result<u64> {
+    fn conv_kernel(&self, name: &str) -> Result<u64> {
         let dims = self
             .dims(name)
             .ok_or_else(|| invalid(format!("it lacks the tensor {name}")))?;

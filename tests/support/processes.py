@@ -32,6 +32,15 @@ def run_child(
     )
 
 
+def reported_cases(output: str) -> tuple[dict[str, str], list[str]]:
+    """What a child running cases printed: each finished case's outcome (``RESULT NAME => OUTCOME``
+    lines) and the cases it started, in order (``CASE NAME``): the last started is the one a crash
+    ended (see ``children/corrupt_files.py``)."""
+    lines = output.splitlines()
+    outcomes = dict(line[7:].split(" => ", 1) for line in lines if line.startswith("RESULT "))
+    return outcomes, [line[5:] for line in lines if line.startswith("CASE ")]
+
+
 def load_script(name: str) -> ModuleType:
     """``scripts/<name>.py`` as a module (the scripts are not a package)."""
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
