@@ -33,6 +33,7 @@ import llamactx.ray  # noqa: E402
 N_SEQ = 8
 N_CTX = 4096
 MAX_TOKENS = 12
+PROMPTS = 128
 TOO_LONG = "word " * 2000  # more tokens than a sequence's N_CTX / N_SEQ cells
 ALIAS = "gpt-4o-mini"
 
@@ -55,16 +56,17 @@ def cluster() -> Iterator[None]:
 
 
 def prompts() -> list[str]:
+    """Enough for four batches on each of two actors."""
     subjects = ["France", "Italy", "Japan", "Spain", "Egypt", "Peru", "Canada", "Kenya", "India", "Chile"]
     forms = ["The capital of {} is", "{} is a country in", "The flag of {} has", "People in {} speak"]
-    return [f"{n}. " + forms[n % 4].format(subjects[n % 10]) for n in range(200)]
+    return [f"{n}. " + forms[n % 4].format(subjects[n % 10]) for n in range(PROMPTS)]
 
 
 def test_a_ray_data_job_on_two_actors_equals_local_generate(
     cluster: None, model: llamactx.LlamaModel, model_path: Path
 ) -> None:
     rows = [{"prompt": prompt, "n": n} for n, prompt in enumerate(prompts())]
-    rows.insert(77, {"prompt": TOO_LONG, "n": -1})
+    rows.insert(PROMPTS // 3, {"prompt": TOO_LONG, "n": -1})
     job = ray.data.from_items(rows).map_batches(
         llamactx.ray.Predictor,
         fn_constructor_kwargs={
@@ -79,7 +81,7 @@ def test_a_ray_data_job_on_two_actors_equals_local_generate(
         batch_size=16,
     )
     results = {row["n"]: row for row in job.take_all()}
-    assert len(results) == 201
+    assert len(results) == PROMPTS + 1
     failed = results.pop(-1)
     assert failed["finish_reason"] == "error"
     assert "ValueError" in failed["error"]

@@ -74,8 +74,8 @@ def test_greedy_tokens_of_a_mix_of_requests_are_the_models_choices(
     """Requests submitted together share decodes, so their numbers differ a little from decoding
     alone, and a greedy token can change where two candidates are close (it did without drafts
     too): each token is checked against the model's choice after the tokens before it, read again
-    in one decode, within ``BATCHING_TOLERANCE``. A drafted token kept after a rejection, or a
-    cell of a rejected draft left in the cache, would be far from the model's choice."""
+    in one decode, within ``BATCHING_TOLERANCE``. A drafted token kept after its rejection would
+    be far from the model's choice (one replaced by the token before it fell 16.9 below)."""
     # With a KV stream per sequence, a step drafts as many tokens for each request, or none.
     requests = [
         speculative.submit_chat(GROUNDED, max_tokens=240),
@@ -86,13 +86,11 @@ def test_greedy_tokens_of_a_mix_of_requests_are_the_models_choices(
     prompts = [speculative.chat_tokens(GROUNDED), speculative.chat_tokens(FREE), speculative.tokens(RECORDS)]
     for prompt, completion in zip(prompts, drafted, strict=True):
         assert worst_greedy_gap(model, prompt, completion.tokens) < BATCHING_TOLERANCE
-    grounded = drafted[0]
-    assert "format_receipt(items, tax_rate)" in grounded.text  # it quotes its input
-    # Drafts were accepted and rejected: both paths of the verification ran.
-    assert 0 < grounded.accepted_tokens < grounded.drafted_tokens
-    # Each accepted token saved a decode: fewer decodes than tokens (n-gram drafts measured
-    # about half of the tokens accepted, the cut draft model about a quarter).
-    assert grounded.accepted_tokens > grounded.completion_tokens // 8
+    # Drafts were accepted and rejected while the requests shared decodes: both paths of the
+    # verification ran. (How much drafting saves is the quoting test's; in a mix, a reply that
+    # parts from decoding alone quotes less.)
+    accepted, proposed = sum(c.accepted_tokens for c in drafted), sum(c.drafted_tokens for c in drafted)
+    assert 0 < accepted < proposed
 
 
 def test_a_reply_quoting_its_input_is_drafted_from_the_place_it_quotes(

@@ -322,7 +322,11 @@ def _rpc_server(arguments: argparse.Namespace) -> int:
         serve_rpc(host, arguments.port, threads=arguments.threads, cache_dir=arguments.cache, on_ready=ready)
     except KeyboardInterrupt:
         print("llamactx rpc-server: stopped", file=sys.stderr)
-    return 0
+    # llama.cpp's serving thread cannot be stopped, and the C++ destructors a normal exit runs
+    # beside it crashed the process (SIGSEGV) when a client had just been served: end it here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _add_model_option(command: argparse.ArgumentParser) -> None:
