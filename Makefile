@@ -27,13 +27,10 @@ help: ## list the targets
 demo: build model ## set up, then let the default model answer a question through its chat template
 	$(PY) -m llamactx chat "$(QUESTION)" --max-tokens 128 --greedy --stats
 
-# The Python tests run on two workers per CPU, each keeping to its CPU (tests/conftest.py) and
-# running whole modules (their module fixtures computed once), then, one at a time on the whole
-# machine, the few that need more than one CPU (marked whole_machine). Each worker's contexts
-# compute with one thread, so the second worker of a CPU fills the time the first waits (servers
-# starting, children, sleeps): 91 % of the CPUs' time used instead of 73 % (docs/testing.md).
-PYTEST_WORKERS := $(shell python3 -c 'import os; print(2 * len(os.sched_getaffinity(0)))')
-PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadscope -m "not whole_machine"
+# The Python tests run on a worker per CPU, each keeping to its own (tests/conftest.py) and running
+# whole modules (their module fixtures computed once), then, one at a time on the whole machine,
+# the few that need more than one CPU (marked whole_machine).
+PYTEST_PARALLEL := -n auto --dist loadscope -m "not whole_machine"
 PYTEST_SERIAL := -m whole_machine
 
 test: build model ## set up, then run the Rust unit tests, the Python tests and stubtest

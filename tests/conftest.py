@@ -23,10 +23,10 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In a parallel run, each worker keeps to one CPU (worker N to the N-th, round robin: make
-    test runs two per CPU), so its contexts (and the servers and children it starts, which
-    inherit the affinity) compute with one thread each: ggml's threads spin while they wait, so
-    workers with a thread per CPU each would oversubscribe the CPUs many times over."""
+    """In a parallel run, each worker keeps to one CPU (worker N to the N-th, round robin), so
+    its contexts (and the servers and children it starts, which inherit the affinity) compute
+    with one thread each: ggml's threads spin while they wait, so workers with a thread per CPU
+    each would oversubscribe the CPUs many times over."""
     if WORKER is not None:
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[int(WORKER.removeprefix("gw")) % len(cpus)]})

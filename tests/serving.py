@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +29,13 @@ TESTS = Path(__file__).parent
 
 
 def die_with_parent() -> None:
-    """A ``preexec_fn``: the child gets SIGTERM when the process that started it dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    """A ``preexec_fn``: the child gets SIGTERM when the process that started it dies, and
+    starts with Ctrl-C's signal unblocked and at its default action, as a shell starts a command
+    (a child inherits both, and a test process's may have been changed by what it ran before)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+    libc.signal(signal.SIGINT, ctypes.c_void_p(0))  # SIG_DFL: an ignored signal stays ignored across exec
 
 
 def stop(child: subprocess.Popen[str], how: signal.Signals, seconds: float) -> None:
@@ -120,3 +125,29 @@ def running_server(model_path: Path, *options: str, prelude: str = "") -> Iterat
     assert child.returncode == 0, f"the server exited with {child.returncode}: {''.join(log)}"
     refusals = [line for line in log if no_network.REFUSED in line]
     assert refusals == [], f"the server tried to leave loopback: {refusals}"
+
+
+#: How long `/health` may take to answer while a hostile request is in flight.
+HEALTH_SECONDS = 1.0
+
+
+def while_polling_health(server: Server, request: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
+    """``request()``'s response, and the slowest ``/health`` answer while it ran."""
+    slowest = [0.0]
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            started = time.perf_counter()
+            assert httpx.get(f"{server.url}/health", timeout=30).json() == {"status": "ok"}
+            slowest[0] = max(slowest[0], time.perf_counter() - started)
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        response = request()
+    finally:
+        done.set()
+        poller.join()
+    return response, slowest[0]

@@ -7,6 +7,7 @@ import base64
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from serving import ENGINE_OPTIONS, MODEL_ID, Server, running_server
+from serving import ENGINE_OPTIONS, HEALTH_SECONDS, MODEL_ID, Server, running_server, while_polling_health
 from support.cpus import threads
 from support.images import data_url, image_message, picture, png, png_header
 from support.processes import comparable_mtmd_cli
@@ -655,6 +656,22 @@ def test_an_image_prompt_too_long_is_refused_as_a_text_one_is(image_server: Serv
         "message": expected.replace(f"has {whole} tokens", f"has {with_tools} tokens"),
     }
     image_server.wait_until_idle()
+
+
+def test_the_server_answers_health_while_a_request_s_images_are_decoded(model_path: Path, projector_path: Path) -> None:
+    """Eight images of 4096 x 4096 pixels (PNGs of 50 KB each, 2**27 pixels together, the most
+    `--max-media-pixels` allows): decoding, tokenizing and encoding them takes the server's CPU
+    for seconds, all off the event loop."""
+    blank = url_part(png(np.zeros((4096, 4096, 3), np.uint8)))
+    body = {"messages": [{"role": "user", "content": [blank] * 8}], "max_tokens": 1}
+    with running_server(model_path, "--mmproj", str(projector_path), "--max-media-pixels", str(2**27)) as server:
+        started = time.perf_counter()
+        response, slowest = while_polling_health(server, lambda: posted(server, "/v1/chat/completions", body))
+        took = time.perf_counter() - started
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] > 8 * PROJECTOR_TOKENS
+    assert took > HEALTH_SECONDS
+    assert slowest < HEALTH_SECONDS
 
 
 def test_the_server_reads_a_request_s_media_under_its_budget(

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,14 +16,12 @@ from typing import Any
 import httpx
 import pytest
 from hostile_constraints import chained_schema, doubling_one_of, wide_schema
-from serving import MODEL_ID, Server, running_server
+from serving import HEALTH_SECONDS, MODEL_ID, Server, running_server, while_polling_health
 from support import no_network
 from support.counting_host import counting_host
 from tool_examples import ASK_SHIPMENT, SHIP, Shipment
 
 from llamactx.server._serve import CLOSE_SECONDS, GRACEFUL_SECONDS
-
-HEALTH_SECONDS = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -32,28 +29,6 @@ def server(model_path: Path) -> Iterator[Server]:
     """Without the prefix cache, so that greedy outputs are those of a fresh context."""
     with running_server(model_path, "--no-prefix-cache") as running:
         yield running
-
-
-def while_polling_health(server: Server, request: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
-    """``request()``'s response, and the slowest ``/health`` answer while it ran."""
-    slowest = [0.0]
-    done = threading.Event()
-
-    def poll() -> None:
-        while not done.is_set():
-            started = time.perf_counter()
-            assert httpx.get(f"{server.url}/health", timeout=30).json() == {"status": "ok"}
-            slowest[0] = max(slowest[0], time.perf_counter() - started)
-            time.sleep(0.05)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        response = request()
-    finally:
-        done.set()
-        poller.join()
-    return response, slowest[0]
 
 
 def post(server: Server, path: str, body: dict[str, Any]) -> Callable[[], httpx.Response]:

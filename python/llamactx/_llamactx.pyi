@@ -1251,11 +1251,11 @@ def serve_rpc(
     """Runs llama.cpp's RPC server for this machine's devices on `host:port` and blocks until
     Ctrl-C (`KeyboardInterrupt`), which ends the call; the server itself stops with the
     process, which should then end with `os._exit` (as `llamactx rpc-server` does): the C++
-    destructors of a normal exit race the serving thread, which cannot be stopped. `threads` (default: every CPU this process may use) compute for its clients;
-    `cache_dir` keeps tensors clients upload, so that a model's weights cross the network once.
-    `on_ready` is called once the server accepts connections. The protocol has no
-    authentication: listen only on loopback or a trusted network. `RpcError` when the address
-    cannot be listened on.
+    destructors of a normal exit race the serving thread, which cannot be stopped. `threads`
+    (default: every CPU this process may use) compute for its clients; `cache_dir` keeps tensors
+    clients upload, so that a model's weights cross the network once. `on_ready` is called once
+    the server accepts connections. The protocol has no authentication: listen only on loopback
+    or a trusted network. `RpcError` when the address cannot be listened on.
     """
 
 @final

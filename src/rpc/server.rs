@@ -62,11 +62,11 @@ unsafe impl Send for Devices {}
 /// Runs llama.cpp's RPC server for this machine's devices on `host:port` and blocks until
 /// Ctrl-C (`KeyboardInterrupt`), which ends the call; the server itself stops with the
 /// process, which should then end with `os._exit` (as `llamactx rpc-server` does): the C++
-/// destructors of a normal exit race the serving thread, which cannot be stopped. `threads` (default: every CPU this process may use) compute for its clients;
-/// `cache_dir` keeps tensors clients upload, so that a model's weights cross the network once.
-/// `on_ready` is called once the server accepts connections. The protocol has no
-/// authentication: listen only on loopback or a trusted network. `RpcError` when the address
-/// cannot be listened on.
+/// destructors of a normal exit race the serving thread, which cannot be stopped. `threads`
+/// (default: every CPU this process may use) compute for its clients; `cache_dir` keeps tensors
+/// clients upload, so that a model's weights cross the network once. `on_ready` is called once
+/// the server accepts connections. The protocol has no authentication: listen only on loopback
+/// or a trusted network. `RpcError` when the address cannot be listened on.
 #[pyfunction]
 #[pyo3(signature = (host="127.0.0.1", port=50052, *, threads=None, cache_dir=None, on_ready=None))]
 pub fn serve_rpc(

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import struct
 import sys
 import tempfile
 import threading
@@ -158,14 +159,38 @@ def image_file_bytes(kind: str, width: int, height: int, colour: int, cut: int, 
     return signature + noise
 
 
-image_data = st.builds(
-    image_file_bytes,
-    st.sampled_from(["png", "png", "png header", "jpeg", "gif", "bmp", "wav", "wav header", "raw"]),
-    st.one_of(st.integers(0, 80), st.sampled_from([2**16, 2**31 - 1, 2**32 - 1])),
-    st.one_of(st.integers(0, 80), st.sampled_from([2**16, 2**31 - 1])),
-    st.sampled_from(sorted(images.PNG_CHANNELS)),
-    st.integers(-4, 40),
-    st.binary(max_size=64),
+def wav_with_fields(
+    format_tag: int, channels: int, rate: int, bits: int, block_align: int, data_size: int, data: bytes
+) -> bytes:
+    """A WAV file whose header fields hold any values (format, channels, rate, bits per sample,
+    block alignment, the size its data chunk claims) around ``data``."""
+    fmt = struct.pack("<HHIIHH", format_tag, channels, rate, (rate * block_align) % 2**32, block_align, bits)
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", data_size) + data
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
+
+
+wav_fields = st.builds(
+    wav_with_fields,
+    st.sampled_from([0, 1, 2, 3, 0xFFFE]),
+    st.one_of(st.integers(0, 8), st.just(2**16 - 1)),
+    st.one_of(st.sampled_from([0, 1, 8000, 16_000, 44_100, 768_000, 768_001]), st.integers(0, 2**32 - 1)),
+    st.sampled_from([0, 7, 8, 16, 24, 32, 64, 2**16 - 1]),
+    st.integers(0, 2**16 - 1),
+    st.one_of(st.integers(0, 512), st.just(2**32 - 1)),
+    st.binary(max_size=512),
+)
+
+image_data = st.one_of(
+    wav_fields,
+    st.builds(
+        image_file_bytes,
+        st.sampled_from(["png", "png", "png header", "jpeg", "gif", "bmp", "wav", "wav header", "raw"]),
+        st.one_of(st.integers(0, 80), st.sampled_from([2**16, 2**31 - 1, 2**32 - 1])),
+        st.one_of(st.integers(0, 80), st.sampled_from([2**16, 2**31 - 1])),
+        st.sampled_from(sorted(images.PNG_CHANNELS)),
+        st.integers(-4, 40),
+        st.binary(max_size=64),
+    ),
 )
 
 
@@ -176,11 +201,18 @@ def image_into_context(data: bytes, max_pixels: int, text: str, n_past: int, seq
     mtmd.eval_chunks(ctx, chunks, n_past, seq)
 
 
-def image_chat(data: bytes, text: str, url_scheme: str) -> None:
-    """A chat whose message holds the bytes as an image part."""
-    url = f"{url_scheme}{base64.b64encode(data).decode()}"
-    parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
-    llamactx.chat(ctx, [{"role": "user", "content": parts}], max_tokens=2, mtmd=mtmd)
+def image_chat(data: bytes, text: str, url_scheme: str, copies: int, limits: tuple[int, int, float]) -> None:
+    """A chat whose message holds the bytes as ``copies`` media parts (audio for a WAV file),
+    under a media budget of any limits (out of range ones are a ``ValueError``)."""
+    encoded = base64.b64encode(data).decode()
+    part: dict[str, Any] = (
+        {"type": "input_audio", "input_audio": {"data": encoded, "format": "wav"}}
+        if data.startswith(b"RIFF")
+        else {"type": "image_url", "image_url": {"url": f"{url_scheme}{encoded}"}}
+    )
+    parts = [part] * copies + [{"type": "text", "text": text}]
+    budget = llamactx.MediaBudget(*limits)
+    llamactx.chat(ctx, [{"role": "user", "content": parts}], max_tokens=2, mtmd=mtmd, media_budget=budget)
 
 
 def reset() -> None:
@@ -743,6 +775,12 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
             image_data,
             st.text(max_size=6),
             st.sampled_from(["data:image/png;base64,", "data:image/gif;base64,", "http://", "data:image/png,"]),
+            st.integers(0, 4),
+            st.tuples(
+                st.one_of(st.integers(-1, 4), st.just(16)),
+                st.one_of(st.sampled_from([1, 64 * 64, 2**25, 2**27, 2**27 + 1]), ints),
+                st.one_of(st.sampled_from([0.05, 1.0, 600.0]), st.floats(allow_nan=True)),
+            ),
         ),
     ),
     "speculative_generation": (
