@@ -26,7 +26,17 @@ pytestmark = pytest.mark.long
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
     """Each case's failure text (None when it passed), from one run of the cases."""
     report = tmp_path_factory.mktemp("ray") / "report.xml"
-    pytest_run = ["-m", "pytest", str(CASES_FILE), "-o", "python_files=ray_cases.py", f"--junitxml={report}"]
+    # A case may take the whole suite's time: the Ray Data job ran past pytest's 300 s while a
+    # second process loaded both CPUs (SECONDS bounds the run).
+    pytest_run = [
+        "-m",
+        "pytest",
+        str(CASES_FILE),
+        "-o",
+        "python_files=ray_cases.py",
+        f"--timeout={SECONDS}",
+        f"--junitxml={report}",
+    ]
     done = subprocess.run(
         loopback_only.command(*pytest_run),
         capture_output=True,
