@@ -17,7 +17,9 @@ import llamactx
 CHILD = Path(__file__).parent / "children" / "abort_in_ubatch.py"
 
 
+#: How the decode is stopped, and in which of its three micro-batches.
 CASES = [(how, ubatch) for how in ("callback", "sigint") for ubatch in (0, 1, 2)]
+UBATCH_NAMES = ("first", "middle", "last")
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,7 @@ def aborted(model_path: Path) -> dict[tuple[str, int], subprocess.CompletedProce
     return finished
 
 
-@pytest.mark.parametrize("how", ["callback", "sigint"])
-@pytest.mark.parametrize("ubatch", [0, 1, 2], ids=["first", "middle", "last"])
+@pytest.mark.parametrize(("how", "ubatch"), CASES, ids=[f"{UBATCH_NAMES[ubatch]}-{how}" for how, ubatch in CASES])
 def test_an_abort_in_any_micro_batch_leaves_the_cache_as_it_was(
     aborted: dict[tuple[str, int], subprocess.CompletedProcess[str]], how: str, ubatch: int
 ) -> None:

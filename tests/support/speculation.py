@@ -101,15 +101,16 @@ def worst_greedy_gap(model: llamactx.LlamaModel, prompt: list[int], generated: l
     read after ``prompt`` and the tokens before it in one decode of the whole (0 where every
     one was the best)."""
     tokens = prompt + generated
-    sizes = {"n_ctx": len(tokens), "n_batch": len(tokens), "n_ubatch": len(tokens)}
-    with model.new_context(**sizes, n_threads=threads(), n_threads_batch=threads()) as ctx:
+    size = len(tokens)
+    with model.new_context(
+        n_ctx=size, n_batch=size, n_ubatch=size, n_threads=threads(), n_threads_batch=threads()
+    ) as ctx:
         batch = llamactx.LlamaBatch(len(tokens))
         for position, token in enumerate(tokens):
             batch.add(token, position, [0], position >= len(prompt) - 1)
         ctx.decode(batch)
-        gaps = [
-            float(logits.max() - logits[token])
-            for row, token in enumerate(generated)
-            for logits in [ctx.get_logits_ith(len(prompt) - 1 + row)]
-        ]
-    return max(gaps, default=0.0)
+        worst = 0.0
+        for row, token in enumerate(generated):
+            logits = ctx.get_logits_ith(len(prompt) - 1 + row)
+            worst = max(worst, float(logits.max() - logits[token]))
+    return worst
