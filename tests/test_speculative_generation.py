@@ -5,12 +5,14 @@ cache holding exactly its history."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import synthetic
 from support.prompts import HELPFUL
-from support.speculation import GROUNDED, RECORDS
+from support.speculation import GROUNDED, RECORDS, same_greedy_text
 
 import llamactx
 
@@ -20,42 +22,61 @@ def decodes(ctx: llamactx.LlamaContext) -> int:
     return ctx.timings().n_eval
 
 
+def chat_prompt(model: llamactx.LlamaModel, messages: Sequence[Any]) -> list[int]:
+    """The tokens ``chat`` and ``ChatSession`` decode for ``messages``."""
+    with llamactx.Engine(model, n_ctx=256, n_seq_max=1) as engine:
+        return engine.chat_tokens(messages)
+
+
 def test_generate_stream_and_chat_with_drafts_equal_them_without(
     model: llamactx.LlamaModel, drafting: llamactx.NgramDraft | llamactx.DraftModel
 ) -> None:
+    """Equal replies, or replies that part at a near-tie of the model's candidates (verifying
+    drafts decodes several tokens at once, whose numbers differ a little from one at a time:
+    ``same_greedy_tokens``)."""
     draft = drafting
+    records = model.str_to_token(RECORDS, model.add_bos_token())
     with model.new_context(n_ctx=2048) as ctx:
         for max_tokens in (0, 1, 5, 80):
             ctx.perf_context_reset()
             without = llamactx.generate(ctx, RECORDS, max_tokens=max_tokens)
             single = decodes(ctx)
             ctx.perf_context_reset()
-            assert llamactx.generate(ctx, RECORDS, max_tokens=max_tokens, speculative=draft) == without
+            with_drafts = llamactx.generate(ctx, RECORDS, max_tokens=max_tokens, speculative=draft)
+            same_greedy_text(model, records, with_drafts, without)
             if max_tokens == 80:
                 assert decodes(ctx) < single
         stop = "City: New"
-        streamed = list(llamactx.stream(ctx, RECORDS, max_tokens=80, stop=[stop], speculative=draft))
-        assert "".join(streamed) == llamactx.generate(ctx, RECORDS, max_tokens=80, stop=[stop])
-        assert stop not in "".join(streamed)
+        streamed = "".join(llamactx.stream(ctx, RECORDS, max_tokens=80, stop=[stop], speculative=draft))
+        same_greedy_text(model, records, streamed, llamactx.generate(ctx, RECORDS, max_tokens=80, stop=[stop]))
+        assert stop not in streamed
         schema = {"type": "array", "items": {"type": "string"}, "minItems": 5, "maxItems": 5}
         prompt = "Five fruits as a JSON list:"
-        assert llamactx.generate(ctx, prompt, max_tokens=80, json_schema=schema, speculative=draft) == (
-            llamactx.generate(ctx, prompt, max_tokens=80, json_schema=schema)
+        same_greedy_text(
+            model,
+            model.str_to_token(prompt, model.add_bos_token()),
+            llamactx.generate(ctx, prompt, max_tokens=80, json_schema=schema, speculative=draft),
+            llamactx.generate(ctx, prompt, max_tokens=80, json_schema=schema),
         )
-        assert llamactx.chat(ctx, GROUNDED, max_tokens=120, speculative=draft) == llamactx.chat(
-            ctx, GROUNDED, max_tokens=120
+        same_greedy_text(
+            model,
+            chat_prompt(model, GROUNDED),
+            llamactx.chat(ctx, GROUNDED, max_tokens=120, speculative=draft),
+            llamactx.chat(ctx, GROUNDED, max_tokens=120),
         )
-    replies = []
+    sessions = []
     for speculative in (None, draft):
         with model.new_context(n_ctx=2048) as ctx:
             session = llamactx.ChatSession(ctx, system=HELPFUL, max_tokens=80)
-            replies.append(
-                [
-                    "".join(session.send(text, speculative=speculative))
-                    for text in (GROUNDED[1]["content"], "Now repeat only its last line.")
-                ]
-            )
-    assert replies[0] == replies[1]
+            for text in (GROUNDED[1]["content"], "Now repeat only its last line."):
+                "".join(session.send(text, speculative=speculative))
+            sessions.append(session.messages)
+    # Turn by turn, until the replies part (a later turn's prompt holds the earlier replies).
+    without, with_drafts = sessions
+    for turn in range(2, len(without), 2):
+        prompt = chat_prompt(model, without[:turn])
+        if not same_greedy_text(model, prompt, with_drafts[turn][1], without[turn][1]):
+            break
 
 
 def test_a_stream_closed_early_leaves_the_kv_cache_holding_its_history(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 import llamactx
 from support.cpus import threads
@@ -87,30 +90,75 @@ def same_output(first: llamactx.Completion, second: llamactx.Completion) -> None
     assert first.completion_tokens == second.completion_tokens
 
 
-#: How far below the best a greedy token's log-probability may be, read again in one decode of
-#: the whole, when it was chosen in decodes shared with other requests: a decode's numbers depend
-#: a little on what else it holds. Measured: up to 0.34 for replies equal to decoding alone (one
-#: decode of 500 tokens is not 500 decodes of one); three requests at once without drafts moved
-#: two candidates by 0.09 and changed a greedy token where they were 0.06 apart; a token replaced
-#: by the one before it fell 16.9 below the best.
+#: How far apart two candidates for a greedy token may be, or a greedy token may fall below the
+#: model's best, when read again in one decode of the whole: a decode's numbers depend a little
+#: on its shape (how many tokens, of which sequences), and so do the kernels a CPU build
+#: chooses. Measured: up to 0.34 for replies equal to decoding alone (one decode of 500 tokens is
+#: not 500 decodes of one); three requests at once without drafts moved two candidates by 0.09
+#: and changed a greedy token where they were 0.06 apart; a token replaced by the one before it
+#: fell 16.9 below the best.
 BATCHING_TOLERANCE = 1.0
+
+
+def logits_after(model: llamactx.LlamaModel, prompt: list[int], generated: list[int]) -> Iterator[np.ndarray]:
+    """The model's logits after ``prompt``, then after each of ``generated`` in turn, read in one
+    decode of the whole (``len(generated) + 1`` rows)."""
+    tokens = prompt + generated
+    size = len(tokens)
+    with model.new_context(
+        n_ctx=size, n_batch=size, n_ubatch=size, n_threads=threads(), n_threads_batch=threads()
+    ) as ctx:
+        batch = llamactx.LlamaBatch(size)
+        for position, token in enumerate(tokens):
+            batch.add(token, position, [0], position >= len(prompt) - 1)
+        ctx.decode(batch)
+        for row in range(len(generated) + 1):
+            yield ctx.get_logits_ith(len(prompt) - 1 + row)
 
 
 def worst_greedy_gap(model: llamactx.LlamaModel, prompt: list[int], generated: list[int]) -> float:
     """The most any of ``generated`` falls below the model's best token in log-probability, each
     read after ``prompt`` and the tokens before it in one decode of the whole (0 where every
     one was the best)."""
-    tokens = prompt + generated
-    size = len(tokens)
-    with model.new_context(
-        n_ctx=size, n_batch=size, n_ubatch=size, n_threads=threads(), n_threads_batch=threads()
-    ) as ctx:
-        batch = llamactx.LlamaBatch(len(tokens))
-        for position, token in enumerate(tokens):
-            batch.add(token, position, [0], position >= len(prompt) - 1)
-        ctx.decode(batch)
-        worst = 0.0
-        for row, token in enumerate(generated):
-            logits = ctx.get_logits_ith(len(prompt) - 1 + row)
-            worst = max(worst, float(logits.max() - logits[token]))
+    worst = 0.0
+    for logits, token in zip(logits_after(model, prompt, generated), generated, strict=False):  # one row more
+        worst = max(worst, float(logits.max() - logits[token]))
     return worst
+
+
+def same_greedy_tokens(model: llamactx.LlamaModel, prompt: list[int], first: list[int], second: list[int]) -> bool:
+    """Whether two greedy generations after ``prompt`` are equal; where they are not, asserts
+    that they part at a near-tie: the two tokens chosen there (or a token and the end of
+    generation) within ``BATCHING_TOLERANCE`` of each other, read in one decode of what came
+    before. Decodes of other shapes (drafts verified together, requests sharing a decode)
+    choose differently only there; a drafted token kept after its rejection would not pass."""
+    if first == second:
+        return True
+    pairs = enumerate(zip(first, second, strict=False))
+    parted = next((i for i, (a, b) in pairs if a != b), min(len(first), len(second)))
+    *_, logits = logits_after(model, prompt, first[:parted])
+    ends = [token for token in range(model.n_vocab()) if model.is_eog_token(token)]
+
+    def chosen(tokens: list[int]) -> float:
+        return float(logits[tokens[parted]] if parted < len(tokens) else logits[ends].max())
+
+    gap = abs(chosen(first) - chosen(second))
+    assert gap < BATCHING_TOLERANCE, f"parted at token {parted} between candidates {gap:.3f} apart"
+    return False
+
+
+def same_greedy_output(
+    model: llamactx.LlamaModel, prompt: list[int], first: llamactx.Completion, second: llamactx.Completion
+) -> None:
+    """``same_output``, or a parting at a near-tie (``same_greedy_tokens``)."""
+    if same_greedy_tokens(model, prompt, first.tokens, second.tokens):
+        same_output(first, second)
+
+
+def same_greedy_text(model: llamactx.LlamaModel, prompt: list[int], first: str, second: str) -> bool:
+    """``same_greedy_tokens`` for replies the library returns as text: whether they are equal,
+    else where they part is found in their tokens again."""
+    if first == second:
+        return True
+    tokens = [model.str_to_token(text, False, special=False) for text in (first, second)]
+    return same_greedy_tokens(model, prompt, *tokens)
