@@ -199,8 +199,8 @@ class Engine:
     more. Without it, a request's output equals ``generate`` on a context of the same options,
     token for token (reused cells were computed in other chunks, which can change a near-tie).
     With ``speculative`` (an ``NgramDraft`` or a ``DraftModel``), requests draft tokens (from
-    their own text, or with a draft model) and verify them in one decode: the same output in
-    fewer decodes (``Completion.drafted_tokens`` and ``accepted_tokens`` say how many).
+    their own text, or with a draft model) and verify them in one decode: the same output
+    (but at near-ties: see ``NgramDraft``) in fewer decodes (``Completion.drafted_tokens`` and ``accepted_tokens`` say how many).
     With ``mtmd`` (an ``MtmdContext`` loaded for ``model``), chats may hold images: each is
     tokenized when the chat is prepared (which gives the prompt's whole length) and encoded at
     submit, in the submitting thread, while the engine keeps stepping; its

@@ -112,7 +112,8 @@ def continue_sequence(
 
     With ``speculative``, each sampled token is decoded together with the tokens drafted to
     follow it, and the outputs are sampled in turn while the token sampled is the next drafted
-    one (as the engine does): the same tokens in fewer decodes."""
+    one (as the engine does): the same tokens in fewer decodes (but at near-ties: see
+    ``NgramDraft``)."""
     speculative = check_speculative(speculative)
     drafter = None if speculative is None else speculative._drafter(ctx)
     if max_tokens <= 0:

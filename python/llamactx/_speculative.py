@@ -27,13 +27,19 @@ class NgramDraft:
     (in a reply that quotes its input, the place being quoted), and a draft is at most half as
     long as that repeat (rounded up) and at most ``size_mgram`` tokens. No second model; it pays
     where the output repeats its input (code edits, quotes, extraction, answers from a given
-    document). The output is the same as without it: each token is still sampled by the
-    request's own sampler. How many tokens a request drafts adapts to how many were accepted.
+    document). The output is the same as without it (but at near-ties, see below): each token is
+    still sampled by the request's own sampler. How many tokens a request drafts adapts to how many were accepted.
     (Like llama.cpp's ``ngram-simple``, which takes the most recent repeat of exactly
     ``size_ngram`` tokens.) With a KV stream per sequence (``kv_unified=False``, the default),
     an engine's step drafts as many tokens for each of its requests: the fewest any of them
     drafts, so none while one drafts nothing. llama.cpp splits a decode whose sequences bring
     different numbers of tokens into micro-batches that each cost about a decode of their own.
+
+    Near-ties: verifying decodes a token with its draft, and llama.cpp's numbers for a decode of
+    several tokens differ a little from decodes of one (by a few hundredths of a logit, up to a
+    few tenths, depending on the CPU build's kernels). Where the model's two best candidates are
+    that close, a greedy choice (or a seeded draw at the edge of a token's probability) can go
+    the other way, and the replies part there; everywhere else they are equal, token for token.
 
     With ``only_where_faster`` (the default), a request in the engine drafts only while its
     recent drafts had enough of their tokens accepted to pay for their verification, as
@@ -74,8 +80,8 @@ class DraftModel:
     it drafts for and with the same vocabulary (token for token: ``ValueError`` otherwise, when
     the engine or the generation starts), proposes its most likely next tokens, up to
     ``n_draft_max`` of them and while its probability of each is at least ``p_min``; the target
-    model verifies them all in one decode. The output is the same as without it: each token is
-    still sampled by the request's own sampler from the target model's output. It pays where
+    model verifies them all in one decode. The output is the same as without it (but at
+    near-ties, as for ``NgramDraft``): each token is still sampled by the request's own sampler from the target model's output. It pays where
     the draft model often agrees with the target and costs much less per token.
 
     The engine gives the draft model a context of its own, with the target's cells and
