@@ -4,6 +4,7 @@ that are not fixtures live in ``support/``."""
 from __future__ import annotations
 
 import os
+import resource
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,8 @@ no_network.install()
 
 #: Set in each worker of a parallel run (``pytest -n``, pytest-xdist): ``gw0``, ``gw1``, ...
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+#: A folder where each test's CPU seconds are recorded (``scripts/test_profile.py`` sets it).
+CPU_LOG = os.environ.get("LLAMACTX_TEST_CPU_LOG")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,6 +48,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("whole_machine") is not None:
             item.add_marker(serial)
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of the children it has waited for (servers, children
+    of crash cases, the Ray suite's process)."""
+    mine, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """With ``CPU_LOG``, appends each test's CPU seconds (setup, call and teardown, and so a
+    module's fixtures with its first test) to a file of this process: what the wall-clock
+    durations do not show is which tests keep the CPUs busy."""
+    if CPU_LOG is None:
+        return (yield)
+    before = _cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        with (Path(CPU_LOG) / f"{os.getpid()}.tsv").open("a") as log:
+            log.write(f"{_cpu_seconds() - before:.3f}\t{item.nodeid}\n")
 
 
 @pytest.fixture(autouse=True)
