@@ -2,9 +2,11 @@
 //! (continuous batching). Python submits token ids and reads pieces; scheduling, decoding and
 //! sampling run on the engine's own thread, without the GIL.
 
+mod backend;
 mod draft;
 mod draft_cost;
 mod draft_model;
+mod llama_backend;
 mod logprobs;
 mod media_prompt;
 mod ngram;
@@ -12,6 +14,8 @@ mod plan;
 mod prefix_cache;
 mod request;
 mod scheduler;
+#[cfg(test)]
+mod scripted;
 pub mod waker;
 
 use std::collections::VecDeque;
@@ -35,6 +39,7 @@ use crate::tokens::check_vocab;
 pub use draft::PyDrafter;
 use draft::{DraftSource, NgramConfig, Speculation};
 use draft_model::{check_can_cut, DraftContext};
+use llama_backend::LlamaBackend;
 use media_prompt::{assemble, MediaInput, MediaPrompt};
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
@@ -286,9 +291,10 @@ impl PyEngineCore {
         let batch = BatchState::new(native.with(|context| context.n_batch()) as usize, 1)?;
         let scheduled = Arc::clone(&shared);
         let projector = mtmd.as_ref().map(|projector| projector.clone_ref(py));
+        let backend = LlamaBackend::new(native, batch, projector);
         let thread = std::thread::Builder::new()
             .name("llamactx-engine".to_owned())
-            .spawn(move || Scheduler::new(native, scheduled, batch, prefix_cache, speculation, projector).run())
+            .spawn(move || Scheduler::new(backend, scheduled, prefix_cache, speculation).run())
             .map_err(|err| Error::Runtime(format!("could not start the engine thread: {err}")))?;
         Ok(Self {
             shared,

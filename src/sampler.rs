@@ -151,7 +151,15 @@ impl PyLlamaSampler {
 /// `native`: `llama_sampler_sample`'s steps, with its asserts turned into exceptions. Nothing
 /// is accepted.
 pub fn select(native: &OpenContext, sampler: &mut LlamaSampler, row: i32) -> Result<LlamaTokenData> {
-    let mut candidates = native.with(|context| LlamaTokenDataArray::from_iter(context.candidates_ith(row), false));
+    native.with(|context| select_from(sampler, context.get_logits_ith(row)))
+}
+
+/// The token `sampler` selects from `logits` (a row of the whole vocabulary), as `select`.
+pub fn select_from(sampler: &mut LlamaSampler, logits: &[f32]) -> Result<LlamaTokenData> {
+    let candidates = (0_i32..)
+        .zip(logits)
+        .map(|(token, &logit)| LlamaTokenData::new(LlamaToken::new(token), logit, 0.0));
+    let mut candidates = LlamaTokenDataArray::from_iter(candidates, false);
     custom::take_failure();
     candidates.apply_sampler(sampler);
     if let Some(failure) = custom::take_failure() {

@@ -173,6 +173,17 @@ impl RequestShared {
         self.progress().outcome.is_some()
     }
 
+    /// The completion, or the failure's message, once the request ended.
+    #[cfg(test)]
+    pub fn ended(&self) -> Option<std::result::Result<PyCompletion, String>> {
+        match &self.progress().outcome {
+            None => None,
+            Some(Outcome::Done(completion)) => Some(Ok(completion.clone())),
+            Some(Outcome::Failed(err)) => Some(Err(format!("{err:?}"))),
+            Some(Outcome::Raised(err)) => Some(Err(err.to_string())),
+        }
+    }
+
     /// In a forked child: whether the request had ended. A lock the engine thread held at the
     /// fork stays held in the child, so it is tried, never awaited.
     fn ended_before_a_fork(&self) -> bool {

@@ -8,7 +8,8 @@
 //!
 //! What each decode holds is decided by `plan.rs` (admissions, prompt chunks, decode order) and
 //! `prefix_cache.rs` (which sequence a prompt starts in, and what it reuses), from each request's
-//! `Phase`; this file acts on those decisions: it decodes, samples, emits and ends requests.
+//! `Phase`; this file acts on those decisions: it decodes, samples, emits and ends requests,
+//! through a `Backend` (llama.cpp's context in the engine, a scripted model in `tests.rs`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -16,8 +17,8 @@ use std::time::Instant;
 
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
-use pyo3::Py;
 
+use super::backend::{Backend, Entry};
 use super::draft::{DraftLength, DraftRequest, Speculation};
 use super::draft_cost::DraftCosts;
 use super::logprobs::top_logprobs;
@@ -25,14 +26,12 @@ use super::plan;
 use super::prefix_cache::{Placement, PrefixCache};
 use super::request::{PyCompletion, RequestShared, TokenLogprobs};
 use super::{Counters, EngineShared, Inbox};
-use crate::batch::BatchState;
-use crate::context::OpenContext;
 use crate::errors::{Error, Result};
-use crate::media::{PyMtmdContext, SharedChunks};
+use crate::media::SharedChunks;
 use crate::sampler::custom::prepare_first_stages;
 use crate::sampler::params::{GreedyPick, PySamplingParams};
-use crate::sampler::{no_token_left, refuse_unfinished_end, select, try_accept, SendSampler};
-use crate::steps::{token_bytes, Finish, Steps};
+use crate::sampler::{no_token_left, refuse_unfinished_end, select_from, try_accept, SendSampler};
+use crate::steps::{Finish, Steps};
 
 /// A submitted request, checked against the engine's limits.
 pub struct Job {
@@ -219,10 +218,11 @@ fn unstarted(job: &Job, finish_reason: &'static str) -> PyCompletion {
     }
 }
 
-pub struct Scheduler {
-    native: OpenContext,
+pub struct Scheduler<B: Backend> {
+    backend: B,
     shared: Arc<EngineShared>,
-    batch: BatchState,
+    /// The entries of the decode being built.
+    batch: Vec<Entry>,
     /// In order of admission.
     running: Vec<Running>,
     free_seqs: Vec<i32>,
@@ -232,45 +232,27 @@ pub struct Scheduler {
     n_ctx_seq: usize,
     /// Where every request's drafts come from, if anywhere.
     speculation: Option<Speculation>,
-    /// The projector whose embeddings image prompts decode, if the engine reads images.
-    mtmd: Option<Py<PyMtmdContext>>,
     /// What drafted tokens cost here, against what a step without them yields.
     costs: DraftCosts,
     /// Every counter `stats()` reports, counted here only.
     counters: Counters,
 }
 
-impl Scheduler {
-    /// A scheduler for `native`, whose decodes go through `batch` (of `n_batch` tokens).
-    pub fn new(
-        native: OpenContext,
-        shared: Arc<EngineShared>,
-        batch: BatchState,
-        prefix_cache: bool,
-        speculation: Option<Speculation>,
-        mtmd: Option<Py<PyMtmdContext>>,
-    ) -> Self {
-        let (n_batch, n_ctx, n_seq_max) = native.with(|context| {
-            (
-                context.n_batch() as usize,
-                context.n_ctx() as usize,
-                context.n_seq_max(),
-            )
-        });
-        let n_ctx_seq = native.positions_per_sequence() as usize;
+impl<B: Backend> Scheduler<B> {
+    pub fn new(backend: B, shared: Arc<EngineShared>, prefix_cache: bool, speculation: Option<Speculation>) -> Self {
+        let sizes = backend.sizes();
         Self {
-            native,
+            backend,
             shared,
-            batch,
+            batch: Vec::with_capacity(sizes.n_batch),
             running: Vec::new(),
             // llama.cpp caps n_seq_max far below i32::MAX.
-            free_seqs: (0..i32::try_from(n_seq_max).unwrap_or(i32::MAX)).rev().collect(),
-            cache: PrefixCache::new(prefix_cache, n_seq_max as usize),
-            n_batch,
-            n_ctx,
-            n_ctx_seq,
+            free_seqs: (0..i32::try_from(sizes.n_seq_max).unwrap_or(i32::MAX)).rev().collect(),
+            cache: PrefixCache::new(prefix_cache, sizes.n_seq_max),
+            n_batch: sizes.n_batch,
+            n_ctx: sizes.n_ctx,
+            n_ctx_seq: sizes.n_ctx_seq,
             speculation,
-            mtmd,
             costs: DraftCosts::default(),
             counters: Counters::default(),
         }
@@ -279,17 +261,7 @@ impl Scheduler {
     /// Serves requests until the engine closes, then ends every request left.
     pub fn run(mut self) {
         while let Some(admitted) = self.next_jobs() {
-            for job in admitted {
-                self.admit(job);
-            }
-            let started = Instant::now();
-            if catch_unwind(AssertUnwindSafe(|| self.step())).is_err() {
-                for running in &mut self.running {
-                    running.phase = Phase::Ended(End::Failed(Error::Panic("the engine's step panicked".to_owned())));
-                }
-                self.shared.inbox().closed = true;
-            }
-            self.end_sequences(started);
+            self.step_with(admitted);
         }
         for running in &mut self.running {
             if running.phase.is_live() {
@@ -297,6 +269,22 @@ impl Scheduler {
             }
         }
         self.end_sequences(Instant::now());
+    }
+
+    /// Admits `admitted`, steps, and ends the sequences that ended: a panicking step fails its
+    /// requests and closes the engine.
+    fn step_with(&mut self, admitted: Vec<Job>) {
+        for job in admitted {
+            self.admit(job);
+        }
+        let started = Instant::now();
+        if catch_unwind(AssertUnwindSafe(|| self.step())).is_err() {
+            for running in &mut self.running {
+                running.phase = Phase::Ended(End::Failed(Error::Panic("the engine's step panicked".to_owned())));
+            }
+            self.shared.inbox().closed = true;
+        }
+        self.end_sequences(started);
     }
 
     /// The waiting requests that fit now, waiting while there is nothing to do; None once
@@ -381,7 +369,7 @@ impl Scheduler {
         if reused > 0 {
             self.counters.prefix_cache_hits += 1;
         }
-        let n_vocab = self.native.model().n_vocab();
+        let n_vocab = self.backend.sizes().n_vocab;
         let sampling = job.sampling.build(n_vocab);
         let (sampler, greedy) = match job.grammar.take() {
             Some(grammar) => (LlamaSampler::chain([grammar.0, sampling], true), None),
@@ -420,25 +408,21 @@ impl Scheduler {
 
     /// Leaves exactly the reused prompt start in the placed slot's KV cache.
     fn reuse(&mut self, placement: Placement) -> Result<()> {
-        let seq = i64::from(placement.seq);
-        let kept = i64::try_from(placement.reused).map_err(|_| Error::value("prompt too long"))?;
+        let (seq, kept) = (placement.seq, placement.reused);
         let outcome = (|| {
             if let Some(source) = placement.copy_from {
-                self.native.clear_seq(Some(seq), None, None)?;
-                if self.native.kv_unified() {
-                    self.native.copy_seq(i64::from(source), seq, Some(0), Some(kept))?;
-                } else {
-                    // Across KV streams llama.cpp copies whole sequences only.
-                    self.native.copy_seq(i64::from(source), seq, None, None)?;
-                }
+                self.backend.clear_cells(seq, 0, None)?;
+                // Across KV streams llama.cpp copies whole sequences only.
+                let to = self.backend.sizes().kv_unified.then_some(kept);
+                self.backend.copy_cells(source, seq, to)?;
             }
-            self.native.clear_seq(Some(seq), Some(kept), None)
+            self.backend.clear_cells(seq, kept, None)
         })();
         match outcome {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::value("the KV cache cannot cut a sequence")),
             Err(err) => {
-                let _ = self.native.clear_seq(Some(seq), None, None);
+                let _ = self.backend.clear_cells(seq, 0, None);
                 Err(err)
             }
         }
@@ -447,7 +431,7 @@ impl Scheduler {
     /// With one KV stream for all sequences, the cells kept for reuse share it with the
     /// running ones: give up kept prompts (largest first) until the running requests' cells fit.
     fn make_room(&mut self, placed: i32) {
-        if !self.native.kv_unified() {
+        if !self.backend.sizes().kv_unified {
             return;
         }
         let reserved: usize = self
@@ -457,7 +441,7 @@ impl Scheduler {
             .sum();
         while reserved + self.cache.cells() > self.n_ctx {
             let Some(seq) = self.cache.largest(placed) else { break };
-            let _ = self.native.clear_seq(Some(i64::from(seq)), None, None);
+            let _ = self.backend.clear_cells(seq, 0, None);
             self.cache.forget(seq);
             self.forget_drafts(seq);
         }
@@ -512,16 +496,15 @@ impl Scheduler {
         };
         let drafted: usize = drafts.iter().map(Vec::len).sum();
         self.costs.record_proposing(drafted, proposing.elapsed().as_secs_f64());
-        let mut rows: Vec<(usize, i32)> = Vec::new();
-        let added = self.add_generating(&order, &drafts, &mut rows);
+        let rows = self.add_generating(&order, &drafts);
         let decoding = Instant::now();
-        if let Err(err) = added.and_then(|()| self.native.decode(&mut self.batch)) {
+        if let Err(err) = self.backend.decode(&self.batch) {
             self.fail(order.into_iter(), err);
             return;
         }
         if self.speculation.as_ref().is_some_and(|speculation| speculation.gated) {
             // A GPU decode returns before it is computed; its time is measured to the end.
-            self.native.with_mut(|context| context.synchronize());
+            self.backend.finish_compute();
             self.costs
                 .record_decode(order.len() + drafted, decoding.elapsed().as_secs_f64());
         }
@@ -546,7 +529,7 @@ impl Scheduler {
     /// each (`plan::draft_lengths`).
     fn drafts(&mut self, order: &[usize]) -> Vec<Vec<LlamaToken>> {
         let generating = order.len();
-        let alike = !self.native.kv_unified();
+        let alike = !self.backend.sizes().kv_unified;
         let Some(speculation) = self.speculation.as_mut() else {
             return vec![Vec::new(); generating];
         };
@@ -609,40 +592,41 @@ impl Scheduler {
     }
 
     /// Fills the batch with each generating request's last sampled token and its draft, every
-    /// one with an output; `rows` gets each request's first output row.
-    fn add_generating(
-        &mut self,
-        order: &[usize],
-        drafts: &[Vec<LlamaToken>],
-        rows: &mut Vec<(usize, i32)>,
-    ) -> Result<()> {
+    /// one with an output; returns each request's first output row.
+    fn add_generating(&mut self, order: &[usize], drafts: &[Vec<LlamaToken>]) -> Vec<(usize, usize)> {
         self.batch.clear();
+        let mut rows = Vec::with_capacity(order.len());
         for (&index, draft) in order.iter().zip(drafts) {
             let running = &self.running[index];
             let Phase::Generating(token) = running.phase else {
                 continue;
             };
-            let start = running.kv_len();
-            rows.push((index, self.batch.add_at(token, start, running.seq, true)?));
-            for (offset, &next) in draft.iter().enumerate() {
-                self.batch.add_at(next, start + 1 + offset, running.seq, true)?;
+            let (start, seq) = (running.kv_len(), running.seq);
+            rows.push((index, self.batch.len()));
+            for (offset, &token) in std::iter::once(&token).chain(draft).enumerate() {
+                self.batch.push(Entry {
+                    token,
+                    position: start + offset,
+                    seq,
+                    output: true,
+                });
             }
         }
-        Ok(())
+        rows
     }
 
     /// Samples the tokens of `running[index]` from its outputs from `row` on (`draft.len() + 1`
     /// of them), accepting drafted tokens while they are what was sampled, and removes the
     /// cells of the drafted tokens that were not. Its drafts pause unless they accept at least
     /// `least_acceptance` of their tokens (`DraftLength::record`).
-    fn verify(&mut self, index: usize, row: i32, draft: &[LlamaToken], least_acceptance: f64) {
+    fn verify(&mut self, index: usize, row: usize, draft: &[LlamaToken], least_acceptance: f64) {
         let running = &mut self.running[index];
         let Phase::Generating(token) = running.phase else {
             return;
         };
         running.kv_tokens.push(token);
         self.counters.tokens_generated += 1;
-        Self::sample_or_fail(&self.native, running, row);
+        Self::sample_or_fail(&self.backend, running, row);
         let mut accepted = 0;
         for &drafted in draft {
             if !matches!(running.phase, Phase::Generating(chosen) if chosen == drafted) {
@@ -651,7 +635,7 @@ impl Scheduler {
             running.kv_tokens.push(drafted);
             accepted += 1;
             self.counters.tokens_generated += 1;
-            Self::sample_or_fail(&self.native, running, row + i32::try_from(accepted).unwrap_or(i32::MAX));
+            Self::sample_or_fail(&self.backend, running, row + accepted);
         }
         if draft.is_empty() {
             return;
@@ -664,8 +648,7 @@ impl Scheduler {
             length.record(draft.len(), accepted, least_acceptance);
         }
         if accepted < draft.len() {
-            let kept = i64::try_from(running.kv_len()).unwrap_or(i64::MAX);
-            let cut = self.native.clear_seq(Some(i64::from(running.seq)), Some(kept), None);
+            let cut = self.backend.clear_cells(running.seq, running.kv_len(), None);
             if !matches!(cut, Ok(true)) {
                 let err = cut
                     .err()
@@ -711,10 +694,9 @@ impl Scheduler {
     /// (encoding another request's image), the images wait for a later step if other requests
     /// have work in this one: their generation does not wait for the encode.
     fn read_media(&mut self) {
-        let Some(mtmd) = &self.mtmd else {
+        if !self.backend.reads_media() {
             return;
-        };
-        let mtmd = mtmd.get();
+        }
         let at_media = |running: &Running| {
             matches!(running.phase, Phase::Reading) && running.job.media_at(running.kv_len()).is_some()
         };
@@ -734,28 +716,10 @@ impl Scheduler {
             let Some(span) = running.job.media_at(running.kv_len()) else {
                 continue;
             };
-            let (at, width, seq) = (span.at, span.width, running.seq);
-            let (chunks, chunk_index, embeddings) =
-                (Arc::clone(&span.chunks), span.index, Arc::clone(&span.embeddings));
-            let outcome = (|| {
-                let mut guard = match mtmd.try_lock()? {
-                    Some(guard) => guard,
-                    None if others_busy => return Ok(false),
-                    None => mtmd.lock()?,
-                };
-                let open = guard.as_mut().ok_or_else(|| Error::closed("MtmdContext"))?;
-                let chunk = chunks
-                    .0
-                    .get(chunk_index)
-                    .ok_or_else(|| Error::value("an image chunk is missing"))?;
-                let position = i32::try_from(at).map_err(|_| Error::value("the prompt is too long"))?;
-                self.native
-                    .decode_encoded(open, &chunk, &embeddings, position, seq)
-                    .map(|_| true)
-            })();
-            match outcome {
+            match self.backend.decode_media(span, running.seq, !others_busy) {
                 Ok(false) => {}
                 Ok(true) => {
+                    let (at, width) = (span.at, span.width);
                     self.counters.prompt_tokens_computed += width as u64;
                     let running = &mut self.running[index];
                     let read = &running.job.prompt[at..at + width];
@@ -779,15 +743,20 @@ impl Scheduler {
         for &(index, chunk) in &in_order {
             let running = &self.running[index];
             let prompt = &running.job.prompt;
-            for pos in running.kv_len()..running.kv_len() + chunk {
-                let last = pos + 1 == prompt.len();
-                let row = self.batch.add_at(prompt[pos], pos, running.seq, last)?;
-                if last {
-                    rows.push((index, row));
+            for position in running.kv_len()..running.kv_len() + chunk {
+                let output = position + 1 == prompt.len();
+                if output {
+                    rows.push((index, self.batch.len()));
                 }
+                self.batch.push(Entry {
+                    token: prompt[position],
+                    position,
+                    seq: running.seq,
+                    output,
+                });
             }
         }
-        self.native.decode(&mut self.batch)?;
+        self.backend.decode(&self.batch)?;
         for &(index, chunk) in chunks {
             self.counters.prompt_tokens_computed += chunk as u64;
             let running = &mut self.running[index];
@@ -798,7 +767,7 @@ impl Scheduler {
         self.prepare_constraints(&rows);
         for (index, row) in rows {
             self.counters.tokens_generated += 1;
-            Self::sample_or_fail(&self.native, &mut self.running[index], row);
+            Self::sample_or_fail(&self.backend, &mut self.running[index], row);
         }
         Ok(())
     }
@@ -811,7 +780,7 @@ impl Scheduler {
 
     /// Computes the constraint masks of the requests about to sample (`(index in running,
     /// row)`) in parallel, instead of one after another as each samples.
-    fn prepare_constraints(&mut self, rows: &[(usize, i32)]) {
+    fn prepare_constraints(&mut self, rows: &[(usize, usize)]) {
         let sampling: Vec<bool> = (0..self.running.len())
             .map(|index| rows.iter().any(|&(sampled, _)| sampled == index))
             .collect();
@@ -834,25 +803,26 @@ impl Scheduler {
     }
 
     /// Samples the next token of `running` from output row `row`; a failure ends it.
-    fn sample_or_fail(native: &OpenContext, running: &mut Running, row: i32) {
-        if let Err(err) = Self::sample(native, running, row) {
+    fn sample_or_fail(backend: &B, running: &mut Running, row: usize) {
+        if let Err(err) = Self::sample(backend, running, row) {
             running.phase = Phase::Ended(End::Failed(err));
         }
     }
 
-    fn sample(native: &OpenContext, running: &mut Running, row: i32) -> Result<()> {
+    fn sample(backend: &B, running: &mut Running, row: usize) -> Result<()> {
         let chosen = match &running.greedy {
-            Some(greedy) => native
-                .read_row(row, |context, row| greedy.pick(context.get_logits_ith(row)))?
+            Some(greedy) => backend
+                .read_logits(row, |logits| greedy.pick(logits))?
                 .ok_or_else(no_token_left)?,
-            None => select(native, &mut running.sampler, native.full_logits_row(row)?)?.id(),
+            None => backend
+                .read_logits(row, |logits| select_from(&mut running.sampler, logits))??
+                .id(),
         };
-        let model = native.model();
-        let end_of_generation = model.is_eog_token(chosen);
+        let end_of_generation = backend.is_end_of_generation(chosen);
         // A grammar masks what it cannot take, so these only refuse what llama.cpp would abort on.
         refuse_unfinished_end(end_of_generation, &running.sampler, chosen)?;
         try_accept(&mut running.sampler, chosen)?;
-        let bytes = token_bytes(model, chosen)?;
+        let bytes = backend.token_bytes(chosen)?;
         let now = Instant::now();
         running.first_token.get_or_insert(now);
         running.last_token = Some(now);
@@ -862,9 +832,7 @@ impl Scheduler {
             running.tokens.push(chosen.0);
             if running.job.logprobs > 0 {
                 let top = running.job.logprobs;
-                let logprobs = native.read_row(row, |context, row| {
-                    top_logprobs(context.get_logits_ith(row), chosen.0, top)
-                })?;
+                let logprobs = backend.read_logits(row, |logits| top_logprobs(logits, chosen.0, top))?;
                 running.logprobs.push(logprobs);
             }
         }
@@ -896,7 +864,7 @@ impl Scheduler {
                 self.cache.keep(running.seq, std::mem::take(&mut running.kv_tokens));
             } else {
                 // Its cells go back to the others; a sequence id from our own range cannot fail.
-                let _ = self.native.clear_seq(Some(i64::from(running.seq)), None, None);
+                let _ = self.backend.clear_cells(running.seq, 0, None);
                 self.cache.forget(running.seq);
                 self.forget_drafts(running.seq);
             }
@@ -924,7 +892,7 @@ impl Scheduler {
     }
 }
 
-impl Drop for Scheduler {
+impl<B: Backend> Drop for Scheduler<B> {
     /// Closes the engine to new requests and ends those still waiting, also when the thread
     /// ends by a panic (running requests then fail as their jobs drop).
     fn drop(&mut self) {
@@ -950,3 +918,6 @@ fn finish_unstarted(jobs: Vec<Job>) {
 fn can_pay(least: Option<f64>) -> bool {
     !least.is_some_and(|least| least >= 1.0)
 }
+
+#[cfg(test)]
+mod tests;

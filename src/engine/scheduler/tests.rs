@@ -1,0 +1,288 @@
+//! The scheduler's decisions, on a scripted model (`scripted.rs`): admission, prompt chunks,
+//! requests arriving mid-step, drafts and their verification, cancellation and failed decodes,
+//! checked through the decodes the scheduler asked for and what each request received.
+
+use std::sync::{Condvar, Mutex};
+
+use super::*;
+use crate::engine::backend::Sizes;
+use crate::engine::draft::{DraftSource, NgramConfig};
+use crate::engine::scripted::{Scripted, FAILURE};
+
+/// Five tokens, 1 to 5, by position; in rounds 1, 8, 15, ... 6 takes the place of 5. N-gram
+/// drafts of the round are accepted, those that propose 5 there rejected: after a prompt of
+/// eight, the first draft proposes 5 at position 9 and is rejected whole.
+fn cycle_at(position: usize) -> i32 {
+    let (round, place) = (position / 5, position % 5);
+    if place == 4 && round % 7 == 1 {
+        6
+    } else {
+        1 + i32::try_from(place).unwrap_or(0)
+    }
+}
+
+fn cycle(history: &[LlamaToken]) -> LlamaToken {
+    LlamaToken::new(cycle_at(history.len()))
+}
+
+/// The tokens the script generates after a prompt of `prompt` tokens.
+fn expected(prompt: usize, max_tokens: usize) -> Vec<i32> {
+    (prompt..prompt + max_tokens).map(cycle_at).collect()
+}
+
+fn sizes(n_seq_max: usize) -> Sizes {
+    Sizes {
+        n_batch: 8,
+        n_ctx: 64 * n_seq_max,
+        n_seq_max,
+        n_ctx_seq: 64,
+        kv_unified: false,
+        n_vocab: 16,
+    }
+}
+
+struct Harness {
+    scheduler: Scheduler<Scripted>,
+    shared: Arc<EngineShared>,
+}
+
+fn harness(n_seq_max: usize, speculation: Option<Speculation>) -> Harness {
+    let shared = Arc::new(EngineShared {
+        inbox: Mutex::default(),
+        wake: Condvar::new(),
+        counters: Mutex::default(),
+    });
+    let backend = Scripted::new(sizes(n_seq_max), cycle);
+    Harness {
+        scheduler: Scheduler::new(backend, Arc::clone(&shared), false, speculation),
+        shared,
+    }
+}
+
+fn job(shared: &Arc<EngineShared>, prompt: &[i32], max_tokens: usize) -> Job {
+    Job {
+        request: Arc::new(RequestShared::new(Arc::clone(shared))),
+        prompt: prompt.iter().map(|&token| LlamaToken::new(token)).collect(),
+        max_tokens,
+        stop: Vec::new(),
+        sampling: PySamplingParams::greedy(),
+        grammar: None,
+        logprobs: 0,
+        submitted: Instant::now(),
+        media: Vec::new(),
+    }
+}
+
+impl Harness {
+    fn submit(&self, prompt: &[i32], max_tokens: usize) -> Arc<RequestShared> {
+        let job = job(&self.shared, prompt, max_tokens);
+        let request = Arc::clone(&job.request);
+        self.shared.inbox().waiting.push_back(job);
+        request
+    }
+
+    /// One step, with the requests that fit admitted first (as `run` does).
+    fn step(&mut self) {
+        let admitted = self.scheduler.arrived_jobs();
+        self.scheduler.step_with(admitted);
+    }
+
+    /// Steps until nothing runs or waits.
+    fn finish(&mut self) {
+        for _ in 0..1000 {
+            if self.scheduler.running.is_empty() && self.shared.inbox().waiting.is_empty() {
+                return;
+            }
+            self.step();
+        }
+        panic!("requests still running after 1000 steps");
+    }
+
+    fn decodes(&self) -> &[Vec<Entry>] {
+        &self.scheduler.backend.decodes
+    }
+
+    /// The decodes that hold tokens of `prompt` (read as a prompt, at their positions).
+    fn prompt_decodes(&self, prompt: &[i32]) -> Vec<usize> {
+        let of_prompt = |entry: &Entry| prompt.get(entry.position) == Some(&entry.token.0) && !entry.output;
+        (0..self.decodes().len())
+            .filter(|&index| self.decodes()[index].iter().any(of_prompt))
+            .collect()
+    }
+}
+
+fn completion(request: &RequestShared) -> PyCompletion {
+    match request.ended() {
+        Some(Ok(completion)) => completion,
+        other => panic!("the request did not complete: {other:?}"),
+    }
+}
+
+fn failure(request: &RequestShared) -> String {
+    match request.ended() {
+        Some(Err(message)) => message,
+        other => panic!("the request did not fail: {other:?}"),
+    }
+}
+
+#[test]
+fn a_long_prompt_is_read_in_chunks_of_a_batch_in_decodes_of_its_own_while_another_generates() {
+    let mut engine = harness(4, None);
+    let first = engine.submit(&[1, 2, 3], 12);
+    engine.step();
+    let long: Vec<i32> = (0..20).map(|n| 7 + n % 5).collect();
+    let second = engine.submit(&long, 4);
+    engine.finish();
+    let chunks: Vec<usize> = engine
+        .prompt_decodes(&long)
+        .into_iter()
+        .map(|index| engine.decodes()[index].len())
+        .collect();
+    assert_eq!(chunks, [8, 8, 4]);
+    // A prompt's chunk never shares a decode with generated tokens, and the first request
+    // generated in each step a chunk was read in: one generation decode per step.
+    let first_seq = engine.decodes()[0][0].seq;
+    let prompt_length = |seq: i32| if seq == first_seq { 3 } else { long.len() };
+    for decode in engine.decodes() {
+        let reading = decode
+            .iter()
+            .filter(|entry| entry.position < prompt_length(entry.seq))
+            .count();
+        assert!(reading == 0 || reading == decode.len(), "{decode:?}");
+    }
+    assert_eq!(engine.decodes().len(), 4 + 11);
+    assert_eq!(completion(&first).tokens, expected(3, 12));
+    assert_eq!(completion(&second).tokens, expected(20, 4));
+}
+
+#[test]
+fn a_request_arriving_while_a_prompt_is_read_is_read_and_generates_in_the_same_step() {
+    let mut engine = harness(4, None);
+    let first = engine.submit(&[1, 2, 3], 3);
+    let late = job(&engine.shared, &[9, 9], 3);
+    let second = Arc::clone(&late.request);
+    let mut late = Some(late);
+    let shared = Arc::clone(&engine.shared);
+    engine.scheduler.backend.after_decode = Some(Box::new(move |_| {
+        if let Some(job) = late.take() {
+            shared.inbox().waiting.push_back(job);
+        }
+    }));
+    engine.step();
+    // The first prompt, then the late one in the batch's room, then both requests' next token.
+    let seqs = |decode: &[Entry]| decode.iter().map(|entry| entry.seq).collect::<Vec<_>>();
+    assert_eq!(engine.decodes().len(), 3);
+    assert_eq!(engine.prompt_decodes(&[9, 9]), [1]);
+    let (first_seq, late_seq) = (engine.decodes()[0][0].seq, engine.decodes()[1][0].seq);
+    let mut both = vec![first_seq, late_seq];
+    both.sort_unstable();
+    assert_eq!(seqs(&engine.decodes()[2]), both);
+    engine.finish();
+    assert_eq!(completion(&first).tokens, expected(3, 3));
+    assert_eq!(completion(&second).tokens, expected(2, 3));
+}
+
+#[test]
+fn requests_wait_for_a_free_sequence_and_start_first_come_first_served() {
+    let mut engine = harness(2, None);
+    let requests: Vec<_> = [(7, 3), (8, 10), (9, 3), (10, 3)]
+        .into_iter()
+        .map(|(token, max_tokens)| engine.submit(&[token, token], max_tokens))
+        .collect();
+    engine.step();
+    assert_eq!(engine.scheduler.running.len(), 2);
+    assert_eq!(engine.shared.inbox().waiting.len(), 2);
+    engine.finish();
+    let started: Vec<usize> = [7, 8, 9, 10]
+        .into_iter()
+        .map(|token| engine.prompt_decodes(&[token, token])[0])
+        .collect();
+    assert_eq!(started[0], started[1], "the first two are read together");
+    // The third starts when the first ends (3 tokens: 2 steps), the fourth when the third does.
+    assert!(started[1] < started[2] && started[2] < started[3], "{started:?}");
+    for (request, max_tokens) in requests.iter().zip([3, 10, 3, 3]) {
+        assert_eq!(completion(request).tokens, expected(2, max_tokens));
+    }
+    assert!((0..2).all(|seq| engine.scheduler.backend.cells(seq).is_empty()));
+}
+
+#[test]
+fn ngram_drafts_give_the_same_tokens_in_fewer_decodes_and_rejected_drafts_leave_no_cells() {
+    let speculation = Speculation {
+        source: DraftSource::Ngram(NgramConfig {
+            size_ngram: 3,
+            size_mgram: 16,
+        }),
+        gated: false,
+    };
+    let mut engine = harness(4, Some(speculation));
+    let prompt: Vec<i32> = (0..8).map(cycle_at).collect();
+    let request = engine.submit(&prompt, 48);
+    engine.finish();
+    let done = completion(&request);
+    assert_eq!(done.tokens, expected(8, 48));
+    assert!(
+        0 < done.accepted_tokens && done.accepted_tokens < done.drafted_tokens,
+        "{done:?}"
+    );
+    // The first token comes from the prompt's decode; each later decode samples its own token
+    // and the drafted ones it accepted.
+    let generation: Vec<&Vec<Entry>> = engine.decodes().iter().skip(1).collect();
+    assert_eq!(generation.len() + done.accepted_tokens, 47);
+    // The scripted model refuses a decode that does not continue its sequence's cells, so the
+    // cells of every rejected draft were cut before the next decode. A draft rejected whole
+    // (the next decode starts right after its first entry) pauses drafting for two steps.
+    let rejected_whole: Vec<usize> = (0..generation.len() - 1)
+        .filter(|&step| {
+            generation[step].len() > 1 && generation[step + 1][0].position == generation[step][0].position + 1
+        })
+        .collect();
+    assert!(!rejected_whole.is_empty());
+    for step in rejected_whole {
+        let paused = &generation[step + 1..(step + 3).min(generation.len())];
+        assert!(paused.iter().all(|decode| decode.len() == 1), "{paused:?}");
+    }
+    assert!(engine.scheduler.backend.cells(engine.decodes()[0][0].seq).is_empty());
+}
+
+#[test]
+fn a_cancelled_request_ends_at_the_next_step_and_its_cells_are_freed() {
+    let mut engine = harness(4, None);
+    let cancelled = engine.submit(&[1, 2], 40);
+    let other = engine.submit(&[3, 4], 8);
+    for _ in 0..3 {
+        engine.step();
+    }
+    cancelled.cancel();
+    engine.step();
+    let ended = completion(&cancelled);
+    assert_eq!(ended.finish_reason, "cancelled");
+    assert_eq!(ended.tokens, expected(2, ended.tokens.len()));
+    let holding = (0..4)
+        .filter(|&seq| !engine.scheduler.backend.cells(seq).is_empty())
+        .count();
+    assert_eq!(holding, 1, "only the other request's sequence holds cells");
+    engine.finish();
+    assert_eq!(completion(&other).tokens, expected(2, 8));
+}
+
+#[test]
+fn a_failed_decode_fails_every_request_in_it_and_no_other() {
+    let mut engine = harness(2, None);
+    let failed = [engine.submit(&[1, 2, 3], 20), engine.submit(&[4, 5], 20)];
+    let waiting = engine.submit(&[6, 7], 5);
+    engine.step(); // the prompts' decode, then the generation's
+    let next = engine.decodes().len();
+    engine.scheduler.backend.failing.insert(next);
+    engine.step();
+    let mut messages: Vec<String> = failed.iter().map(|request| failure(request)).collect();
+    messages.sort_unstable();
+    assert!(
+        messages[0].contains("a decode that held this request's tokens failed"),
+        "{messages:?}"
+    );
+    assert!(messages[1].contains(FAILURE), "{messages:?}");
+    engine.finish();
+    assert_eq!(completion(&waiting).tokens, expected(2, 5));
+    assert_eq!(engine.scheduler.counters.tokens_generated, 2 * 2 + 5);
+}
