@@ -200,7 +200,8 @@ class Engine:
     token for token (reused cells were computed in other chunks, which can change a near-tie).
     With ``speculative`` (an ``NgramDraft`` or a ``DraftModel``), requests draft tokens (from
     their own text, or with a draft model) and verify them in one decode: the same output
-    (but at near-ties: see ``NgramDraft``) in fewer decodes (``Completion.drafted_tokens`` and ``accepted_tokens`` say how many).
+    (but at near-ties: see ``NgramDraft``) in fewer decodes (``Completion.drafted_tokens`` and
+    ``accepted_tokens`` say how many).
     With ``mtmd`` (an ``MtmdContext`` loaded for ``model``), chats may hold images: each is
     tokenized when the chat is prepared (which gives the prompt's whole length) and encoded at
     submit, in the submitting thread, while the engine keeps stepping; its

@@ -81,8 +81,9 @@ class DraftModel:
     the engine or the generation starts), proposes its most likely next tokens, up to
     ``n_draft_max`` of them and while its probability of each is at least ``p_min``; the target
     model verifies them all in one decode. The output is the same as without it (but at
-    near-ties, as for ``NgramDraft``): each token is still sampled by the request's own sampler from the target model's output. It pays where
-    the draft model often agrees with the target and costs much less per token.
+    near-ties, as for ``NgramDraft``): each token is still sampled by the request's own sampler
+    from the target model's output. It pays where the draft model often agrees with the target
+    and costs much less per token.
 
     The engine gives the draft model a context of its own, with the target's cells and
     sequences, and drafts for every generating request in the same decodes; it keeps each

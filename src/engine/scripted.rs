@@ -22,6 +22,8 @@ pub type Script = fn(&[LlamaToken]) -> LlamaToken;
 pub struct Scripted {
     sizes: Sizes,
     script: Script,
+    /// How far the script's token stands out of the others in the logits (all 0).
+    pub peak: f32,
     cells: HashMap<i32, Vec<LlamaToken>>,
     /// The logits of each entry of the last decode (None without an output).
     rows: Vec<Option<Vec<f32>>>,
@@ -39,6 +41,7 @@ impl Scripted {
         Self {
             sizes,
             script,
+            peak: 10.0,
             cells: HashMap::new(),
             rows: Vec::new(),
             decodes: Vec::new(),
@@ -74,14 +77,14 @@ impl Scripted {
         Ok(())
     }
 
-    /// Logits where the script's token stands out.
+    /// Logits where the script's token stands out by `peak`.
     fn logits(&self, history: &[LlamaToken]) -> Vec<f32> {
         let mut logits = vec![0.0; usize::try_from(self.sizes.n_vocab).unwrap_or(0)];
         if let Some(logit) = usize::try_from((self.script)(history).0)
             .ok()
             .and_then(|token| logits.get_mut(token))
         {
-            *logit = 10.0;
+            *logit = self.peak;
         }
         logits
     }

@@ -83,6 +83,16 @@ impl PySamplingParams {
         penalised && self.penalty_last_n > 0
     }
 
+    /// Draws from every token at temperature 1 with `seed` (for the scheduler's tests).
+    #[cfg(test)]
+    pub fn seeded(seed: u32) -> Self {
+        Self {
+            temperature: 1.0,
+            seed: Some(seed),
+            ..Self::greedy()
+        }
+    }
+
     /// What `build`'s chain picks, without the chain, when it is `logit_bias` (if any) then
     /// `greedy`: a stateless choice.
     pub fn greedy_pick(&self) -> Option<GreedyPick> {

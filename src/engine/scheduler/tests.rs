@@ -47,15 +47,29 @@ struct Harness {
 }
 
 fn harness(n_seq_max: usize, speculation: Option<Speculation>) -> Harness {
+    harness_of(Scripted::new(sizes(n_seq_max), cycle), false, speculation)
+}
+
+fn harness_of(backend: Scripted, prefix_cache: bool, speculation: Option<Speculation>) -> Harness {
     let shared = Arc::new(EngineShared {
         inbox: Mutex::default(),
         wake: Condvar::new(),
         counters: Mutex::default(),
     });
-    let backend = Scripted::new(sizes(n_seq_max), cycle);
     Harness {
-        scheduler: Scheduler::new(backend, Arc::clone(&shared), false, speculation),
+        scheduler: Scheduler::new(backend, Arc::clone(&shared), prefix_cache, speculation),
         shared,
+    }
+}
+
+/// N-gram drafts at every step.
+fn ngram() -> Speculation {
+    Speculation {
+        source: DraftSource::Ngram(NgramConfig {
+            size_ngram: 3,
+            size_mgram: 16,
+        }),
+        gated: false,
     }
 }
 
@@ -75,10 +89,20 @@ fn job(shared: &Arc<EngineShared>, prompt: &[i32], max_tokens: usize) -> Job {
 
 impl Harness {
     fn submit(&self, prompt: &[i32], max_tokens: usize) -> Arc<RequestShared> {
-        let job = job(&self.shared, prompt, max_tokens);
+        self.submit_job(job(&self.shared, prompt, max_tokens))
+    }
+
+    fn submit_job(&self, job: Job) -> Arc<RequestShared> {
         let request = Arc::clone(&job.request);
         self.shared.inbox().waiting.push_back(job);
         request
+    }
+
+    /// `job`'s completion, submitted alone and run to its end.
+    fn alone(&mut self, job: Job) -> PyCompletion {
+        let request = self.submit_job(job);
+        self.finish();
+        completion(&request)
     }
 
     /// One step, with the requests that fit admitted first (as `run` does).
@@ -208,14 +232,7 @@ fn requests_wait_for_a_free_sequence_and_start_first_come_first_served() {
 
 #[test]
 fn ngram_drafts_give_the_same_tokens_in_fewer_decodes_and_rejected_drafts_leave_no_cells() {
-    let speculation = Speculation {
-        source: DraftSource::Ngram(NgramConfig {
-            size_ngram: 3,
-            size_mgram: 16,
-        }),
-        gated: false,
-    };
-    let mut engine = harness(4, Some(speculation));
+    let mut engine = harness(4, Some(ngram()));
     let prompt: Vec<i32> = (0..8).map(cycle_at).collect();
     let request = engine.submit(&prompt, 48);
     engine.finish();
@@ -285,4 +302,202 @@ fn a_failed_decode_fails_every_request_in_it_and_no_other() {
     engine.finish();
     assert_eq!(completion(&waiting).tokens, expected(2, 5));
     assert_eq!(engine.scheduler.counters.tokens_generated, 2 * 2 + 5);
+}
+
+/// The same completion: tokens, text, why it ended, tokens sampled, log-probabilities.
+fn same_output(first: &PyCompletion, second: &PyCompletion) {
+    assert_eq!(
+        (&first.tokens, &first.text, first.finish_reason, first.completion_tokens),
+        (
+            &second.tokens,
+            &second.text,
+            second.finish_reason,
+            second.completion_tokens
+        )
+    );
+    assert_eq!(first.logprobs, second.logprobs);
+}
+
+/// A request's completion without drafts and with n-gram drafts.
+fn without_and_with_drafts(
+    backend: impl Fn() -> Scripted,
+    make: impl Fn(&Arc<EngineShared>) -> Job,
+) -> [PyCompletion; 2] {
+    let mut plain = harness_of(backend(), false, None);
+    let without = plain.alone(make(&plain.shared));
+    let mut drafting = harness_of(backend(), false, Some(ngram()));
+    let with = drafting.alone(make(&drafting.shared));
+    [without, with]
+}
+
+#[test]
+fn stop_strings_and_max_tokens_end_a_reply_inside_a_draft_as_without_drafts() {
+    let prompt: Vec<i32> = (0..8).map(cycle_at).collect();
+    // The text of token t is " t": " 3 4" stops inside the drafts of a round.
+    for (stop, max_tokens) in [
+        (None, 1),
+        (None, 2),
+        (None, 13),
+        (Some(" 3 4"), 40),
+        (Some("5 1 2 3 4 5 1 2"), 40),
+    ] {
+        let [without, with] = without_and_with_drafts(
+            || Scripted::new(sizes(4), cycle),
+            |shared| {
+                let mut job = job(shared, &prompt, max_tokens);
+                job.stop = stop.map(str::to_owned).into_iter().collect();
+                job
+            },
+        );
+        same_output(&with, &without);
+        let expected_reason = if stop.is_some() { "stop" } else { "length" };
+        assert_eq!(with.finish_reason, expected_reason);
+        // Two tokens leave no room to draft: the first comes with the prompt, the second ends it.
+        assert_eq!(with.drafted_tokens > 0, max_tokens > 2, "{with:?}");
+    }
+}
+
+#[test]
+fn drafts_never_pass_the_end_of_a_sequence() {
+    // 27 cells a sequence, the scripted model refusing a decode past them: the decode at
+    // position 23 would draft six tokens, and drafts two.
+    let small = || {
+        Scripted::new(
+            Sizes {
+                n_ctx_seq: 27,
+                ..sizes(4)
+            },
+            cycle,
+        )
+    };
+    let prompt: Vec<i32> = (0..8).map(cycle_at).collect();
+    let [without, with] = without_and_with_drafts(small, |shared| job(shared, &prompt, 100));
+    same_output(&with, &without);
+    assert_eq!(with.finish_reason, "length");
+    assert_eq!(prompt.len() + with.completion_tokens, 27);
+    assert!(with.accepted_tokens > 0);
+}
+
+#[test]
+fn log_probabilities_with_drafts_are_those_without() {
+    let prompt: Vec<i32> = (0..8).map(cycle_at).collect();
+    let [without, with] = without_and_with_drafts(
+        || Scripted::new(sizes(4), cycle),
+        |shared| {
+            let mut job = job(shared, &prompt, 30);
+            job.logprobs = 2;
+            job
+        },
+    );
+    same_output(&with, &without);
+    assert!(with.accepted_tokens > 0);
+    assert_eq!(with.logprobs.len(), 30);
+    for (row, &token) in with.logprobs.iter().zip(&with.tokens) {
+        assert_eq!(row.len(), 3, "the chosen token, then the two most likely others");
+        assert_eq!(row[0].0, token);
+        assert!(row[0].1 > -0.001 && row[0].1 < 0.0, "{row:?}");
+    }
+}
+
+#[test]
+fn seeded_sampling_draws_with_drafts_what_it_draws_without() {
+    // The script's token has a third of the probability: draws differ from it, and from seed
+    // to seed, yet each is the draw without drafts (a drafted token is kept when it is drawn).
+    let flat = || {
+        let mut backend = Scripted::new(sizes(4), cycle);
+        backend.peak = 2.0;
+        backend
+    };
+    let prompt: Vec<i32> = (0..8).map(cycle_at).collect();
+    let mut draws = std::collections::HashSet::new();
+    let (mut drafted, mut accepted) = (0, 0);
+    for seed in 0..6 {
+        let [without, with] = without_and_with_drafts(flat, |shared| {
+            let mut job = job(shared, &prompt, 24);
+            job.sampling = PySamplingParams::seeded(seed);
+            job
+        });
+        same_output(&with, &without);
+        drafted += with.drafted_tokens;
+        accepted += with.accepted_tokens;
+        draws.insert(with.tokens);
+    }
+    assert!(draws.len() > 1);
+    assert!(0 < accepted && accepted < drafted, "{accepted} of {drafted}");
+}
+
+/// The cycle, ended by the end-of-generation token at position 12.
+fn ends_at_twelve(history: &[LlamaToken]) -> LlamaToken {
+    LlamaToken::new(if history.len() == 12 {
+        crate::engine::scripted::END
+    } else {
+        cycle_at(history.len())
+    })
+}
+
+#[test]
+fn the_end_of_generation_ends_a_reply_with_stop_without_its_token() {
+    let mut engine = harness_of(Scripted::new(sizes(4), ends_at_twelve), false, Some(ngram()));
+    let done = engine.alone(job(&engine.shared, &[1, 2, 3, 4, 5, 1, 2, 3], 40));
+    assert_eq!(done.finish_reason, "stop");
+    assert_eq!(done.tokens, expected(8, 4));
+    assert_eq!(done.completion_tokens, 5, "the end is sampled, not returned");
+    assert_eq!(done.text, " 4 6 1 2");
+}
+
+#[test]
+fn a_cancelled_waiting_request_leaves_the_queue_and_holds_no_place() {
+    let mut engine = harness(1, None);
+    let running = engine.submit(&[1, 2], 6);
+    let cancelled = engine.submit(&[3, 4], 6);
+    let behind = engine.submit(&[5, 6], 6);
+    engine.step();
+    cancelled.cancel();
+    engine.finish();
+    let ended = completion(&cancelled);
+    assert_eq!((ended.finish_reason, ended.completion_tokens), ("cancelled", 0));
+    assert!(engine.prompt_decodes(&[3, 4]).is_empty());
+    assert_eq!(completion(&running).tokens, expected(2, 6));
+    assert_eq!(completion(&behind).tokens, expected(2, 6));
+}
+
+#[test]
+fn a_request_waits_for_the_kv_cells_it_may_need_though_a_sequence_is_free() {
+    // 64 cells in all: two requests of 2 + 40 cells do not fit together.
+    let mut engine = harness_of(Scripted::new(Sizes { n_ctx: 64, ..sizes(4) }, cycle), false, None);
+    let first = engine.submit(&[1, 2], 40);
+    let second = engine.submit(&[3, 4], 40);
+    engine.step();
+    assert_eq!(
+        (engine.scheduler.running.len(), engine.shared.inbox().waiting.len()),
+        (1, 1)
+    );
+    engine.finish();
+    let [first_read, second_read] = [[1, 2], [3, 4]].map(|prompt| engine.prompt_decodes(&prompt)[0]);
+    assert_eq!(
+        second_read,
+        first_read + 40,
+        "read after the first request's last decode"
+    );
+    assert_eq!(completion(&first).tokens, expected(2, 40));
+    assert_eq!(completion(&second).tokens, expected(2, 40));
+}
+
+#[test]
+fn the_prefix_cache_reads_only_what_follows_a_finished_requests_prompt() {
+    let mut engine = harness_of(Scripted::new(sizes(2), cycle), true, None);
+    let shared_start: Vec<i32> = (0..12).map(|n| 7 + n % 4).collect();
+    let first = engine.alone(job(&engine.shared, &shared_start, 4));
+    let longer: Vec<i32> = shared_start.iter().copied().chain([1, 2, 3]).collect();
+    let decodes_before = engine.decodes().len();
+    let second = engine.alone(job(&engine.shared, &longer, 4));
+    assert_eq!(first.cached_tokens, 0);
+    assert_eq!(second.cached_tokens, 12);
+    // Only the three new tokens were read (one decode), then four tokens generated.
+    let read = &engine.decodes()[decodes_before];
+    assert_eq!(
+        read.iter().map(|entry| entry.position).collect::<Vec<_>>(),
+        [12, 13, 14]
+    );
+    assert_eq!(second.tokens, expected(15, 4));
 }
