@@ -137,14 +137,35 @@ impl LogQueue {
             let line: String = self.partial.drain(..=end).collect();
             let line = line.trim_end().to_owned();
             if !line.is_empty() {
-                if self.lines.len() == MAX_QUEUED_LINES {
-                    self.lines.pop_front();
-                }
-                self.lines.push_back((self.partial_level, line));
-                LOGS_PENDING.store(true, Ordering::Release);
+                self.push_line(self.partial_level, line);
             }
         }
     }
+
+    fn push_line(&mut self, level: u32, line: String) {
+        if self.lines.len() == MAX_QUEUED_LINES {
+            self.lines.pop_front();
+        }
+        self.lines.push_back((level, line));
+        LOGS_PENDING.store(true, Ordering::Release);
+    }
+}
+
+/// Queues `line` as a warning of the `llamactx` logger, beside llama.cpp's own lines (emitted
+/// at the next call from Python).
+pub fn log_warning(line: String) {
+    if let Ok(mut queue) = LOG_QUEUE.lock() {
+        queue.push_line(llama_cpp_sys_4::GGML_LOG_LEVEL_WARN, line);
+    }
+}
+
+/// The lines queued for Python's logger (for tests of what Rust logs).
+#[cfg(test)]
+pub fn queued_log_lines() -> Vec<String> {
+    LOG_QUEUE
+        .lock()
+        .map(|queue| queue.lines.iter().map(|(_, line)| line.clone()).collect())
+        .unwrap_or_default()
 }
 
 fn python_level(level: u32) -> u8 {

@@ -129,11 +129,23 @@ impl DraftLength {
     /// How many tokens the next draft may propose, at most `limit`: none while paused (which
     /// counts a step of the pause).
     pub fn next(&mut self, limit: usize) -> usize {
+        let wanted = self.wanted(limit);
+        self.step_passed();
+        wanted
+    }
+
+    /// How many tokens a draft may propose now, at most `limit`: none while paused.
+    pub fn wanted(&self, limit: usize) -> usize {
         if self.pause > 0 {
-            self.pause -= 1;
-            return 0;
+            0
+        } else {
+            self.budget.min(limit)
         }
-        self.budget.min(limit)
+    }
+
+    /// A step in which the request could draft went by: a step of its pause, if any, is served.
+    pub fn step_passed(&mut self) {
+        self.pause = self.pause.saturating_sub(1);
     }
 
     /// Learns from a verified draft: `accepted` of its `drafted` tokens were what the model

@@ -26,6 +26,7 @@ use super::plan;
 use super::prefix_cache::{Placement, PrefixCache};
 use super::request::{PyCompletion, RequestShared, TokenLogprobs};
 use super::{Counters, EngineShared, Inbox};
+use crate::backend::log_warning;
 use crate::errors::{Error, Result};
 use crate::media::SharedChunks;
 use crate::sampler::custom::prepare_first_stages;
@@ -164,13 +165,13 @@ impl Running {
     /// How many tokens to draft after its last sampled token: never past `max_tokens` (the
     /// request's reserved cells) nor past the token that fills the sequence's `n_ctx_seq`
     /// cells.
-    fn draft_limit(&mut self, n_ctx_seq: usize) -> usize {
-        let Some(length) = &mut self.draft_length else {
+    fn draft_limit(&self, n_ctx_seq: usize) -> usize {
+        let Some(length) = &self.draft_length else {
             return 0;
         };
         let left = self.job.max_tokens.saturating_sub(self.sampled + 1);
         let before_end = n_ctx_seq.saturating_sub(self.kv_tokens.len() + 2);
-        length.next(left.min(before_end))
+        length.wanted(left.min(before_end))
     }
 
     fn completion(&self, finish_reason: &'static str) -> PyCompletion {
@@ -198,6 +199,21 @@ impl Running {
             },
         }
     }
+}
+
+/// What a step's generation decode holds, decided before anything is drafted or decoded
+/// (`Scheduler::plan_generation`, which changes nothing): logged when the decode fails.
+#[derive(Debug)]
+struct GenerationPlan {
+    /// The generating requests (indices into `running`), in decode order.
+    order: Vec<usize>,
+    /// Whether this step drafts (speculation is on, and a draft can pay at this load).
+    drafting: bool,
+    /// Per request in `order`, the most tokens it may draft, sharing `n_batch`
+    /// (`plan::draft_lengths`).
+    draft_limits: Vec<usize>,
+    /// The share of its drafted tokens a request must see accepted (None until measured).
+    least_acceptance: Option<f64>,
 }
 
 /// A completion for a request that ended before it held a slot.
@@ -477,42 +493,68 @@ impl<B: Backend> Scheduler<B> {
     /// next drafted one, the one after it, from that draft token's output. Every token is
     /// sampled as without drafts, by the request's own sampler from the model's output for the
     /// same tokens, so speculation changes the number of decodes, not the output. A failed
-    /// decode (which changed nothing) fails every request in it.
+    /// decode (which changed nothing) fails every request in it, and its plan is logged.
     fn generate(&mut self) {
-        let order: Vec<usize> = self
-            .by_sequence()
-            .into_iter()
-            .filter(|&index| matches!(self.running[index].phase, Phase::Generating(_)))
-            .collect();
-        if order.is_empty() {
+        let Some(plan) = self.plan_generation() else {
             return;
-        }
-        let least_acceptance = self.least_acceptance(order.len());
-        let proposing = Instant::now();
-        let drafts = if can_pay(least_acceptance) {
-            self.drafts(&order)
-        } else {
-            vec![Vec::new(); order.len()]
         };
+        let proposing = Instant::now();
+        let drafts = self.propose(&plan);
         let drafted: usize = drafts.iter().map(Vec::len).sum();
         self.costs.record_proposing(drafted, proposing.elapsed().as_secs_f64());
-        let rows = self.add_generating(&order, &drafts);
+        let rows = self.add_generating(&plan.order, &drafts);
         let decoding = Instant::now();
         if let Err(err) = self.backend.decode(&self.batch) {
-            self.fail(order.into_iter(), err);
+            let drafted: Vec<usize> = drafts.iter().map(Vec::len).collect();
+            log_warning(format!(
+                "llamactx engine: a generation decode failed ({err:?}); its plan: {plan:?}, drafted {drafted:?}"
+            ));
+            self.fail(plan.order.into_iter(), err);
             return;
         }
         if self.speculation.as_ref().is_some_and(|speculation| speculation.gated) {
             // A GPU decode returns before it is computed; its time is measured to the end.
             self.backend.finish_compute();
             self.costs
-                .record_decode(order.len() + drafted, decoding.elapsed().as_secs_f64());
+                .record_decode(plan.order.len() + drafted, decoding.elapsed().as_secs_f64());
         }
         self.prepare_constraints(&rows);
         for ((index, row), draft) in rows.into_iter().zip(drafts) {
             // Until the costs are measured, only drafts accepted whole pass.
-            self.verify(index, row, &draft, least_acceptance.unwrap_or(1.0));
+            self.verify(index, row, &draft, plan.least_acceptance.unwrap_or(1.0));
         }
+    }
+
+    /// The generation decode of this step, from the requests' phases, draft lengths and the
+    /// measured costs alone; None when no request generates.
+    fn plan_generation(&self) -> Option<GenerationPlan> {
+        let order: Vec<usize> = self
+            .by_sequence()
+            .into_iter()
+            .filter(|&index| matches!(self.running[index].phase, Phase::Generating(_)))
+            .collect();
+        if order.is_empty() {
+            return None;
+        }
+        let least_acceptance = self.least_acceptance(order.len());
+        let drafting = self.speculation.is_some() && can_pay(least_acceptance);
+        let wanted: Vec<usize> = order
+            .iter()
+            .map(|&index| {
+                if drafting {
+                    self.running[index].draft_limit(self.n_ctx_seq)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let alike = !self.backend.sizes().kv_unified;
+        Some(GenerationPlan {
+            draft_limits: plan::draft_lengths(&wanted, self.n_batch, alike),
+            order,
+            drafting,
+            least_acceptance,
+        })
     }
 
     /// The least share of its drafted tokens a request must see accepted for drafting to pay
@@ -524,23 +566,23 @@ impl<B: Backend> Scheduler<B> {
         }
     }
 
-    /// The draft of each request in `order` (empty for all but in steps that draft), sharing
-    /// `n_batch` with every request's own token; with a KV stream per sequence, as long for
-    /// each (`plan::draft_lengths`).
-    fn drafts(&mut self, order: &[usize]) -> Vec<Vec<LlamaToken>> {
-        let generating = order.len();
-        let alike = !self.backend.sizes().kv_unified;
-        let Some(speculation) = self.speculation.as_mut() else {
-            return vec![Vec::new(); generating];
+    /// The drafts of `plan`'s requests (empty for all but in steps that draft); with a KV
+    /// stream per sequence, as long for each (`plan::cut_to_shortest`). A step that drafts
+    /// serves a step of each request's pause.
+    fn propose(&mut self, plan: &GenerationPlan) -> Vec<Vec<LlamaToken>> {
+        let Some(speculation) = self.speculation.as_mut().filter(|_| plan.drafting) else {
+            return vec![Vec::new(); plan.order.len()];
         };
-        let wanted: Vec<usize> = order
+        for &index in &plan.order {
+            if let Some(length) = &mut self.running[index].draft_length {
+                length.step_passed();
+            }
+        }
+        let requests: Vec<DraftRequest<'_>> = plan
+            .order
             .iter()
-            .map(|&index| self.running[index].draft_limit(self.n_ctx_seq))
-            .collect();
-        let requests: Vec<DraftRequest<'_>> = order
-            .iter()
-            .zip(plan::draft_lengths(&wanted, self.n_batch, alike))
-            .map(|(&index, limit)| {
+            .zip(&plan.draft_limits)
+            .map(|(&index, &limit)| {
                 let running = &self.running[index];
                 DraftRequest {
                     seq: running.seq,
@@ -554,7 +596,7 @@ impl<B: Backend> Scheduler<B> {
             })
             .collect();
         let mut drafts = speculation.source.propose(&requests);
-        if alike {
+        if !self.backend.sizes().kv_unified {
             plan::cut_to_shortest(&mut drafts);
         }
         drafts

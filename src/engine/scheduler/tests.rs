@@ -299,6 +299,13 @@ fn a_failed_decode_fails_every_request_in_it_and_no_other() {
         "{messages:?}"
     );
     assert!(messages[1].contains(FAILURE), "{messages:?}");
+    // The step's plan is logged: the two requests, none drafting.
+    let logged = crate::backend::queued_log_lines();
+    let plan = logged.iter().find(|line| line.contains("a generation decode failed"));
+    assert!(
+        plan.is_some_and(|line| line.contains("GenerationPlan { order: [0, 1], drafting: false")),
+        "{plan:?}"
+    );
     engine.finish();
     assert_eq!(completion(&waiting).tokens, expected(2, 5));
     assert_eq!(engine.scheduler.counters.tokens_generated, 2 * 2 + 5);
