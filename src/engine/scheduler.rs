@@ -10,6 +10,8 @@
 //! `prefix_cache.rs` (which sequence a prompt starts in, and what it reuses), from each request's
 //! `Phase`; this file acts on those decisions: it decodes, samples, emits and ends requests,
 //! through a `Backend` (llama.cpp's context in the engine, a scripted model in `tests.rs`).
+//! Drafting and the verification of drafts are in `speculation.rs`, media entries in
+//! `media.rs`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -18,8 +20,9 @@ use std::time::Instant;
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 
+use self::speculation::can_pay;
 use super::backend::{Backend, Entry};
-use super::draft::{DraftLength, DraftRequest, Speculation};
+use super::draft::{DraftLength, Speculation};
 use super::draft_cost::DraftCosts;
 use super::logprobs::top_logprobs;
 use super::plan;
@@ -557,82 +560,6 @@ impl<B: Backend> Scheduler<B> {
         })
     }
 
-    /// The least share of its drafted tokens a request must see accepted for drafting to pay
-    /// at `generating` requests: 0 without the gate, None until measured (`DraftCosts`).
-    fn least_acceptance(&self, generating: usize) -> Option<f64> {
-        match &self.speculation {
-            Some(speculation) if speculation.gated => self.costs.least_acceptance(generating),
-            _ => Some(0.0),
-        }
-    }
-
-    /// The drafts of `plan`'s requests (empty for all but in steps that draft); with a KV
-    /// stream per sequence, as long for each (`plan::cut_to_shortest`). A step that drafts
-    /// serves a step of each request's pause.
-    fn propose(&mut self, plan: &GenerationPlan) -> Vec<Vec<LlamaToken>> {
-        let Some(speculation) = self.speculation.as_mut().filter(|_| plan.drafting) else {
-            return vec![Vec::new(); plan.order.len()];
-        };
-        for &index in &plan.order {
-            if let Some(length) = &mut self.running[index].draft_length {
-                length.step_passed();
-            }
-        }
-        let requests: Vec<DraftRequest<'_>> = plan
-            .order
-            .iter()
-            .zip(&plan.draft_limits)
-            .map(|(&index, &limit)| {
-                let running = &self.running[index];
-                DraftRequest {
-                    seq: running.seq,
-                    history: &running.kv_tokens,
-                    sampled: match running.phase {
-                        Phase::Generating(token) => Some(token),
-                        _ => None,
-                    },
-                    limit,
-                }
-            })
-            .collect();
-        let mut drafts = speculation.source.propose(&requests);
-        if !self.backend.sizes().kv_unified {
-            plan::cut_to_shortest(&mut drafts);
-        }
-        drafts
-    }
-
-    /// Reads the prompt chunks the target just read (`(index in running, tokens)`) into the draft
-    /// model's context too, with the prompt, unless no draft can pay at this load (`can_pay`):
-    /// a request's first draft then reads only its first token, and the measured cost of
-    /// proposing is that of drafting, not of reading a prompt.
-    fn follow_prompts(&mut self, chunks: &[(usize, usize)]) {
-        if !can_pay(self.least_acceptance(self.running.len())) {
-            return;
-        }
-        let Some(speculation) = &mut self.speculation else {
-            return;
-        };
-        let read: Vec<DraftRequest<'_>> = chunks
-            .iter()
-            .map(|&(index, _)| &self.running[index])
-            .map(|running| DraftRequest {
-                seq: running.seq,
-                history: &running.kv_tokens,
-                sampled: None,
-                limit: 0,
-            })
-            .collect();
-        speculation.source.follow(&read);
-    }
-
-    /// Sequence `seq` was emptied: so is the draft model's.
-    fn forget_drafts(&mut self, seq: i32) {
-        if let Some(speculation) = &mut self.speculation {
-            speculation.source.forget(seq);
-        }
-    }
-
     /// Fills the batch with each generating request's last sampled token and its draft, every
     /// one with an output; returns each request's first output row.
     fn add_generating(&mut self, order: &[usize], drafts: &[Vec<LlamaToken>]) -> Vec<(usize, usize)> {
@@ -655,49 +582,6 @@ impl<B: Backend> Scheduler<B> {
             }
         }
         rows
-    }
-
-    /// Samples the tokens of `running[index]` from its outputs from `row` on (`draft.len() + 1`
-    /// of them), accepting drafted tokens while they are what was sampled, and removes the
-    /// cells of the drafted tokens that were not. Its drafts pause unless they accept at least
-    /// `least_acceptance` of their tokens (`DraftLength::record`).
-    fn verify(&mut self, index: usize, row: usize, draft: &[LlamaToken], least_acceptance: f64) {
-        let running = &mut self.running[index];
-        let Phase::Generating(token) = running.phase else {
-            return;
-        };
-        running.kv_tokens.push(token);
-        self.counters.tokens_generated += 1;
-        Self::sample_or_fail(&self.backend, running, row);
-        let mut accepted = 0;
-        for &drafted in draft {
-            if !matches!(running.phase, Phase::Generating(chosen) if chosen == drafted) {
-                break;
-            }
-            running.kv_tokens.push(drafted);
-            accepted += 1;
-            self.counters.tokens_generated += 1;
-            Self::sample_or_fail(&self.backend, running, row + accepted);
-        }
-        if draft.is_empty() {
-            return;
-        }
-        running.drafted += draft.len();
-        running.accepted += accepted;
-        self.counters.drafted_tokens += draft.len() as u64;
-        self.counters.accepted_tokens += accepted as u64;
-        if let Some(length) = &mut running.draft_length {
-            length.record(draft.len(), accepted, least_acceptance);
-        }
-        if accepted < draft.len() {
-            let cut = self.backend.clear_cells(running.seq, running.kv_len(), None);
-            if !matches!(cut, Ok(true)) {
-                let err = cut
-                    .err()
-                    .unwrap_or_else(|| Error::value("the KV cache cannot cut a sequence"));
-                running.phase = Phase::Ended(End::Failed(err));
-            }
-        }
     }
 
     /// Reads chunks of the prompts being read by `running[from..]`, oldest request first: each
@@ -728,51 +612,6 @@ impl<B: Backend> Scheduler<B> {
             }
         }
         room
-    }
-
-    /// Decodes the image each reading request is at, if any: each in a decode of its own (mtmd
-    /// decodes one image per call), from the embeddings encoded at submit. A failure (which
-    /// changed nothing) fails that request only. While a submitting thread holds the projector
-    /// (encoding another request's image), the images wait for a later step if other requests
-    /// have work in this one: their generation does not wait for the encode.
-    fn read_media(&mut self) {
-        if !self.backend.reads_media() {
-            return;
-        }
-        let at_media = |running: &Running| {
-            matches!(running.phase, Phase::Reading) && running.job.media_at(running.kv_len()).is_some()
-        };
-        if !self.running.iter().any(at_media) {
-            return;
-        }
-        let others_busy = self
-            .running
-            .iter()
-            .any(|running| running.phase.is_live() && !at_media(running));
-        let mut failed = Vec::new();
-        for index in 0..self.running.len() {
-            let running = &self.running[index];
-            if !matches!(running.phase, Phase::Reading) {
-                continue;
-            }
-            let Some(span) = running.job.media_at(running.kv_len()) else {
-                continue;
-            };
-            match self.backend.decode_media(span, running.seq, !others_busy) {
-                Ok(false) => {}
-                Ok(true) => {
-                    let (at, width) = (span.at, span.width);
-                    self.counters.prompt_tokens_computed += width as u64;
-                    let running = &mut self.running[index];
-                    let read = &running.job.prompt[at..at + width];
-                    running.kv_tokens.extend_from_slice(read);
-                }
-                Err(err) => failed.push((index, err)),
-            }
-        }
-        for (index, err) in failed {
-            self.fail([index].into_iter(), err);
-        }
     }
 
     /// Decodes the given `(index in running, tokens)` prompt chunks in one batch, then samples
@@ -953,13 +792,7 @@ fn finish_unstarted(jobs: Vec<Job>) {
     }
 }
 
-/// Whether any draft can pay at a least acceptance of `least` (`Scheduler::least_acceptance`):
-/// not where even drafts accepted whole would not. Then nobody drafts, nor does a draft model
-/// read prompts; the fit forgets the drafting steps within a few hundred steps (`DraftCosts`),
-/// and drafting is measured again, from drafts accepted whole.
-fn can_pay(least: Option<f64>) -> bool {
-    !least.is_some_and(|least| least >= 1.0)
-}
-
+mod media;
+mod speculation;
 #[cfg(test)]
 mod tests;
