@@ -20,22 +20,22 @@ impl<B: Backend> Scheduler<B> {
         }
     }
 
-    /// The drafts of `plan`'s requests (empty for all but in steps that draft); with a KV
+    /// The drafts of the requests of `step` (empty for all but in steps that draft); with a KV
     /// stream per sequence, as long for each (`plan::cut_to_shortest`). A step that drafts
     /// serves a step of each request's pause.
-    pub(super) fn propose(&mut self, plan: &GenerationPlan) -> Vec<Vec<LlamaToken>> {
-        let Some(speculation) = self.speculation.as_mut().filter(|_| plan.drafting) else {
-            return vec![Vec::new(); plan.order.len()];
+    pub(super) fn propose(&mut self, step: &GenerationPlan) -> Vec<Vec<LlamaToken>> {
+        let Some(speculation) = self.speculation.as_mut().filter(|_| step.drafting) else {
+            return vec![Vec::new(); step.order.len()];
         };
-        for &index in &plan.order {
+        for &index in &step.order {
             if let Some(length) = &mut self.running[index].draft_length {
                 length.step_passed();
             }
         }
-        let requests: Vec<DraftRequest<'_>> = plan
+        let requests: Vec<DraftRequest<'_>> = step
             .order
             .iter()
-            .zip(&plan.draft_limits)
+            .zip(&step.draft_limits)
             .map(|(&index, &limit)| {
                 let running = &self.running[index];
                 DraftRequest {
