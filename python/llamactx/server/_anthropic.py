@@ -16,7 +16,7 @@ from llamactx._render import PreparedChat
 from llamactx.server._anthropic_protocol import (
     CountTokensRequest,
     InputTokens,
-    MessageDraft,
+    MessageEnvelope,
     MessageObject,
     MessagesRequest,
     anthropic_error,
@@ -58,15 +58,15 @@ class Messages:
 
         # Rendering the template and compiling constraints take time the event loop cannot give.
         chat, jobs = await asyncio.to_thread(submit)
-        draft = MessageDraft(serving.model_id, body.max_tokens)
+        envelope = MessageEnvelope(serving.model_id, body.max_tokens)
         stops = body.stop_sequences or []
         if body.stream:
-            return event_stream(self._events(draft, chat, stops, jobs), {"request-id": draft.id})
-        completions = await serving._completed(http, draft, jobs)
+            return event_stream(self._events(envelope, chat, stops, jobs), {"request-id": envelope.id})
+        completions = await serving._completed(http, envelope, jobs)
         if completions is None:
             return Response(status_code=CLIENT_GONE)
         (completion,) = completions
-        return JSONResponse(self._message(draft, chat, stops, completion), headers={"request-id": draft.id})
+        return JSONResponse(self._message(envelope, chat, stops, completion), headers={"request-id": envelope.id})
 
     async def count_tokens(self, http: HttpRequest) -> Response:
         body = await self.serving._body(http, CountTokensRequest)
@@ -81,13 +81,13 @@ class Messages:
         return JSONResponse(counted)
 
     def _message(
-        self, draft: MessageDraft, chat: PreparedChat, stops: Sequence[str], completion: Completion
+        self, envelope: MessageEnvelope, chat: PreparedChat, stops: Sequence[str], completion: Completion
     ) -> MessageObject:
         content = content_blocks(chat.reply(completion.text))
-        return draft.finished(content, completion, _matched_stop(self.serving.model, completion, stops))
+        return envelope.finished(content, completion, _matched_stop(self.serving.model, completion, stops))
 
     async def _events(
-        self, draft: MessageDraft, chat: PreparedChat, stops: Sequence[str], jobs: list[_Job]
+        self, envelope: MessageEnvelope, chat: PreparedChat, stops: Sequence[str], jobs: list[_Job]
     ) -> AsyncIterator[str]:
         """Anthropic's stream: the message started; its text as generated, in one text block
         opened by the first text (a reply that may call tools is only known whole, so its blocks
@@ -96,7 +96,7 @@ class Messages:
         texts = not chat.with_tools
         opened = False
         try:
-            yield event("message_start", message=draft.started(chat.n_tokens))
+            yield event("message_start", message=envelope.started(chat.n_tokens))
             async for _, (text, _logprobs) in _merged(jobs):
                 if texts and text:
                     if not opened:
@@ -104,9 +104,9 @@ class Messages:
                         opened = True
                     yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
             completions = [await job.request for job in jobs]
-            await self.serving._finished(draft, jobs, completions)
+            await self.serving._finished(envelope, jobs, completions)
             (completion,) = completions
-            message = self._message(draft, chat, stops, completion)
+            message = self._message(envelope, chat, stops, completion)
             if opened:
                 yield event("content_block_stop", index=0)
             elif not texts:

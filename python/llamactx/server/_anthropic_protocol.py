@@ -28,7 +28,7 @@ __all__ = [
     "CountTokensRequest",
     "ErrorObject",
     "InputTokens",
-    "MessageDraft",
+    "MessageEnvelope",
     "MessageObject",
     "MessagesRequest",
     "anthropic_error",
@@ -408,7 +408,7 @@ def _input(function: dict[str, Any]) -> dict[str, Any]:
     return arguments if isinstance(arguments, dict) else {}
 
 
-class MessageDraft:
+class MessageEnvelope:
     """What every object of one reply shares: its id and model, and the limit its stop reason
     is judged by."""
 

@@ -21,7 +21,7 @@ from llamactx.server._protocol import ApiError
 from llamactx.server._responses_protocol import (
     InputItem,
     OutputItem,
-    ResponseDraft,
+    ResponseEnvelope,
     ResponseEvents,
     ResponseObject,
     ResponseRequest,
@@ -129,15 +129,17 @@ class Responses:
 
         # Rendering the template and compiling constraints take time the event loop cannot give.
         chat, jobs = await asyncio.to_thread(submit)
-        draft = ResponseDraft(body, sampling, serving.model_id)
+        envelope = ResponseEnvelope(body, sampling, serving.model_id)
         if body.stream:
-            return event_stream(self._events(draft, chat, jobs, conversation), {"X-Request-Id": draft.id})
-        completions = await serving._completed(http, draft, jobs)
+            return event_stream(self._events(envelope, chat, jobs, conversation), {"X-Request-Id": envelope.id})
+        completions = await serving._completed(http, envelope, jobs)
         if completions is None:
             return Response(status_code=CLIENT_GONE)
         (completion,) = completions
-        output = output_items(chat.reply(completion.text), draft.message_id, _message_status(completion))
-        return JSONResponse(self._answered(draft, conversation, output, completion), headers={"X-Request-Id": draft.id})
+        output = output_items(chat.reply(completion.text), envelope.message_id, _message_status(completion))
+        return JSONResponse(
+            self._answered(envelope, conversation, output, completion), headers={"X-Request-Id": envelope.id}
+        )
 
     async def retrieve(self, http: HttpRequest) -> Response:
         return JSONResponse(self._stored(http.path_params["response_id"]).response)
@@ -170,16 +172,20 @@ class Responses:
         return stored.conversation
 
     def _answered(
-        self, draft: ResponseDraft, conversation: list[InputItem], output: list[OutputItem], completion: Completion
+        self,
+        envelope: ResponseEnvelope,
+        conversation: list[InputItem],
+        output: list[OutputItem],
+        completion: Completion,
     ) -> ResponseObject:
         """The finished response, kept unless the request said ``store: false``."""
-        response = draft.finished(output, completion)
-        if draft.body.store is not False:
+        response = envelope.finished(output, completion)
+        if envelope.body.store is not False:
             self.store.put(StoredResponse(response, (*conversation, *conversation_items(output))))
         return response
 
     async def _events(
-        self, draft: ResponseDraft, chat: PreparedChat, jobs: list[_Job], conversation: list[InputItem]
+        self, envelope: ResponseEnvelope, chat: PreparedChat, jobs: list[_Job], conversation: list[InputItem]
     ) -> AsyncIterator[str]:
         """The Responses stream: the response created and in progress, its output items as
         they are generated (a reply that may call tools is only known whole, so its items come at
@@ -188,35 +194,35 @@ class Responses:
         events = ResponseEvents()
         texts = not chat.with_tools
         try:
-            started = draft.snapshot("in_progress", [])
+            started = envelope.snapshot("in_progress", [])
             yield events.event("response.created", response=started)
             yield events.event("response.in_progress", response=started)
             if texts:
-                for line in events.message_opened(0, draft.message_id):
+                for line in events.message_opened(0, envelope.message_id):
                     yield line
             async for _, (text, _logprobs) in _merged(jobs):
                 if texts and text:
-                    yield events.text_delta(0, draft.message_id, text)
+                    yield events.text_delta(0, envelope.message_id, text)
             completions = [await job.request for job in jobs]
-            await self.serving._finished(draft, jobs, completions)
+            await self.serving._finished(envelope, jobs, completions)
             (completion,) = completions
             status = _message_status(completion)
             if texts:
-                message = message_item(draft.message_id, completion.text, status)
+                message = message_item(envelope.message_id, completion.text, status)
                 output: list[OutputItem] = [message]
                 closing = events.message_closed(0, message)
             else:
-                output = output_items(chat.reply(completion.text), draft.message_id, status)
+                output = output_items(chat.reply(completion.text), envelope.message_id, status)
                 closing = [line for index, item in enumerate(output) for line in events.item(index, item)]
             for line in closing:
                 yield line
-            response = self._answered(draft, conversation, output, completion)
+            response = self._answered(envelope, conversation, output, completion)
             yield events.event(f"response.{response['status']}", response=response)
         except Exception as error:
             failure = openai_error(error, "the response failed while generating")
             if not isinstance(failure, ApiError):
                 raise
-            for line in events.failed(draft, failure):
+            for line in events.failed(envelope, failure):
                 yield line
         finally:
             for job in jobs:

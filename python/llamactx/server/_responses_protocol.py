@@ -33,7 +33,7 @@ __all__ = [
     "InputItem",
     "MessageItem",
     "OutputItem",
-    "ResponseDraft",
+    "ResponseEnvelope",
     "ResponseEvents",
     "ResponseObject",
     "ResponseRequest",
@@ -459,7 +459,7 @@ def usage(completion: Completion) -> ResponseUsage:
     }
 
 
-class ResponseDraft:
+class ResponseEnvelope:
     """What every snapshot of one response shares: its id, creation time and model, and the
     request's settings, echoed as OpenAI echoes them (the sampling values in effect)."""
 
@@ -593,7 +593,7 @@ class ResponseEvents:
             self.event("response.output_item.done", output_index=index, item=item),
         ]
 
-    def failed(self, draft: ResponseDraft, error: ApiError) -> list[str]:
+    def failed(self, envelope: ResponseEnvelope, error: ApiError) -> list[str]:
         """OpenAI's ``error`` event, then the response as failed (without its unfinished
         output)."""
         code = error.code or ("server_error" if error.status >= 500 else "invalid_prompt")
@@ -601,6 +601,6 @@ class ResponseEvents:
             self.event("error", code=error.code, message=error.message, param=error.param),
             self.event(
                 "response.failed",
-                response=draft.snapshot("failed", [], error={"code": code, "message": error.message}),
+                response=envelope.snapshot("failed", [], error={"code": code, "message": error.message}),
             ),
         ]
