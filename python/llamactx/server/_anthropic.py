@@ -25,7 +25,7 @@ from llamactx.server._anthropic_protocol import (
     event,
 )
 from llamactx.server._protocol import ApiError, ContextLengthExceeded
-from llamactx.server._serving import CLIENT_GONE, Serving, _Job, _merged, event_stream, openai_error
+from llamactx.server._serving import CLIENT_GONE, Serving, _Generation, _merged, event_stream, openai_error
 
 __all__ = ["Messages"]
 
@@ -44,9 +44,9 @@ class Messages:
         inputs = body.chat_inputs()
         await serving._with_media_fetched(inputs.messages)
 
-        def submit() -> tuple[PreparedChat, list[_Job]]:
+        def submit() -> tuple[PreparedChat, list[_Generation]]:
             chat = serving._rendered_chat(*inputs)
-            jobs = serving._submitted(
+            generations = serving._submitted(
                 sampling,
                 [chat],
                 serving.engine.submit_prepared,
@@ -54,15 +54,15 @@ class Messages:
                 logprobs=0,
                 constraint_param="tools",  # the only constraint a message has
             )
-            return chat, jobs
+            return chat, generations
 
         # Rendering the template and compiling constraints take time the event loop cannot give.
-        chat, jobs = await asyncio.to_thread(submit)
+        chat, generations = await asyncio.to_thread(submit)
         envelope = MessageEnvelope(serving.model_id, body.max_tokens)
         stops = body.stop_sequences or []
         if body.stream:
-            return event_stream(self._events(envelope, chat, stops, jobs), {"request-id": envelope.id})
-        completions = await serving._completed(http, envelope, jobs)
+            return event_stream(self._events(envelope, chat, stops, generations), {"request-id": envelope.id})
+        completions = await serving._completed(http, envelope, generations)
         if completions is None:
             return Response(status_code=CLIENT_GONE)
         (completion,) = completions
@@ -87,7 +87,7 @@ class Messages:
         return envelope.finished(content, completion, _matched_stop(self.serving.model, completion, stops))
 
     async def _events(
-        self, envelope: MessageEnvelope, chat: PreparedChat, stops: Sequence[str], jobs: list[_Job]
+        self, envelope: MessageEnvelope, chat: PreparedChat, stops: Sequence[str], generations: list[_Generation]
     ) -> AsyncIterator[str]:
         """Anthropic's stream: the message started; its text as generated, in one text block
         opened by the first text (a reply that may call tools is only known whole, so its blocks
@@ -97,14 +97,14 @@ class Messages:
         opened = False
         try:
             yield event("message_start", message=envelope.started(chat.n_tokens))
-            async for _, (text, _logprobs) in _merged(jobs):
+            async for _, (text, _logprobs) in _merged(generations):
                 if texts and text:
                     if not opened:
                         yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
                         opened = True
                     yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
-            completions = [await job.request for job in jobs]
-            await self.serving._finished(envelope, jobs, completions)
+            completions = [await generation.request for generation in generations]
+            await self.serving._finished(envelope, generations, completions)
             (completion,) = completions
             message = self._message(envelope, chat, stops, completion)
             if opened:
@@ -122,8 +122,8 @@ class Messages:
                 raise
             yield event("error", error=anthropic_error(failure)["error"])
         finally:
-            for job in jobs:
-                job.request.cancel()
+            for generation in generations:
+                generation.request.cancel()
 
 
 def _matched_stop(model: LlamaModel, completion: Completion, stops: Sequence[str]) -> str | None:

@@ -30,7 +30,7 @@ from llamactx.server._responses_protocol import (
     message_item,
     output_items,
 )
-from llamactx.server._serving import CLIENT_GONE, UNLIMITED, Serving, _Job, _merged, event_stream, openai_error
+from llamactx.server._serving import CLIENT_GONE, UNLIMITED, Serving, _Generation, _merged, event_stream, openai_error
 
 __all__ = ["MAX_STORED_BYTES", "MAX_STORED_RESPONSES", "ResponseStore", "Responses", "StoredResponse"]
 
@@ -109,7 +109,7 @@ class Responses:
         sampling = body.sampling()
         messages = await serving._with_media_fetched(chat_messages(body.instructions, conversation), "input")
 
-        def submit() -> tuple[PreparedChat, list[_Job]]:
+        def submit() -> tuple[PreparedChat, list[_Generation]]:
             chat = serving._rendered_chat(
                 messages,
                 body.chat_tools(),
@@ -117,7 +117,7 @@ class Responses:
                 body.parallel_tool_calls is not False,
                 messages_param="input",
             )
-            jobs = serving._submitted(
+            generations = serving._submitted(
                 sampling,
                 [chat],
                 serving.engine.submit_prepared,
@@ -125,14 +125,14 @@ class Responses:
                 logprobs=0,
                 constraint_param="tools" if chat.with_tools else "text.format",
             )
-            return chat, jobs
+            return chat, generations
 
         # Rendering the template and compiling constraints take time the event loop cannot give.
-        chat, jobs = await asyncio.to_thread(submit)
+        chat, generations = await asyncio.to_thread(submit)
         envelope = ResponseEnvelope(body, sampling, serving.model_id)
         if body.stream:
-            return event_stream(self._events(envelope, chat, jobs, conversation), {"X-Request-Id": envelope.id})
-        completions = await serving._completed(http, envelope, jobs)
+            return event_stream(self._events(envelope, chat, generations, conversation), {"X-Request-Id": envelope.id})
+        completions = await serving._completed(http, envelope, generations)
         if completions is None:
             return Response(status_code=CLIENT_GONE)
         (completion,) = completions
@@ -185,7 +185,11 @@ class Responses:
         return response
 
     async def _events(
-        self, envelope: ResponseEnvelope, chat: PreparedChat, jobs: list[_Job], conversation: list[InputItem]
+        self,
+        envelope: ResponseEnvelope,
+        chat: PreparedChat,
+        generations: list[_Generation],
+        conversation: list[InputItem],
     ) -> AsyncIterator[str]:
         """The Responses stream: the response created and in progress, its output items as
         they are generated (a reply that may call tools is only known whole, so its items come at
@@ -200,11 +204,11 @@ class Responses:
             if texts:
                 for line in events.message_opened(0, envelope.message_id):
                     yield line
-            async for _, (text, _logprobs) in _merged(jobs):
+            async for _, (text, _logprobs) in _merged(generations):
                 if texts and text:
                     yield events.text_delta(0, envelope.message_id, text)
-            completions = [await job.request for job in jobs]
-            await self.serving._finished(envelope, jobs, completions)
+            completions = [await generation.request for generation in generations]
+            await self.serving._finished(envelope, generations, completions)
             (completion,) = completions
             status = _message_status(completion)
             if texts:
@@ -225,8 +229,8 @@ class Responses:
             for line in events.failed(envelope, failure):
                 yield line
         finally:
-            for job in jobs:
-                job.request.cancel()
+            for generation in generations:
+                generation.request.cancel()
 
 
 def _message_status(completion: Completion) -> str:

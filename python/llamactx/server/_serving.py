@@ -122,7 +122,7 @@ def _shutting_down() -> ApiError:
 
 
 @dataclass
-class _Job:
+class _Generation:
     """One choice of a response: its engine request, whether its prompt counts in usage, and the
     check of its JSON Schema's finished value, with the parameter that gave the schema."""
 
@@ -143,13 +143,13 @@ class _Identified(Protocol):
 class _Choices(Protocol):
     """How one endpoint shows its choices: whole, or as the chunks of a stream (None: no chunk)."""
 
-    def opening(self, job: _Job) -> Choice | None: ...
+    def opening(self, generation: _Generation) -> Choice | None: ...
 
-    def piece(self, job: _Job, delta: Delta, offset: int) -> Choice | None: ...
+    def piece(self, generation: _Generation, delta: Delta, offset: int) -> Choice | None: ...
 
-    def closing(self, job: _Job, completion: Completion) -> Choice: ...
+    def closing(self, generation: _Generation, completion: Completion) -> Choice: ...
 
-    def whole(self, job: _Job, completion: Completion) -> Choice: ...
+    def whole(self, generation: _Generation, completion: Completion) -> Choice: ...
 
 
 class Serving:
@@ -207,7 +207,7 @@ class Serving:
         body = await self._body(http, CompletionRequest)
         top = body.logprobs or 0
 
-        def submit() -> list[_Job]:
+        def submit() -> list[_Generation]:
             prompts = [self._prompt_tokens(prompt) for prompt in body.prompts()]
             return self._submitted(
                 body,
@@ -219,10 +219,10 @@ class Serving:
             )
 
         # Tokenizing and compiling constraints take time the event loop cannot give.
-        jobs = await asyncio.to_thread(submit)
+        generations = await asyncio.to_thread(submit)
         envelope = Envelope("cmpl", "text_completion", self.model_id, body.stream_options)
         choices = _CompletionChoices(self, body.logprobs is not None, top)
-        return await self._respond(http, envelope, jobs, body.stream, choices)
+        return await self._respond(http, envelope, generations, body.stream, choices)
 
     def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
         try:
@@ -247,9 +247,9 @@ class Serving:
         top = body.top_logprobs or 0
         messages = await self._with_media_fetched([message.model_dump(exclude_none=True) for message in body.messages])
 
-        def submit() -> tuple[PreparedChat, list[_Job]]:
+        def submit() -> tuple[PreparedChat, list[_Generation]]:
             chat = self._prepared_chat(body, messages)
-            jobs = self._submitted(
+            generations = self._submitted(
                 body,
                 [chat],
                 self.engine.submit_prepared,
@@ -257,12 +257,14 @@ class Serving:
                 logprobs=_engine_logprobs(body.logprobs, top),
                 constraint_param="tools" if chat.with_tools else _constraint_param(body),
             )
-            return chat, jobs
+            return chat, generations
 
         # Rendering the template and compiling constraints take time the event loop cannot give.
-        chat, jobs = await asyncio.to_thread(submit)
+        chat, generations = await asyncio.to_thread(submit)
         envelope = Envelope("chatcmpl", "chat.completion", self.model_id, body.stream_options)
-        return await self._respond(http, envelope, jobs, body.stream, _ChatChoices(self, chat, body.logprobs, top))
+        return await self._respond(
+            http, envelope, generations, body.stream, _ChatChoices(self, chat, body.logprobs, top)
+        )
 
     async def _with_media_fetched(
         self, messages: list[dict[str, Any]], messages_param: str = "messages"
@@ -327,14 +329,14 @@ class Serving:
         max_tokens: int,
         logprobs: int,
         constraint_param: str,
-    ) -> list[_Job]:
+    ) -> list[_Generation]:
         """Submits ``body.n`` choices of each prompt with ``submit`` (``Engine.submit`` or
         ``submit_prepared``): all, or none (a refusal cancels those already queued). The body's
         constraint is compiled once, and each choice takes a copy. The prompts fit (``_check_fits``)
         and the numbers are in range (the body's model): what the engine can refuse is the
         constraint (named by ``constraint_param``), or the request when the queue is full. Blocking
         work: call it off the event loop."""
-        jobs: list[_Job] = []
+        generations: list[_Generation] = []
         try:
             stage, check = constraint_stage(self.model, body.output_schema(), body.grammar)
             for prompt in prompts:
@@ -347,16 +349,16 @@ class Serving:
                         logprobs=logprobs,
                         grammar=stage,
                     )
-                    jobs.append(_Job(request, len(jobs), choice == 0, check, constraint_param))
+                    generations.append(_Generation(request, len(generations), choice == 0, check, constraint_param))
         except BaseException as error:
-            for job in jobs:
-                job.request.cancel()
+            for generation in generations:
+                generation.request.cancel()
             if not isinstance(error, Exception):
                 raise
             if self.engine.closed:
                 raise _shutting_down() from error
             raise openai_error(error, "the request cannot be submitted", constraint_param) from error
-        return jobs
+        return generations
 
     def _sampling(self, body: SamplingBody, choice: int) -> SamplingParams:
         """The engine's sampling for choice ``choice``: the ``n`` choices draw with successive
@@ -441,36 +443,41 @@ class Serving:
             )
 
     async def _respond(
-        self, http: HttpRequest, envelope: Envelope, jobs: list[_Job], stream: bool, choices: _Choices
+        self, http: HttpRequest, envelope: Envelope, generations: list[_Generation], stream: bool, choices: _Choices
     ) -> Response:
         if stream:
-            return event_stream(self._events(envelope, jobs, choices), {"X-Request-Id": envelope.id})
-        completions = await self._completed(http, envelope, jobs)
+            return event_stream(self._events(envelope, generations, choices), {"X-Request-Id": envelope.id})
+        completions = await self._completed(http, envelope, generations)
         if completions is None:
             return Response(status_code=CLIENT_GONE)
-        whole = [choices.whole(job, completion) for job, completion in zip(jobs, completions, strict=True)]
-        usage = total_usage(_firsts(jobs, completions), completions)
+        whole = [
+            choices.whole(generation, completion)
+            for generation, completion in zip(generations, completions, strict=True)
+        ]
+        usage = total_usage(_firsts(generations, completions), completions)
         return JSONResponse(envelope.whole(whole, usage), headers={"X-Request-Id": envelope.id})
 
-    async def _events(self, envelope: Envelope, jobs: list[_Job], choices: _Choices) -> AsyncIterator[str]:
+    async def _events(
+        self, envelope: Envelope, generations: list[_Generation], choices: _Choices
+    ) -> AsyncIterator[str]:
         """Server-sent events: a first chunk per choice, its text as generated, its end; then
         the usage if asked for, then ``[DONE]``. Leaving early (the client went away) cancels
         every choice."""
         try:
-            for job in jobs:
-                if (first := choices.opening(job)) is not None:
+            for generation in generations:
+                if (first := choices.opening(generation)) is not None:
                     yield envelope.event([first])
-            offsets = [0] * len(jobs)
-            async for index, delta in _merged(jobs):
-                if (chunk := choices.piece(jobs[index], delta, offsets[index])) is not None:
+            offsets = [0] * len(generations)
+            async for index, delta in _merged(generations):
+                if (chunk := choices.piece(generations[index], delta, offsets[index])) is not None:
                     yield envelope.event([chunk])
                 offsets[index] += len(delta[0])
-            completions = [await job.request for job in jobs]
-            await self._finished(envelope, jobs, completions)
-            for job, completion in zip(jobs, completions, strict=True):
-                yield envelope.event([choices.closing(job, completion)])
+            completions = [await generation.request for generation in generations]
+            await self._finished(envelope, generations, completions)
+            for generation, completion in zip(generations, completions, strict=True):
+                yield envelope.event([choices.closing(generation, completion)])
             if envelope.include_usage:
-                yield envelope.event([], usage=total_usage(_firsts(jobs, completions), completions))
+                yield envelope.event([], usage=total_usage(_firsts(generations, completions), completions))
             yield "data: [DONE]\n\n"
         except Exception as error:
             failure = openai_error(error, "the request failed while generating")
@@ -478,34 +485,38 @@ class Serving:
                 raise
             yield event(failure.body())
         finally:
-            for job in jobs:
-                job.request.cancel()
+            for generation in generations:
+                generation.request.cancel()
 
-    async def _completed(self, http: HttpRequest, envelope: _Identified, jobs: list[_Job]) -> list[Completion] | None:
-        """The jobs' completions, counted and logged (``_finished``); None (the jobs cancelled)
+    async def _completed(
+        self, http: HttpRequest, envelope: _Identified, generations: list[_Generation]
+    ) -> list[Completion] | None:
+        """The generations' completions, counted and logged (``_finished``); None (the generations cancelled)
         if the client leaves first."""
         try:
-            completions = await _unless_disconnected(http, [job.request for job in jobs])
+            completions = await _unless_disconnected(http, [generation.request for generation in generations])
         except Exception as error:
             raise openai_error(error, "the request failed while generating") from None
         if completions is not None:
-            await self._finished(envelope, jobs, completions)
+            await self._finished(envelope, generations, completions)
         return completions
 
-    async def _finished(self, envelope: _Identified, jobs: list[_Job], completions: list[Completion]) -> None:
+    async def _finished(
+        self, envelope: _Identified, generations: list[_Generation], completions: list[Completion]
+    ) -> None:
         """Counts and logs a response whose choices all ended; a choice the engine cancelled
         (it was closed) fails the response, and so does a value its schema's check refuses (the
         check runs in a worker thread: its work is bounded, not small)."""
-        for job, completion in zip(jobs, completions, strict=True):
-            self.metrics.record(completion, prompt_counted=job.first_of_prompt)
+        for generation, completion in zip(generations, completions, strict=True):
+            self.metrics.record(completion, prompt_counted=generation.first_of_prompt)
         if any(completion.finish_reason == "cancelled" for completion in completions):
             raise _shutting_down()
-        for job, completion in zip(jobs, completions, strict=True):
-            if job.check is not None and completion.finish_reason == "stop":
+        for generation, completion in zip(generations, completions, strict=True):
+            if generation.check is not None and completion.finish_reason == "stop":
                 try:
-                    await asyncio.to_thread(job.check.validate, completion.text)
+                    await asyncio.to_thread(generation.check.validate, completion.text)
                 except SchemaError as error:
-                    raise openai_error(error, "the output breaks the schema", job.schema_param) from None
+                    raise openai_error(error, "the output breaks the schema", generation.schema_param) from None
         first = completions[0]
         generated = sum(c.completion_tokens for c in completions)
         logger.info(
@@ -538,20 +549,20 @@ class _CompletionChoices:
         self.logprobs = logprobs
         self.top = top
 
-    def opening(self, job: _Job) -> Choice | None:
+    def opening(self, generation: _Generation) -> Choice | None:
         return None
 
-    def piece(self, job: _Job, delta: Delta, offset: int) -> CompletionChoice:
+    def piece(self, generation: _Generation, delta: Delta, offset: int) -> CompletionChoice:
         text, logprobs = delta
         shown = completion_logprobs(self.model, logprobs, self.top, offset) if self.logprobs else None
-        return {"index": job.index, "text": text, "logprobs": shown, "finish_reason": None}
+        return {"index": generation.index, "text": text, "logprobs": shown, "finish_reason": None}
 
-    def closing(self, job: _Job, completion: Completion) -> CompletionChoice:
-        return {"index": job.index, "text": "", "logprobs": None, "finish_reason": completion.finish_reason}
+    def closing(self, generation: _Generation, completion: Completion) -> CompletionChoice:
+        return {"index": generation.index, "text": "", "logprobs": None, "finish_reason": completion.finish_reason}
 
-    def whole(self, job: _Job, completion: Completion) -> CompletionChoice:
+    def whole(self, generation: _Generation, completion: Completion) -> CompletionChoice:
         return {
-            **self.piece(job, (completion.text, completion.logprobs), 0),
+            **self.piece(generation, (completion.text, completion.logprobs), 0),
             "finish_reason": completion.finish_reason,
         }
 
@@ -566,30 +577,30 @@ class _ChatChoices:
         self.logprobs = logprobs
         self.top = top
 
-    def opening(self, job: _Job) -> ChatChunkChoice:
+    def opening(self, generation: _Generation) -> ChatChunkChoice:
         return {
-            "index": job.index,
+            "index": generation.index,
             "delta": {"role": "assistant"},  # no content yet, as OpenAI's first chunk
             "logprobs": None,
             "finish_reason": None,
         }
 
-    def piece(self, job: _Job, delta: Delta, offset: int) -> ChatChunkChoice | None:
+    def piece(self, generation: _Generation, delta: Delta, offset: int) -> ChatChunkChoice | None:
         if self.chat.with_tools:
             return None
         text, logprobs = delta
         shown = chat_logprobs(self.model, logprobs, self.top) if self.logprobs else None
-        return {"index": job.index, "delta": {"content": text}, "logprobs": shown, "finish_reason": None}
+        return {"index": generation.index, "delta": {"content": text}, "logprobs": shown, "finish_reason": None}
 
-    def closing(self, job: _Job, completion: Completion) -> ChatChunkChoice:
+    def closing(self, generation: _Generation, completion: Completion) -> ChatChunkChoice:
         message, finish = self._message(completion)
         delta = _streamed(message) if self.chat.with_tools else {}
-        return {"index": job.index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": generation.index, "delta": delta, "logprobs": None, "finish_reason": finish}
 
-    def whole(self, job: _Job, completion: Completion) -> ChatChoice:
+    def whole(self, generation: _Generation, completion: Completion) -> ChatChoice:
         message, finish = self._message(completion)
         shown = chat_logprobs(self.model, completion.logprobs, self.top) if self.logprobs else None
-        return {"index": job.index, "message": message, "logprobs": shown, "finish_reason": finish}
+        return {"index": generation.index, "message": message, "logprobs": shown, "finish_reason": finish}
 
     def _message(self, completion: Completion) -> tuple[dict[str, Any], str]:
         """The reply as OpenAI's message, and its finish reason: "tool_calls" for calls that
@@ -620,8 +631,12 @@ def _constraint_param(body: SamplingBody) -> str:
     return "grammar" if body.grammar is not None else "response_format"
 
 
-def _firsts(jobs: list[_Job], completions: list[Completion]) -> list[Completion]:
-    return [completion for job, completion in zip(jobs, completions, strict=True) if job.first_of_prompt]
+def _firsts(generations: list[_Generation], completions: list[Completion]) -> list[Completion]:
+    return [
+        completion
+        for generation, completion in zip(generations, completions, strict=True)
+        if generation.first_of_prompt
+    ]
 
 
 def _engine_logprobs(wanted: bool, top: int) -> int:
@@ -642,25 +657,25 @@ def _encoded(vector: np.ndarray[Any, np.dtype[np.float32]], encoding: str) -> li
     return [float(value) for value in vector]
 
 
-async def _merged(jobs: list[_Job]) -> AsyncIterator[tuple[int, Delta]]:
-    """The deltas of all ``jobs`` as they come, tagged with the job's index."""
-    if len(jobs) == 1:
-        async for delta in jobs[0].request.adeltas():
+async def _merged(generations: list[_Generation]) -> AsyncIterator[tuple[int, Delta]]:
+    """The deltas of all ``generations`` as they come, tagged with the generation's index."""
+    if len(generations) == 1:
+        async for delta in generations[0].request.adeltas():
             yield 0, delta
         return
     queue: asyncio.Queue[tuple[int, Delta] | int | Exception] = asyncio.Queue()
 
-    async def pump(job: _Job) -> None:
+    async def pump(generation: _Generation) -> None:
         try:
-            async for delta in job.request.adeltas():
-                queue.put_nowait((job.index, delta))
-            queue.put_nowait(job.index)  # its end
+            async for delta in generation.request.adeltas():
+                queue.put_nowait((generation.index, delta))
+            queue.put_nowait(generation.index)  # its end
         except Exception as error:  # handed to the reader, who raises it
             queue.put_nowait(error)
 
-    tasks = [asyncio.ensure_future(pump(job)) for job in jobs]
+    tasks = [asyncio.ensure_future(pump(generation)) for generation in generations]
     try:
-        running = len(jobs)
+        running = len(generations)
         while running:
             item = await queue.get()
             if isinstance(item, Exception):
