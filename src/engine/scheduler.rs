@@ -21,7 +21,7 @@ use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 
 use self::speculation::can_pay;
-use super::backend::{Backend, Entry};
+use super::backend::{Backend, Entry, Sizes};
 use super::draft::{DraftLength, Speculation};
 use super::draft_cost::DraftCosts;
 use super::logprobs::top_logprobs;
@@ -246,9 +246,8 @@ pub struct Scheduler<B: Backend> {
     running: Vec<Running>,
     free_seqs: Vec<i32>,
     cache: PrefixCache,
-    n_batch: usize,
-    n_ctx: usize,
-    n_ctx_seq: usize,
+    /// The backend's sizes (fixed for its life).
+    sizes: Sizes,
     /// Where every request's drafts come from, if anywhere.
     speculation: Option<Speculation>,
     /// What drafted tokens cost here, against what a step without them yields.
@@ -268,9 +267,7 @@ impl<B: Backend> Scheduler<B> {
             // llama.cpp caps n_seq_max far below i32::MAX.
             free_seqs: (0..i32::try_from(sizes.n_seq_max).unwrap_or(i32::MAX)).rev().collect(),
             cache: PrefixCache::new(prefix_cache, sizes.n_seq_max),
-            n_batch: sizes.n_batch,
-            n_ctx: sizes.n_ctx,
-            n_ctx_seq: sizes.n_ctx_seq,
+            sizes,
             speculation,
             costs: DraftCosts::default(),
             counters: Counters::default(),
@@ -349,7 +346,7 @@ impl<B: Backend> Scheduler<B> {
     /// Moves the cancelled waiting requests to `cancelled`, then those at the front that fit
     /// (a free slot, and the KV cells they may need) to `admitted`: first come first served.
     fn take_jobs(&self, inbox: &mut Inbox, admitted: &mut Vec<Job>, cancelled: &mut Vec<Job>) {
-        let cells = |job: &Job| job.cells(self.n_ctx_seq);
+        let cells = |job: &Job| job.cells(self.sizes.n_ctx_seq);
         let waiting: Vec<(usize, bool)> = inbox
             .waiting
             .iter()
@@ -358,7 +355,7 @@ impl<B: Backend> Scheduler<B> {
         let reserved: usize = self.running.iter().map(|running| cells(&running.job)).sum::<usize>()
             + admitted.iter().map(cells).sum::<usize>();
         let free = self.free_seqs.len().saturating_sub(admitted.len());
-        let (gone, starting) = plan::queue_exits(&waiting, free, reserved, self.n_ctx);
+        let (gone, starting) = plan::queue_exits(&waiting, free, reserved, self.sizes.n_ctx);
         for index in gone.into_iter().rev() {
             cancelled.extend(inbox.waiting.remove(index));
         }
@@ -388,7 +385,7 @@ impl<B: Backend> Scheduler<B> {
         if reused > 0 {
             self.counters.prefix_cache_hits += 1;
         }
-        let n_vocab = self.backend.sizes().n_vocab;
+        let n_vocab = self.sizes.n_vocab;
         let sampling = job.sampling.build(n_vocab);
         let (sampler, greedy) = match job.grammar.take() {
             Some(grammar) => (LlamaSampler::chain([grammar.0, sampling], true), None),
@@ -397,7 +394,7 @@ impl<B: Backend> Scheduler<B> {
         self.running.push(Running {
             sampler,
             greedy,
-            steps: Steps::new(job.stop.clone(), job.max_tokens, self.n_ctx_seq),
+            steps: Steps::new(job.stop.clone(), job.max_tokens, self.sizes.n_ctx_seq),
             seq: placement.seq,
             kv_tokens: job.prompt[..reused].to_vec(),
             reused,
@@ -432,7 +429,7 @@ impl<B: Backend> Scheduler<B> {
             if let Some(source) = placement.copy_from {
                 self.backend.clear_cells(seq, 0, None)?;
                 // Across KV streams llama.cpp copies whole sequences only.
-                let to = self.backend.sizes().kv_unified.then_some(kept);
+                let to = self.sizes.kv_unified.then_some(kept);
                 self.backend.copy_cells(source, seq, to)?;
             }
             self.backend.clear_cells(seq, kept, None)
@@ -450,15 +447,15 @@ impl<B: Backend> Scheduler<B> {
     /// With one KV stream for all sequences, the cells kept for reuse share it with the
     /// running ones: give up kept prompts (largest first) until the running requests' cells fit.
     fn make_room(&mut self, placed: i32) {
-        if !self.backend.sizes().kv_unified {
+        if !self.sizes.kv_unified {
             return;
         }
         let reserved: usize = self
             .running
             .iter()
-            .map(|running| running.job.cells(self.n_ctx_seq))
+            .map(|running| running.job.cells(self.sizes.n_ctx_seq))
             .sum();
-        while reserved + self.cache.cells() > self.n_ctx {
+        while reserved + self.cache.cells() > self.sizes.n_ctx {
             let Some(seq) = self.cache.largest(placed) else { break };
             let _ = self.backend.clear_cells(seq, 0, None);
             self.cache.forget(seq);
@@ -478,7 +475,7 @@ impl<B: Backend> Scheduler<B> {
             }
         }
         self.read_media();
-        let room = self.read_prompts(0, self.n_batch);
+        let room = self.read_prompts(0, self.sizes.n_batch);
         let arrived_from = self.running.len();
         if room > 0 {
             for job in self.arrived_jobs() {
@@ -545,15 +542,15 @@ impl<B: Backend> Scheduler<B> {
             .iter()
             .map(|&index| {
                 if drafting {
-                    self.running[index].draft_limit(self.n_ctx_seq)
+                    self.running[index].draft_limit(self.sizes.n_ctx_seq)
                 } else {
                     0
                 }
             })
             .collect();
-        let alike = !self.backend.sizes().kv_unified;
+        let alike = !self.sizes.kv_unified;
         Some(GenerationPlan {
-            draft_limits: plan::draft_lengths(&wanted, self.n_batch, alike),
+            draft_limits: plan::draft_lengths(&wanted, self.sizes.n_batch, alike),
             order,
             drafting,
             least_acceptance,
@@ -599,7 +596,7 @@ impl<B: Backend> Scheduler<B> {
             .skip(from)
             .filter(|(_, running)| matches!(running.phase, Phase::Reading))
             .map(|(index, running)| (index, running.job.text_end(running.kv_len()) - running.kv_len()));
-        let (chunks, room) = plan::prompt_chunks(reading, room, self.n_batch);
+        let (chunks, room) = plan::prompt_chunks(reading, room, self.sizes.n_batch);
         if chunks.is_empty() {
             return room;
         }

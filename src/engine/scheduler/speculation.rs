@@ -50,7 +50,7 @@ impl<B: Backend> Scheduler<B> {
             })
             .collect();
         let mut drafts = speculation.source.propose(&requests);
-        if !self.backend.sizes().kv_unified {
+        if !self.sizes.kv_unified {
             plan::cut_to_shortest(&mut drafts);
         }
         drafts
