@@ -999,11 +999,12 @@ class PerfContextData:
 
 @final
 class SamplingParams:
-    """How a request samples: `temperature` 0 is greedy (penalties and `logit_bias` still apply);
-    otherwise the candidates pass `top_k` (0: all), `typical_p`, `top_p` and `min_p` (1, 1 and
-    0 switch them off), are scaled by the temperature and drawn with `seed` (None: random).
-    Penalties look at the last `penalty_last_n` tokens (1 and 0 switch them off).
+    """How a request samples: `temperature` 0 is greedy (penalties and `logit_bias` still
+    apply); otherwise the candidates pass `top_k` (0: all), `typical_p`, `top_p` and `min_p`
+    (1, 1 and 0 switch them off), are scaled by the temperature and drawn with `seed` (None:
+    random). Penalties look at the last `penalty_last_n` tokens (1 and 0 switch them off).
     `logit_bias` maps token ids to values added to their logits (`-inf` bans a token).
+    The defaults are llama.cpp's (`common/common.h`).
     """
 
     def __new__(

@@ -28,10 +28,12 @@ from llamactx._llamactx import (
     LlamaModel,
     LlamaSampler,
     MtmdContext,
+    SamplingParams,
     serve_rpc,
 )
 from llamactx._media import MAX_PIXELS_CEILING, MEDIA_URL_MAX_BYTES, MEDIA_URL_TIMEOUT, MediaBudget
 from llamactx._models import default_model_path
+from llamactx._sampling import SAMPLING_DEFAULTS
 from llamactx._speculative import MAX_DRAFT, MAX_NGRAM, DraftModel, NgramDraft, Speculative
 from llamactx.bench import speeds
 
@@ -39,12 +41,13 @@ __all__ = ["main"]
 
 Number = TypeVar("Number", int, float)
 
-# llama.cpp's sampling defaults (common/common.h), so that the command line samples as llama-cli
-# does; except the seed, which llama.cpp picks at random and we fix so that a run can be repeated.
-DEFAULT_TEMP = 0.8
-DEFAULT_TOP_K = 40
-DEFAULT_TOP_P = 0.95
-DEFAULT_MIN_P = 0.05
+# llama.cpp's sampling defaults (SamplingParams' own), so that the command line samples as
+# llama-cli does; except the seed, which llama.cpp picks at random and we fix so that a run can
+# be repeated.
+DEFAULT_TEMP = SAMPLING_DEFAULTS["temperature"]
+DEFAULT_TOP_K = SAMPLING_DEFAULTS["top_k"]
+DEFAULT_TOP_P = SAMPLING_DEFAULTS["top_p"]
+DEFAULT_MIN_P = SAMPLING_DEFAULTS["min_p"]
 DEFAULT_SEED = 0
 USABLE_CPUS = len(os.sched_getaffinity(0))  # contexts refuse more threads: ggml's spin
 
@@ -105,19 +108,15 @@ def _load_model(arguments: argparse.Namespace) -> LlamaModel:
     return LlamaModel.load_from_file(_model_path(arguments), rpc_servers=rpc_servers or None)
 
 
-def _sampler(arguments: argparse.Namespace) -> LlamaSampler:
-    """llama.cpp's default sampler chain with the command line's values; greedy on request."""
-    if arguments.greedy or arguments.temp == 0:
-        return LlamaSampler.greedy()
-    return LlamaSampler.chain(
-        [
-            LlamaSampler.top_k(arguments.top_k),
-            LlamaSampler.top_p(arguments.top_p, 1),
-            LlamaSampler.min_p(arguments.min_p, 1),
-            LlamaSampler.temp(arguments.temp),
-            LlamaSampler.dist(arguments.seed),
-        ]
+def _sampler(arguments: argparse.Namespace, model: LlamaModel) -> LlamaSampler:
+    """``SamplingParams``' chain (llama.cpp's default one) with the command line's values;
+    greedy on request."""
+    temperature = 0.0 if arguments.greedy else arguments.temp
+    seed = None if arguments.seed == RANDOM_SEED else arguments.seed
+    sampling = SamplingParams(
+        temperature=temperature, top_k=arguments.top_k, top_p=arguments.top_p, min_p=arguments.min_p, seed=seed
     )
+    return sampling.sampler(model)
 
 
 def _context(arguments: argparse.Namespace) -> LlamaContext:
@@ -163,9 +162,8 @@ def _prompt_progress(done: int, total: int) -> None:
 def _generate(arguments: argparse.Namespace) -> int:
     ctx = _context(arguments)
     progress = _prompt_progress if sys.stderr.isatty() else None
-    _write(
-        stream(ctx, arguments.prompt, max_tokens=arguments.max_tokens, sampler=_sampler(arguments), progress=progress)
-    )
+    sampler = _sampler(arguments, ctx.model)
+    _write(stream(ctx, arguments.prompt, max_tokens=arguments.max_tokens, sampler=sampler, progress=progress))
     if arguments.stats:
         _print_speed(ctx)
     return 0
@@ -178,7 +176,7 @@ def _chat(arguments: argparse.Namespace) -> int:
     ctx = _context(arguments)
     mtmd = MtmdContext(ctx.model, arguments.mmproj) if arguments.mmproj else None
     session = ChatSession(ctx, system=arguments.system, max_tokens=arguments.max_tokens, mtmd=mtmd)
-    sampler = _sampler(arguments)
+    sampler = _sampler(arguments, ctx.model)
     try:
         images = [_image_part(Path(path)) for path in arguments.image or ()]
         if arguments.message is not None:

@@ -10,61 +10,171 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::{Error, Result};
 use crate::model::PyLlamaModel;
-use crate::sampler::{finite, probability, window, PyLlamaSampler};
+use crate::sampler::PyLlamaSampler;
 
 /// llama.cpp's seed that asks its random generator for a seed of its own [llama.cpp internal].
 const RANDOM_SEED: u32 = u32::MAX;
 
-/// How a request samples: `temperature` 0 is greedy (penalties and `logit_bias` still apply);
-/// otherwise the candidates pass `top_k` (0: all), `typical_p`, `top_p` and `min_p` (1, 1 and
-/// 0 switch them off), are scaled by the temperature and drawn with `seed` (None: random).
-/// Penalties look at the last `penalty_last_n` tokens (1 and 0 switch them off).
-/// `logit_bias` maps token ids to values added to their logits (`-inf` bans a token).
-#[pyclass(frozen, module = "llamactx", name = "SamplingParams", get_all)]
-#[derive(Debug, Clone)]
-pub struct PySamplingParams {
-    /// Scales the logits; 0 picks the most likely token (greedy).
-    temperature: f32,
-    /// Keeps the `top_k` most likely tokens (0 keeps all).
-    top_k: i32,
-    /// Keeps the most likely tokens whose probabilities add up to `top_p` (1: all).
-    top_p: f32,
-    /// Drops tokens less likely than `min_p` times the most likely one (0: none).
-    min_p: f32,
-    /// Locally typical sampling mass (1: off).
-    typical_p: f32,
-    /// Divides the logits of tokens seen in the window (1: off).
-    repeat_penalty: f32,
-    /// Subtracted per occurrence in the window (0: off).
-    frequency_penalty: f32,
-    /// Subtracted once for tokens present in the window (0: off).
-    presence_penalty: f32,
-    /// The window of last tokens the penalties look at (0: off).
-    penalty_last_n: i32,
-    /// Token id to a value added to its logit.
-    logit_bias: BTreeMap<i32, f32>,
-    /// The random generator's seed; None draws one.
-    seed: Option<u32>,
+/// Declares `SamplingParams` once: each field with the type it is kept as, its default (what
+/// Python sees in the constructor's signature, where the server, the CLI and Ray read it), the
+/// argument type Python passes, the check that turns the argument into the kept value, and the
+/// value that switches the field off (`greedy`). The struct, its constructor, `greedy`,
+/// pickling and `repr` are generated from this one list, so a new parameter is one entry here
+/// plus its stage in `build`.
+macro_rules! sampling_params {
+    ($(
+        $(#[doc = $doc:literal])*
+        $name:ident: $kept:ty = $default:tt, from ($argument:ty) by $check:ident, off $off:expr;
+    )*) => {
+        /// How a request samples: `temperature` 0 is greedy (penalties and `logit_bias` still
+        /// apply); otherwise the candidates pass `top_k` (0: all), `typical_p`, `top_p` and `min_p`
+        /// (1, 1 and 0 switch them off), are scaled by the temperature and drawn with `seed` (None:
+        /// random). Penalties look at the last `penalty_last_n` tokens (1 and 0 switch them off).
+        /// `logit_bias` maps token ids to values added to their logits (`-inf` bans a token).
+        /// The defaults are llama.cpp's (`common/common.h`).
+        #[pyclass(frozen, module = "llamactx", name = "SamplingParams", get_all)]
+        #[derive(Debug, Clone)]
+        pub struct PySamplingParams {
+            $( $(#[doc = $doc])* $name: $kept, )*
+        }
+
+        impl PySamplingParams {
+            /// Greedy, with nothing else: what `generate` does by default.
+            pub fn greedy() -> Self {
+                Self { $( $name: $off, )* }
+            }
+        }
+
+        #[pymethods]
+        impl PySamplingParams {
+            #[new]
+            #[pyo3(signature = (*, $( $name = $default ),*))]
+            #[allow(clippy::too_many_arguments)]
+            fn new($( $name: $argument ),*) -> PyResult<Self> {
+                Ok(Self { $( $name: checks::$check(stringify!($name), $name)?, )* })
+            }
+
+            /// Pickling (Ray ships parameters to its workers this way): the keywords that rebuild it.
+            fn __getnewargs_ex__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyTuple>, Bound<'py, PyDict>)> {
+                let keywords = PyDict::new(py);
+                $( keywords.set_item(stringify!($name), self.$name.clone())?; )*
+                Ok((PyTuple::empty(py), keywords))
+            }
+
+            fn __repr__(&self) -> String {
+                let fields = [$( format!("{}={}", stringify!($name), Repr(&self.$name)) ),*];
+                format!("SamplingParams({})", fields.join(", "))
+            }
+        }
+    };
 }
 
-impl PySamplingParams {
-    /// Greedy, with nothing else: what `generate` does by default.
-    pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            typical_p: 1.0,
-            repeat_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            penalty_last_n: 0,
-            logit_bias: BTreeMap::new(),
-            seed: None,
+sampling_params! {
+    /// Scales the logits; 0 picks the most likely token (greedy).
+    temperature: f32 = 0.8, from (f32) by temperature, off 0.0;
+    /// Keeps the `top_k` most likely tokens (0 keeps all).
+    top_k: i32 = 40, from (i32) by top_k, off 0;
+    /// Keeps the most likely tokens whose probabilities add up to `top_p` (1: all).
+    top_p: f32 = 0.95, from (f32) by probability, off 1.0;
+    /// Drops tokens less likely than `min_p` times the most likely one (0: none).
+    min_p: f32 = 0.05, from (f32) by probability, off 0.0;
+    /// Locally typical sampling mass (1: off).
+    typical_p: f32 = 1.0, from (f32) by probability, off 1.0;
+    /// Divides the logits of tokens seen in the window (1: off).
+    repeat_penalty: f32 = 1.0, from (f32) by finite, off 1.0;
+    /// Subtracted per occurrence in the window (0: off).
+    frequency_penalty: f32 = 0.0, from (f32) by finite, off 0.0;
+    /// Subtracted once for tokens present in the window (0: off).
+    presence_penalty: f32 = 0.0, from (f32) by finite, off 0.0;
+    /// The window of last tokens the penalties look at (0: off).
+    penalty_last_n: i32 = 64, from (i32) by penalty_window, off 0;
+    /// Token id to a value added to its logit.
+    logit_bias: BTreeMap<i32, f32> = None, from (Option<BTreeMap<i32, f32>>) by logit_bias, off BTreeMap::new();
+    /// The random generator's seed; None draws one.
+    seed: Option<u32> = None, from (Option<u32>) by seed, off None;
+}
+
+/// The checks that turn a constructor's argument into the value kept, by field.
+mod checks {
+    use std::collections::BTreeMap;
+
+    use super::RANDOM_SEED;
+    use crate::errors::{Error, Result};
+    pub(super) use crate::sampler::{finite, probability};
+
+    /// Finite and not negative (`sampler::temperature` rounds tiny ones to 0).
+    pub fn temperature(name: &str, value: f32) -> Result<f32> {
+        let value = crate::sampler::temperature(name, value)?;
+        if value < 0.0 {
+            return Err(Error::value(format!("{name} must be >= 0, got {value}")));
+        }
+        Ok(value)
+    }
+
+    pub fn top_k(name: &str, value: i32) -> Result<i32> {
+        if value < 0 {
+            return Err(Error::value(format!(
+                "{name} must be >= 0 (0 keeps every token), got {value}"
+            )));
+        }
+        Ok(value)
+    }
+
+    pub fn penalty_window(name: &str, value: i32) -> Result<i32> {
+        crate::sampler::window(name, value, 0)
+    }
+
+    /// Biases by token id (None: none); a NaN bias would make every comparison false.
+    pub fn logit_bias(_name: &str, biases: Option<BTreeMap<i32, f32>>) -> Result<BTreeMap<i32, f32>> {
+        let biases = biases.unwrap_or_default();
+        match biases.iter().find(|(_, bias)| bias.is_nan()) {
+            Some((token, _)) => Err(Error::value(format!("the bias of token {token} is NaN"))),
+            None => Ok(biases),
         }
     }
 
+    pub fn seed(_name: &str, seed: Option<u32>) -> Result<Option<u32>> {
+        if seed == Some(RANDOM_SEED) {
+            return Err(Error::value(format!(
+                "seed {RANDOM_SEED} means 'random' to llama.cpp: pass None for that"
+            )));
+        }
+        Ok(seed)
+    }
+}
+
+/// A kept value as `repr` shows it: numbers as Rust prints them (0.8, not the f64 of an f32),
+/// no seed as Python's None, the biases as a dict.
+struct Repr<'a, T>(&'a T);
+
+impl std::fmt::Display for Repr<'_, f32> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::fmt::Display for Repr<'_, i32> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::fmt::Display for Repr<'_, Option<u32>> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(value) => write!(f, "{value}"),
+            None => f.write_str("None"),
+        }
+    }
+}
+
+impl std::fmt::Display for Repr<'_, BTreeMap<i32, f32>> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl PySamplingParams {
     /// `ValueError` for a logit bias on a token the model does not have.
     pub fn check_vocabulary(&self, n_vocab: i32) -> Result<()> {
         match self.logit_bias.keys().find(|&&token| token < 0 || token >= n_vocab) {
@@ -175,60 +285,6 @@ impl GreedyPick {
 
 #[pymethods]
 impl PySamplingParams {
-    #[new]
-    #[pyo3(signature = (
-        *, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, typical_p=1.0, repeat_penalty=1.0,
-        frequency_penalty=0.0, presence_penalty=0.0, penalty_last_n=64, logit_bias=None, seed=None,
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        temperature: f32,
-        top_k: i32,
-        top_p: f32,
-        min_p: f32,
-        typical_p: f32,
-        repeat_penalty: f32,
-        frequency_penalty: f32,
-        presence_penalty: f32,
-        penalty_last_n: i32,
-        logit_bias: Option<BTreeMap<i32, f32>>,
-        seed: Option<u32>,
-    ) -> PyResult<Self> {
-        let temperature = crate::sampler::temperature("temperature", temperature)?;
-        if temperature < 0.0 {
-            return Err(Error::value(format!("temperature must be >= 0, got {temperature}")).into());
-        }
-        if top_k < 0 {
-            return Err(Error::value(format!("top_k must be >= 0 (0 keeps every token), got {top_k}")).into());
-        }
-        let logit_bias = logit_bias.unwrap_or_default();
-        if let Some(token) = logit_bias
-            .iter()
-            .find_map(|(token, bias)| bias.is_nan().then_some(token))
-        {
-            return Err(Error::value(format!("the bias of token {token} is NaN")).into());
-        }
-        if seed == Some(RANDOM_SEED) {
-            return Err(Error::value(format!(
-                "seed {RANDOM_SEED} means 'random' to llama.cpp: pass None for that"
-            ))
-            .into());
-        }
-        Ok(Self {
-            temperature,
-            top_k,
-            top_p: probability("top_p", top_p)?,
-            min_p: probability("min_p", min_p)?,
-            typical_p: probability("typical_p", typical_p)?,
-            repeat_penalty: finite("repeat_penalty", repeat_penalty)?,
-            frequency_penalty: finite("frequency_penalty", frequency_penalty)?,
-            presence_penalty: finite("presence_penalty", presence_penalty)?,
-            penalty_last_n: window("penalty_last_n", penalty_last_n, 0)?,
-            logit_bias,
-            seed,
-        })
-    }
-
     /// These parameters as a `LlamaSampler` chain for `model`, for `generate` and friends (each
     /// call builds a fresh chain: samplers keep state). `ValueError` for a logit bias on a token
     /// the model does not have.
@@ -237,41 +293,6 @@ impl PySamplingParams {
         let n_vocab = model.n_vocab();
         self.check_vocabulary(n_vocab)?;
         Ok(PyLlamaSampler::for_model(self.build(n_vocab), model))
-    }
-
-    /// Pickling (Ray ships parameters to its workers this way): the keywords that rebuild it.
-    fn __getnewargs_ex__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyTuple>, Bound<'py, PyDict>)> {
-        let keywords = PyDict::new(py);
-        keywords.set_item("temperature", self.temperature)?;
-        keywords.set_item("top_k", self.top_k)?;
-        keywords.set_item("top_p", self.top_p)?;
-        keywords.set_item("min_p", self.min_p)?;
-        keywords.set_item("typical_p", self.typical_p)?;
-        keywords.set_item("repeat_penalty", self.repeat_penalty)?;
-        keywords.set_item("frequency_penalty", self.frequency_penalty)?;
-        keywords.set_item("presence_penalty", self.presence_penalty)?;
-        keywords.set_item("penalty_last_n", self.penalty_last_n)?;
-        keywords.set_item("logit_bias", self.logit_bias.clone())?;
-        keywords.set_item("seed", self.seed)?;
-        Ok((PyTuple::empty(py), keywords))
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "SamplingParams(temperature={}, top_k={}, top_p={}, min_p={}, typical_p={}, repeat_penalty={}, \
-             frequency_penalty={}, presence_penalty={}, penalty_last_n={}, logit_bias={:?}, seed={})",
-            self.temperature,
-            self.top_k,
-            self.top_p,
-            self.min_p,
-            self.typical_p,
-            self.repeat_penalty,
-            self.frequency_penalty,
-            self.presence_penalty,
-            self.penalty_last_n,
-            self.logit_bias,
-            self.seed.map_or_else(|| "None".to_owned(), |seed| seed.to_string()),
-        )
     }
 }
 

@@ -15,16 +15,20 @@ import ray
 from llamactx._embedding import embed, embedding_context
 from llamactx._engine import Engine, Request
 from llamactx._llamactx import LlamaModel, SamplingParams
+from llamactx._sampling import SAMPLING_DEFAULTS
 
 __all__ = ["Predictor", "actor_threads"]
 
 Task = Literal["generate", "chat", "embed"]
 Batch = dict[str, npt.NDArray[Any]]
 
-# Columns that, when the dataset has them, set a row's sampling (SamplingParams' names).
-SAMPLING_COLUMNS = ("temperature", "top_k", "top_p", "min_p", "seed")
+# Columns that, when the dataset has them, set a row's sampling: SamplingParams' fields but its
+# logit_bias (a mapping, not a value of a column).
+SAMPLING_COLUMNS = tuple(name for name in SAMPLING_DEFAULTS if name != "logit_bias")
 #: Those that hold integers (Ray hands a column with a missing value as floats).
-INTEGER_COLUMNS = frozenset({"max_tokens", "top_k", "seed"})
+INTEGER_COLUMNS = frozenset(
+    {"max_tokens", "seed", *(name for name, default in SAMPLING_DEFAULTS.items() if isinstance(default, int))}
+)
 # Enough for any batch Ray Data hands one actor: every row waits in the engine at once.
 MAX_WAITING = 1 << 20
 
@@ -57,8 +61,8 @@ class Predictor:
     sequences and ``n_ctx`` cells (``prefix_cache`` as the engine's: without it each row's
     output equals ``generate`` on a context of the same options; ``context_options``, further
     ``new_context`` keywords such as ``flash_attn_type``); each row may set ``max_tokens`` and sampling
-    (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``) in columns of those names,
-    else ``sampling`` applies (greedy when None); a missing value (None, or NaN in a column
+    (any field of ``SamplingParams`` but ``logit_bias``: ``temperature``, ``top_k``, ``seed``, ...)
+    in columns of those names, else ``sampling`` applies (greedy when None); a missing value (None, or NaN in a column
     Ray made float) is the default. They add ``generated_text``,
     ``prompt_tokens``, ``completion_tokens``, ``finish_reason`` and ``error``. "embed" reads
     ``text_column`` and adds ``embedding`` (float32, normalised; NaN for a failed row) and

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from llamactx import __version__
 from llamactx._limits import INT32_MAX
 from llamactx._llamactx import Completion, LlamaModel
+from llamactx._sampling import SAMPLING_DEFAULTS
 
 __all__ = [
     "PENALTY_WINDOW_MAX",
@@ -110,26 +111,27 @@ class ResponseFormat(_Body):
 
 
 class SamplingBody(_Body):
-    """What completions and chat share: sampling, stopping and llama-server's extras. The
-    defaults of ``temperature``, ``top_p``, ``top_k`` and ``min_p`` are llama.cpp's."""
+    """What completions and chat share: sampling, stopping and llama-server's extras. A field
+    named as one of ``SamplingParams``' is passed to it as it is, and takes its default there
+    (llama.cpp's); ``repeat_last_n`` is llama-server's name for ``penalty_last_n``."""
 
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Count = 1
     stop: StopStrings | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 0.8
-    top_p: Probability = 0.95
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = SAMPLING_DEFAULTS["temperature"]
+    top_p: Probability = SAMPLING_DEFAULTS["top_p"]
     seed: Annotated[int, Field(**SEED_RANGE)] | None = None
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = SAMPLING_DEFAULTS["presence_penalty"]
+    frequency_penalty: Penalty = SAMPLING_DEFAULTS["frequency_penalty"]
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     user: str | None = None
-    top_k: Annotated[int, Field(ge=0, le=INT32_MAX)] = 40
-    min_p: Probability = 0.05
-    typical_p: Probability = 1.0
-    repeat_penalty: Annotated[float, Field(ge=0.0, le=10.0)] = 1.0
-    repeat_last_n: Annotated[int, Field(ge=-1, le=PENALTY_WINDOW_MAX)] = 64
+    top_k: Annotated[int, Field(ge=0, le=INT32_MAX)] = SAMPLING_DEFAULTS["top_k"]
+    min_p: Probability = SAMPLING_DEFAULTS["min_p"]
+    typical_p: Probability = SAMPLING_DEFAULTS["typical_p"]
+    repeat_penalty: Annotated[float, Field(ge=0.0, le=10.0)] = SAMPLING_DEFAULTS["repeat_penalty"]
+    repeat_last_n: Annotated[int, Field(ge=-1, le=PENALTY_WINDOW_MAX)] = SAMPLING_DEFAULTS["penalty_last_n"]
     grammar: str | None = None
     response_format: ResponseFormat | None = None
 

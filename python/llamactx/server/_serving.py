@@ -36,6 +36,7 @@ from llamactx._llamactx import (
 )
 from llamactx._media import MediaBudget
 from llamactx._render import Message, PreparedChat
+from llamactx._sampling import SAMPLING_DEFAULTS
 from llamactx._schema_check import OutputCheck
 from llamactx._tools import Tool, ToolChoice
 from llamactx.server._media_urls import MediaUrls, refuse_media_urls
@@ -361,24 +362,18 @@ class Serving:
         return generations
 
     def _sampling(self, body: SamplingBody, choice: int) -> SamplingParams:
-        """The engine's sampling for choice ``choice``: the ``n`` choices draw with successive
-        seeds, so that they differ and a seeded request repeats; seed -1 (mod 2**32) is random,
-        as in llama.cpp, and so is no seed. ``repeat_last_n`` -1 is the whole sequence."""
-        return SamplingParams(
-            temperature=body.temperature,
-            top_k=body.top_k,
-            top_p=body.top_p,
-            min_p=body.min_p,
-            typical_p=body.typical_p,
-            repeat_penalty=body.repeat_penalty,
-            frequency_penalty=body.frequency_penalty,
-            presence_penalty=body.presence_penalty,
-            penalty_last_n=min(self.engine.n_ctx_seq, PENALTY_WINDOW_MAX)
-            if body.repeat_last_n == -1
-            else body.repeat_last_n,
+        """The engine's sampling for choice ``choice``: the body's fields named as
+        ``SamplingParams``' as they are; the ``n`` choices draw with successive seeds, so that
+        they differ and a seeded request repeats; seed -1 (mod 2**32) is random, as in llama.cpp,
+        and so is no seed. ``repeat_last_n`` -1 is the whole sequence."""
+        given = {name: getattr(body, name) for name in SAMPLING_DEFAULTS if name in SamplingBody.model_fields}
+        window = body.repeat_last_n
+        given.update(
+            penalty_last_n=min(self.engine.n_ctx_seq, PENALTY_WINDOW_MAX) if window == -1 else window,
             logit_bias={int(token): bias for token, bias in (body.logit_bias or {}).items()},
             seed=_seed(body.seed, choice),
         )
+        return SamplingParams(**given)
 
     async def embeddings_route(self, http: HttpRequest) -> Response:
         body = await self._body(http, EmbeddingRequest)
