@@ -33,6 +33,7 @@ use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
 use crate::media::{PyMtmdContext, PyMtmdInputChunks};
 use crate::model::PyLlamaModel;
+use crate::prompt_checks::{self, PromptShape};
 use crate::sampler::params::PySamplingParams;
 use crate::sampler::{guidance, PyLlamaSampler, SendSampler};
 use crate::tokens::check_vocab;
@@ -141,21 +142,23 @@ const FORKED: &str =
     "this Engine was started in the parent of this forked process, where its thread stays; make a new one here";
 
 impl PyEngineCore {
-    /// Refuses a prompt of `length` positions whose text is `text` (all of it without images).
-    fn refuse(&self, text: &[i32], length: usize, sampling: &PySamplingParams) -> Result<()> {
-        if length == 0 {
-            return Err(Error::value("the prompt has no tokens"));
-        }
-        check_vocab(text, self.limits.n_vocab)?;
-        sampling.check_vocabulary(self.limits.n_vocab)?;
-        if length >= self.limits.n_ctx_seq {
-            return Err(Error::value(format!(
-                "the prompt has {length} tokens; a sequence of this engine holds {} (n_ctx / n_seq_max), and the \
-                 prompt must leave room for a token",
-                self.limits.n_ctx_seq
-            )));
-        }
-        Ok(())
+    /// Refuses a prompt of `tokens` and `media` that can never run, before its media are
+    /// encoded: its positions (each image's counted from its chunks) must fit a sequence.
+    fn refuse(
+        &self,
+        tokens: &[i32],
+        media: &[(usize, Bound<'_, PyMtmdInputChunks>)],
+        sampling: &PySamplingParams,
+    ) -> Result<()> {
+        let image_positions = media.iter().map(|(_, chunks)| chunks.get().positions()).sum::<usize>();
+        let shape = PromptShape {
+            positions: tokens.len() + image_positions,
+            images: !media.is_empty(),
+            drafts: self.drafts,
+        };
+        prompt_checks::prompt(shape, self.limits.n_ctx_seq)?;
+        check_vocab(tokens, self.limits.n_vocab)?;
+        sampling.check_vocabulary(self.limits.n_vocab)
     }
 
     /// The prompt of `tokens` with `media` spliced in (their media encoded now, in this
@@ -174,9 +177,6 @@ impl PyEngineCore {
                 "this engine was started without a projector (mtmd): it cannot read images",
             ));
         };
-        if self.drafts {
-            return Err(Error::value("speculative decoding does not take prompts with images"));
-        }
         let inputs: Vec<MediaInput> = media
             .iter()
             .map(|(at, chunks)| MediaInput {
@@ -328,14 +328,13 @@ impl PyEngineCore {
         if logprobs > logprobs::MAX_TOP {
             return Err(Error::value(format!("logprobs must be in 0..={}, got {logprobs}", logprobs::MAX_TOP)).into());
         }
-        let max_tokens = usize::try_from(max_tokens)
-            .map_err(|_| Error::value(format!("max_tokens must be >= 0, got {max_tokens}")))?;
+        let max_tokens = prompt_checks::max_tokens(max_tokens)?;
         if std::process::id() != self.pid {
             return Err(Error::value(FORKED).into());
         }
         let sampling = sampling.map_or_else(PySamplingParams::greedy, |sampling| sampling.get().clone());
+        self.refuse(&tokens, &media, &sampling)?;
         let prompt = self.with_media(py, tokens, media)?;
-        self.refuse(&prompt.text, prompt.tokens.len(), &sampling)?;
         let grammar = match constraint {
             Some(prepared) if prepared.is_instance_of::<PyLlamaSampler>() => {
                 Some(prepared.cast::<PyLlamaSampler>()?.get().copy_for(py, &self.model)?)

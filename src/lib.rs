@@ -18,6 +18,7 @@ mod model;
 mod owned_lock;
 mod paths;
 mod perf;
+mod prompt_checks;
 mod regex_search;
 mod rpc;
 mod sampler;
@@ -61,5 +62,6 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<media::PyMtmdInputChunk>()?;
     m.add_function(wrap_pyfunction!(rpc::server::serve_rpc, m)?)?;
     m.add_function(wrap_pyfunction!(cpu::cpu_features, m)?)?;
+    m.add_function(wrap_pyfunction!(prompt_checks::check_prompt, m)?)?;
     Ok(())
 }

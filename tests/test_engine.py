@@ -259,7 +259,7 @@ def test_a_full_queue_raises_engine_busy_and_running_requests_go_on(model: llama
 
 
 def test_requests_that_cannot_run_are_refused_at_submit(engine: llamactx.Engine, model: llamactx.LlamaModel) -> None:
-    with pytest.raises(ValueError, match=r"the prompt has 300 tokens; a sequence of this engine holds 256"):
+    with pytest.raises(ValueError, match=r"the prompt has 300 tokens; a sequence holds 256"):
         engine.submit([1] * 300)
     with pytest.raises(ValueError, match="no tokens"):
         engine.submit([])

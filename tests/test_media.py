@@ -522,12 +522,14 @@ def test_an_image_prompt_too_long_is_refused_before_its_images_are_encoded(
         messages = [image_message(text, *map(picture, range(4)))]
         whole = engine.prepare_chat(messages).n_tokens
         assert whole >= engine.n_ctx_seq
-        with pytest.raises(ValueError, match=f"the prompt has {whole} tokens, its images' included"):
+        with pytest.raises(ValueError, match=f"the prompt has {whole} tokens, its images' included; a sequence holds"):
             engine.submit_chat(messages)
+        # The same check, and message, on a context.
         long = [image_message("a " * (small_ctx.n_ctx_seq() - 60), *map(picture, range(4)))]
-        with pytest.raises(ValueError, match=f"the context holds {small_ctx.n_ctx_seq()} per sequence"):
+        too_long = rf"the prompt has \d+ tokens, its images' included; a sequence holds {small_ctx.n_ctx_seq()} "
+        with pytest.raises(ValueError, match=too_long):
             llamactx.chat(small_ctx, long, mtmd=projector)
-        with pytest.raises(ValueError, match="no longer fits the context"):
+        with pytest.raises(ValueError, match=too_long):
             "".join(llamactx.ChatSession(small_ctx, mtmd=projector).send(long[0]["content"]))
         assert projector.n_encodes() == 0
 

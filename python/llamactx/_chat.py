@@ -7,7 +7,7 @@ from typing import Any
 
 from llamactx._constraints import JsonSchema
 from llamactx._generation import continue_sequence, generate, prefill_media, stream_media
-from llamactx._llamactx import LlamaContext, LlamaSampler, MtmdContext
+from llamactx._llamactx import LlamaContext, LlamaSampler, MtmdContext, _check_prompt
 from llamactx._media import MediaBudget, MediaPrompt
 from llamactx._render import ChatRenderer, Message
 from llamactx._speculative import Speculative
@@ -41,8 +41,7 @@ def chat(
     ``speculative`` does not take images."""
     prepared = ChatRenderer(ctx.model).prepare(messages, mtmd=mtmd, media_budget=media_budget)
     if prepared.media is not None and mtmd is not None:
-        if speculative is not None:
-            raise ValueError("speculative decoding does not take chats with images")
+        _check_prompt(prepared.n_tokens, ctx.n_ctx_seq(), images=True, drafts=speculative is not None)
         pieces = stream_media(
             ctx,
             mtmd,
@@ -108,13 +107,9 @@ class ChatSession:
         messages = [*self.messages, user]
         prepared = self._renderer.prepare(messages, mtmd=self.mtmd, media_budget=self.media_budget)
         prompt = prepared.media or MediaPrompt([prepared.tokens], [])
-        if prepared.media is not None and speculative is not None:
-            raise ValueError("speculative decoding does not take chats with images")
-        if prepared.n_tokens >= self.ctx.n_ctx_seq():
-            raise ValueError(
-                f"the conversation no longer fits the context: {prepared.n_tokens} tokens, "
-                f"{self.ctx.n_ctx_seq()} in the sequence"
-            )
+        # The conversation must still fit the context (its images included).
+        images, drafts = prepared.media is not None, speculative is not None
+        _check_prompt(prepared.n_tokens, self.ctx.n_ctx_seq(), images=images, drafts=drafts)
         items = prompt.keys()
         reply: list[str] = []
         try:

@@ -274,14 +274,6 @@ class Engine:
         spec, check = constraint(json_schema, grammar)
         images: list[tuple[int, MtmdInputChunks]] = []
         if media is not None:
-            if self.mtmd is None:
-                raise ValueError("this engine was started without a projector (mtmd): it cannot read images")
-            if media.n_tokens >= self.n_ctx_seq:
-                # Here: the native engine encodes a prompt's images before it checks its length.
-                raise ValueError(
-                    f"the prompt has {media.n_tokens} tokens, its images' included; a sequence of this engine holds "
-                    f"{self.n_ctx_seq} (n_ctx / n_seq_max), and the prompt must leave room for a token"
-                )
             # Each image goes after the text runs before it.
             starts = accumulate(len(run) for run in media.texts[:-1])
             images = list(zip(starts, media.chunks, strict=True))

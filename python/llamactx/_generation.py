@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 
 from llamactx._constraints import JsonSchema, constrained
-from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler, MtmdContext, _SequenceSteps
+from llamactx._llamactx import (
+    LlamaBatch,
+    LlamaContext,
+    LlamaModel,
+    LlamaSampler,
+    MtmdContext,
+    _check_prompt,
+    _SequenceSteps,
+)
 from llamactx._media import MEDIA_POSITION, MediaPrompt
 from llamactx._schema_check import OutputCheck
 from llamactx._speculative import Speculative, check_speculative
@@ -16,30 +24,17 @@ __all__ = ["continue_sequence", "generate", "generate_batch", "prefill", "prefil
 
 def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int], max_tokens: int) -> list[int]:
     """The prompt's tokens, checked to leave room in one sequence of ``ctx``."""
-    if max_tokens < 0:
-        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
     if isinstance(prompt, str):
         model = ctx.model
         tokens = model.str_to_token(prompt, model.add_bos_token())
     else:
         tokens = [int(token) for token in prompt]
-    if not tokens:
-        raise ValueError("the prompt has no tokens")
-    _check_fits(ctx, len(tokens))
+    _check_prompt(len(tokens), ctx.n_ctx_seq(), max_tokens=max_tokens)
     return tokens
-
-
-def _check_fits(ctx: LlamaContext, n_tokens: int) -> None:
-    """``ValueError`` unless a prompt of ``n_tokens`` leaves room in one sequence of ``ctx``."""
-    n_ctx = ctx.n_ctx_seq()
-    if n_tokens >= n_ctx:
-        raise ValueError(f"the prompt has {n_tokens} tokens; the context holds {n_ctx} per sequence")
 
 
 def _steps(model: LlamaModel, stop: str | Sequence[str], max_tokens: int, n_ctx: int) -> _SequenceSteps:
     """The generation rules the engine follows too (text, stop strings, limits), for one sequence."""
-    if max_tokens < 0:
-        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
     # One string is one stop string, not a sequence of one-character ones.
     stops = [stop] if isinstance(stop, str) else list(stop)
     return _SequenceSteps(model, stops, max_tokens, n_ctx)
@@ -232,9 +227,7 @@ def stream_media(
 ) -> Generator[str, None, str]:
     """``stream`` for a prompt with images, which ``mtmd`` encodes (a prompt too long for the
     context is refused before any is)."""
-    if max_tokens < 0:
-        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-    _check_fits(ctx, prompt.n_tokens)
+    _check_prompt(prompt.n_tokens, ctx.n_ctx_seq(), max_tokens=max_tokens, images=True)
     return (
         yield from _stream_after(
             ctx,

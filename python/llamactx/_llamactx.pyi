@@ -69,6 +69,7 @@ __all__ = [
     "_SequenceSteps",
     "_Waker",
     "__version__",
+    "_check_prompt",
     "cpu_features",
     "serve_rpc",
 ]
@@ -1225,6 +1226,14 @@ class _EngineCore:
     @property
     def closed(self) -> bool:
         """Whether `close()` was called."""
+
+def _check_prompt(
+    positions: int, n_ctx_seq: int, *, max_tokens: int = 0, images: bool = False, drafts: bool = False
+) -> int:
+    """Python's one-sequence paths check a request here: `ValueError` for a prompt of `positions`
+    that a sequence of `n_ctx_seq` cells can never generate after (`prompt`), or a negative
+    `max_tokens`; returns `max_tokens` as a count.
+    """
 
 @final
 class _SequenceSteps:

@@ -196,6 +196,10 @@ def _parsed_reply(applied: _ChatApplied, text: str) -> dict[str, Any]:
     return reply
 
 
+#: Why a rendering whose frames do not hold the messages' texts where expected is refused.
+_UNSAFE_RENDERING = "the chat template renders messages in a way llamactx cannot tokenize safely"
+
+
 def template_tokens(model: LlamaModel, messages: Sequence[tuple[str, str]], *, add_bos: bool = False) -> list[int]:
     """``messages`` in llama.cpp's built-in template for ``model`` (the fallback renderer), ready
     for the assistant's reply, as tokens: special tokens (``<|im_start|>``) are parsed in what the
@@ -214,14 +218,14 @@ def template_tokens(model: LlamaModel, messages: Sequence[tuple[str, str]], *, a
     for number in range(0, len(pieces) - 1, 2):
         frame, text = pieces[number], messages[int(pieces[number + 1])][1]
         if not prompt.startswith(frame, at):
-            raise ValueError("the chat template renders messages in a way llamactx cannot tokenize safely")
+            raise ValueError(_UNSAFE_RENDERING)
         at += len(frame)
         text = _as_rendered(prompt, at, text, pieces[number + 2])
         tokens += model.str_to_token(frame, add_bos and not tokens)
         tokens += model.str_to_token(text, add_bos and not tokens, special=False)
         at += len(text)
     if prompt[at:] != pieces[-1]:
-        raise ValueError("the chat template renders messages in a way llamactx cannot tokenize safely")
+        raise ValueError(_UNSAFE_RENDERING)
     return tokens + model.str_to_token(pieces[-1], add_bos and not tokens)
 
 

@@ -30,6 +30,12 @@ impl PyMtmdInputChunks {
         self.chunks.0.get(index)
     }
 
+    /// The KV positions all chunks take, as a count (a negative one, which llama.cpp never
+    /// gives, counts none).
+    pub fn positions(&self) -> usize {
+        usize::try_from(self.chunks.0.n_pos()).unwrap_or(0)
+    }
+
     pub fn len(&self) -> usize {
         self.chunks.0.len()
     }
