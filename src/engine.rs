@@ -16,6 +16,7 @@ mod request;
 mod scheduler;
 #[cfg(test)]
 mod scripted;
+pub mod speculative_options;
 pub mod waker;
 
 use std::collections::VecDeque;
@@ -38,13 +39,14 @@ use crate::sampler::params::PySamplingParams;
 use crate::sampler::{guidance, PyLlamaSampler, SendSampler};
 use crate::tokens::check_vocab;
 pub use draft::PyDrafter;
-use draft::{DraftSource, NgramConfig, Speculation};
+use draft::{DraftSource, Speculation};
 use draft_model::{check_can_cut, DraftContext};
 use llama_backend::LlamaBackend;
 use media_prompt::{assemble, MediaInput, MediaPrompt};
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
 use scheduler::{Job, Scheduler};
+use speculative_options::{DraftKind, SpeculativeOptions};
 
 /// Requests that wait for a sequence slot, and whether the engine is closing.
 #[derive(Default)]
@@ -212,16 +214,13 @@ impl PyEngineCore {
 #[pymethods]
 impl PyEngineCore {
     #[new]
-    #[pyo3(signature = (model, max_waiting, prefix_cache, *, ngram=None, draft=None, gated=true, mtmd=None, **options))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (model, max_waiting, prefix_cache, *, speculative=None, mtmd=None, **options))]
     fn new(
         py: Python<'_>,
         model: &Bound<'_, PyLlamaModel>,
         max_waiting: usize,
         prefix_cache: bool,
-        ngram: Option<(u16, u16)>,
-        draft: Option<(Bound<'_, PyLlamaModel>, u16, f32)>,
-        gated: bool,
+        speculative: Option<&Bound<'_, PyAny>>,
         mtmd: Option<Py<PyMtmdContext>>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
@@ -237,17 +236,22 @@ impl PyEngineCore {
                 Error::value("an engine runs decoder-only models; this model has an encoder (T5-style)").into(),
             );
         }
-        let draft = draft
-            .map(|(draft_model, n_draft_max, p_min)| {
-                let learned_positions = draft_model.get().learned_positions();
-                Ok::<_, PyErr>(((draft_model.get().vocabulary()?, learned_positions), n_draft_max, p_min))
-            })
-            .transpose()?;
-        if ngram.is_some() && draft.is_some() {
-            return Err(Error::value("an engine drafts by n-gram lookup or with a draft model, not both").into());
-        }
-        if ngram.is_some() || draft.is_some() {
+        let speculative = speculative.map(SpeculativeOptions::read).transpose()?;
+        let (mut ngram, mut draft, mut gated) = (None, None, false);
+        if let Some(speculative) = speculative {
             check_can_cut(&native_model)?;
+            gated = speculative.gated;
+            match speculative.kind {
+                DraftKind::Ngram(config) => ngram = Some(config),
+                DraftKind::Model {
+                    model,
+                    n_draft_max,
+                    p_min,
+                } => {
+                    let learned_positions = model.get().learned_positions();
+                    draft = Some(((model.get().vocabulary()?, learned_positions), n_draft_max, p_min));
+                }
+            }
         }
         if let Some(projector) = &mtmd {
             check_projector(projector.get(), &native_model)?;
@@ -273,7 +277,7 @@ impl PyEngineCore {
             };
             Ok((native, draft))
         })?;
-        let ngram = ngram.map(|(size_ngram, size_mgram)| DraftSource::Ngram(NgramConfig { size_ngram, size_mgram }));
+        let ngram = ngram.map(DraftSource::Ngram);
         let source = ngram.or_else(|| draft.map(|context| DraftSource::Model(Box::new(context))));
         let drafts = source.is_some();
         let speculation = source.map(|source| Speculation { source, gated });

@@ -287,6 +287,8 @@ def test_speculative_options_are_checked(model: llamactx.LlamaModel, tmp_path: P
         llamactx.NgramDraft(size_mgram=100_000)
     with pytest.raises(TypeError, match="NgramDraft, a DraftModel"):
         llamactx.Engine(model, speculative="ngram")  # type: ignore[arg-type]
+    with model.new_context(n_ctx=256) as ctx, pytest.raises(TypeError, match="NgramDraft, a DraftModel"):
+        llamactx.generate(ctx, "Hello", max_tokens=2, speculative="ngram")  # type: ignore[arg-type]
     mamba = llamactx.LlamaModel.load_from_file(synthetic.write_tiny_mamba(tmp_path / "mamba.gguf"))
     with pytest.raises(ValueError, match="recurrent"):
         llamactx.Engine(mamba, speculative=llamactx.NgramDraft(), n_ctx=256)

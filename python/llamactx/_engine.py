@@ -27,7 +27,7 @@ from llamactx._llamactx import (
 from llamactx._media import MediaBudget, MediaPrompt
 from llamactx._render import ChatRenderer, Message, PreparedChat
 from llamactx._schema_check import OutputCheck
-from llamactx._speculative import Speculative, check_speculative
+from llamactx._speculative import Speculative
 from llamactx._tools import ChatInputError, Tool, ToolChoice, reply_message
 
 __all__ = ["Delta", "Engine", "Request"]
@@ -224,12 +224,10 @@ class Engine:
     ) -> None:
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
-        speculative = check_speculative(speculative)
         options.setdefault("n_ctx", 4096)
         options.setdefault("n_seq_max", 8)
         self.model = model
-        drafting = {} if speculative is None else speculative._engine_options()
-        self._core = _EngineCore(model, max_waiting, prefix_cache, **drafting, mtmd=mtmd, **options)
+        self._core = _EngineCore(model, max_waiting, prefix_cache, speculative=speculative, mtmd=mtmd, **options)
         self._renderer = ChatRenderer(model, chat_template)
         self.mtmd = mtmd
         # Python joins non-daemon threads before it runs `atexit` handlers: a thread waiting

@@ -13,11 +13,12 @@ from llamactx._llamactx import (
     LlamaSampler,
     MtmdContext,
     _check_prompt,
+    _Drafter,
     _SequenceSteps,
 )
 from llamactx._media import MEDIA_POSITION, MediaPrompt
 from llamactx._schema_check import OutputCheck
-from llamactx._speculative import Speculative, check_speculative
+from llamactx._speculative import Speculative
 
 __all__ = ["continue_sequence", "generate", "generate_batch", "prefill", "prefill_media", "stream", "stream_media"]
 
@@ -109,12 +110,11 @@ def continue_sequence(
     follow it, and the outputs are sampled in turn while the token sampled is the next drafted
     one (as the engine does): the same tokens in fewer decodes (but at near-ties: see
     ``NgramDraft``)."""
-    speculative = check_speculative(speculative)
-    drafter = None if speculative is None else speculative._drafter(ctx)
+    drafter = None if speculative is None else _Drafter(ctx.model, speculative, ctx.n_ctx_seq(), ctx.n_threads())
     if max_tokens <= 0:
         return "length"
     steps = _steps(ctx.model, stop, max_tokens, ctx.n_ctx_seq())
-    batch = LlamaBatch(1 + (0 if speculative is None else speculative._most))
+    batch = LlamaBatch(1 + (0 if drafter is None else drafter.most))
     draft: list[int] = []
     rows = [-1]  # the outputs to sample from: the last decoded token's, then each drafted one's
     sampled = 0

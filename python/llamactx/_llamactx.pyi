@@ -10,12 +10,19 @@ import numpy as np
 import numpy.typing as npt
 
 from llamactx._enums import LlamaPoolingType, MtmdInputChunkType
+from llamactx._speculative import DraftModel, NgramDraft
 
 __version__: str
+#: The longest repeat `NgramDraft` looks for, and its longest draft.
+_MAX_NGRAM: int
+#: The longest draft `DraftModel` proposes.
+_MAX_DRAFT: int
 #: Whether llama.cpp was compiled for the building machine (-march=native) rather than a CPU level.
 NATIVE_BUILD: bool
 __all__ = [
     "NATIVE_BUILD",
+    "_MAX_DRAFT",
+    "_MAX_NGRAM",
     "ApplyChatTemplateError",
     "AudioError",
     "BatchAddError",
@@ -70,6 +77,7 @@ __all__ = [
     "_Waker",
     "__version__",
     "_check_prompt",
+    "_check_speculative",
     "cpu_features",
     "serve_rpc",
 ]
@@ -1126,17 +1134,12 @@ class _Drafter:
     own): the sources and the adaptation of their length that the engine uses.
     """
 
-    @staticmethod
-    def ngram(model: LlamaModel, size_ngram: int, size_mgram: int) -> _Drafter:
-        """Drafts for `model` by n-gram lookup in the sequence's own tokens."""
-    @staticmethod
-    def model(
-        model: LlamaModel, draft_model: LlamaModel, n_draft_max: int, p_min: float, n_ctx: int, n_threads: int
-    ) -> _Drafter:
-        """Drafts with `draft_model` (its vocabulary checked against `model`'s), greedily, at most
-        `n_draft_max` tokens while its most likely token has at least probability `p_min`, in a
-        context of its own of `n_ctx` cells and `n_threads` threads.
-        """
+    def __new__(cls, model: LlamaModel, speculative: NgramDraft | DraftModel, n_ctx: int, n_threads: int) -> _Drafter:
+        """Drafts for `model` as `speculative` asks; a draft model greedily, in a context of its
+        own of `n_ctx` cells and `n_threads` threads."""
+    @property
+    def most(self) -> int:
+        """The most tokens one draft proposes (`size_mgram` or `n_draft_max`)."""
     def draft(self, history: Sequence[int], sampled: int, limit: int) -> list[int]:
         """The tokens to verify after `sampled`, which follows `history` (the sequence's tokens in
         the KV cache): at most `limit`, none when nothing is proposed or drafting is paused.
@@ -1191,9 +1194,7 @@ class _EngineCore:
         max_waiting: int,
         prefix_cache: bool,
         *,
-        ngram: tuple[int, int] | None = None,
-        draft: tuple[LlamaModel, int, float] | None = None,
-        gated: bool = True,
+        speculative: NgramDraft | DraftModel | None = None,
         mtmd: MtmdContext | None = None,
         **options: Any,
     ) -> _EngineCore: ...
@@ -1226,6 +1227,9 @@ class _EngineCore:
     @property
     def closed(self) -> bool:
         """Whether `close()` was called."""
+
+def _check_speculative(speculative: object) -> None:
+    """Checks `NgramDraft`'s and `DraftModel`'s values when they are made."""
 
 def _check_prompt(
     positions: int, n_ctx_seq: int, *, max_tokens: int = 0, images: bool = False, drafts: bool = False

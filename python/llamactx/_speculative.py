@@ -3,18 +3,17 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
-from llamactx._llamactx import LlamaContext, LlamaModel, _Drafter
+from llamactx._llamactx import _MAX_DRAFT, _MAX_NGRAM, LlamaModel, _check_speculative
 
 __all__ = ["MAX_DRAFT", "MAX_NGRAM", "DraftModel", "NgramDraft", "Speculative"]
 
 #: The longest n-gram and draft ``NgramDraft`` takes.
-MAX_NGRAM = 256
+MAX_NGRAM = _MAX_NGRAM
 #: The longest draft ``DraftModel`` takes.
-MAX_DRAFT = 256
+MAX_DRAFT = _MAX_DRAFT
 
 
 @dataclass(frozen=True)
@@ -57,20 +56,7 @@ class NgramDraft:
     only_where_faster: bool = True
 
     def __post_init__(self) -> None:
-        if not 1 <= self.size_ngram <= MAX_NGRAM:
-            raise ValueError(f"size_ngram must be in 1..={MAX_NGRAM}, got {self.size_ngram}")
-        if not self.size_ngram <= self.size_mgram <= MAX_NGRAM:
-            raise ValueError(f"size_mgram must be in size_ngram..={MAX_NGRAM}, got {self.size_mgram}")
-
-    @property
-    def _most(self) -> int:
-        return self.size_mgram
-
-    def _engine_options(self) -> dict[str, Any]:
-        return {"ngram": (self.size_ngram, self.size_mgram), "gated": self.only_where_faster}
-
-    def _drafter(self, ctx: LlamaContext) -> _Drafter:
-        return _Drafter.ngram(ctx.model, self.size_ngram, self.size_mgram)
+        _check_speculative(self)  # the checks the engine and the drafter read it with
 
 
 @dataclass(frozen=True)
@@ -99,31 +85,8 @@ class DraftModel:
     only_where_faster: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, LlamaModel):
-            raise TypeError(f"model must be a LlamaModel, got {type(self.model).__name__}")
-        if not 1 <= self.n_draft_max <= MAX_DRAFT:
-            raise ValueError(f"n_draft_max must be in 1..={MAX_DRAFT}, got {self.n_draft_max}")
-        if not (math.isfinite(self.p_min) and 0.0 <= self.p_min <= 1.0):
-            raise ValueError(f"p_min must be in 0..=1, got {self.p_min}")
-
-    @property
-    def _most(self) -> int:
-        return self.n_draft_max
-
-    def _engine_options(self) -> dict[str, Any]:
-        return {"draft": (self.model, self.n_draft_max, self.p_min), "gated": self.only_where_faster}
-
-    def _drafter(self, ctx: LlamaContext) -> _Drafter:
-        threads = ctx.n_threads()
-        return _Drafter.model(ctx.model, self.model, self.n_draft_max, self.p_min, ctx.n_ctx_seq(), threads)
+        _check_speculative(self)
 
 
 #: What the ``speculative`` arguments take.
 Speculative: TypeAlias = NgramDraft | DraftModel
-
-
-def check_speculative(speculative: object) -> Speculative | None:
-    """``speculative``, or ``TypeError`` for what is none of its kinds."""
-    if speculative is None or isinstance(speculative, NgramDraft | DraftModel):
-        return speculative
-    raise TypeError(f"speculative must be an NgramDraft, a DraftModel or None, got {type(speculative).__name__}")

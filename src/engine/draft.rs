@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 
 use super::draft_model::{check_can_cut, DraftContext};
 use super::ngram::lookup_draft;
+use super::speculative_options::{DraftKind, SpeculativeOptions};
 use crate::context::ContextOptions;
 use crate::errors::Error;
 use crate::gil::detached;
@@ -198,50 +199,54 @@ impl PyDrafter {
 
 #[pymethods]
 impl PyDrafter {
-    /// Drafts for `model` by n-gram lookup in the sequence's own tokens.
-    #[staticmethod]
-    fn ngram(model: &Bound<'_, PyLlamaModel>, size_ngram: u16, size_mgram: u16) -> PyResult<Self> {
-        check_can_cut(&*model.get().native()?)?;
-        Ok(Self::from_source(DraftSource::Ngram(NgramConfig {
-            size_ngram,
-            size_mgram,
-        })))
-    }
-
-    /// Drafts with `draft_model` (its vocabulary checked against `model`'s), greedily, at most
-    /// `n_draft_max` tokens while its most likely token has at least probability `p_min`, in a
-    /// context of its own of `n_ctx` cells and `n_threads` threads.
-    #[staticmethod]
-    #[pyo3(signature = (model, draft_model, n_draft_max, p_min, n_ctx, n_threads))]
-    fn model(
+    /// Drafts for `model` as `speculative` (an `NgramDraft` or a `DraftModel`) asks; a draft
+    /// model greedily, in a context of its own of `n_ctx` cells and `n_threads` threads.
+    #[new]
+    fn new(
         py: Python<'_>,
         model: &Bound<'_, PyLlamaModel>,
-        draft_model: &Bound<'_, PyLlamaModel>,
-        n_draft_max: u16,
-        p_min: f32,
+        speculative: &Bound<'_, PyAny>,
         n_ctx: u32,
         n_threads: i32,
     ) -> PyResult<Self> {
-        let (target, draft) = (model.get().vocabulary()?, draft_model.get().vocabulary()?);
-        let learned_positions = draft_model.get().learned_positions();
+        let target = model.get().vocabulary()?;
         check_can_cut(&target)?;
-        let options = ContextOptions {
-            n_ctx: Some(n_ctx),
-            n_threads: Some(n_threads),
-            n_threads_batch: Some(n_threads),
-            ..ContextOptions::default()
-        };
-        let context = detached(py, move || {
-            DraftContext::open(
-                &target,
-                draft,
-                learned_positions,
-                &options,
-                usize::from(n_draft_max),
+        let source = match SpeculativeOptions::read(speculative)?.kind {
+            DraftKind::Ngram(config) => DraftSource::Ngram(config),
+            DraftKind::Model {
+                model: draft_model,
+                n_draft_max,
                 p_min,
-            )
-        })?;
-        Ok(Self::from_source(DraftSource::Model(Box::new(context))))
+            } => {
+                let draft = draft_model.get().vocabulary()?;
+                let learned_positions = draft_model.get().learned_positions();
+                let options = ContextOptions {
+                    n_ctx: Some(n_ctx),
+                    n_threads: Some(n_threads),
+                    n_threads_batch: Some(n_threads),
+                    ..ContextOptions::default()
+                };
+                let context = detached(py, move || {
+                    DraftContext::open(
+                        &target,
+                        draft,
+                        learned_positions,
+                        &options,
+                        usize::from(n_draft_max),
+                        p_min,
+                    )
+                })?;
+                DraftSource::Model(Box::new(context))
+            }
+        };
+        Ok(Self::from_source(source))
+    }
+
+    /// The most tokens one draft proposes (`size_mgram` or `n_draft_max`).
+    #[getter]
+    fn most(&self) -> PyResult<usize> {
+        let guard = self.drafter.lock().map_err(|_| Error::Poisoned("_Drafter"))?;
+        Ok(guard.0.most())
     }
 
     /// The tokens to verify after `sampled`, which follows `history` (the sequence's tokens in

@@ -80,7 +80,8 @@ fn check_draft_model(target: &LlamaModel, draft: &LlamaModel) -> Result<()> {
 impl DraftContext {
     /// A context of `model`, checked to draft for `target`, with `options` (sequences and
     /// cells as the target's; `learned_positions` as `OpenContext::open`), drafting at most
-    /// `n_draft_max` tokens while each has probability `p_min` or more.
+    /// `n_draft_max` tokens while each has probability `p_min` (in 0..=1, as
+    /// `SpeculativeOptions` checks) or more.
     pub fn open(
         target: &LlamaModel,
         model: Arc<LlamaModel>,
@@ -89,9 +90,6 @@ impl DraftContext {
         n_draft_max: usize,
         p_min: f32,
     ) -> Result<Self> {
-        if !(0.0..=1.0).contains(&p_min) {
-            return Err(Error::value(format!("p_min must be in 0..=1, got {p_min}")));
-        }
         check_draft_model(target, &model)?;
         let context = OpenContext::open(model, options, learned_positions).map_err(|error| match error {
             Error::Value(message) => Error::value(format!("the draft model: {message}")),
