@@ -206,7 +206,7 @@ impl Running {
 
 /// What a step's generation decode holds, decided before anything is drafted or decoded
 /// (`Scheduler::plan_generation`, which changes nothing): logged when the decode fails.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 struct GenerationPlan {
     /// The generating requests (indices into `running`), in decode order.
     order: Vec<usize>,

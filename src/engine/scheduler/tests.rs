@@ -508,3 +508,95 @@ fn the_prefix_cache_reads_only_what_follows_a_finished_requests_prompt() {
     );
     assert_eq!(second.tokens, expected(15, 4));
 }
+
+#[test]
+fn a_steps_plan_is_a_value_made_without_acting_and_shares_the_batch_among_drafting_requests() {
+    let mut engine = harness(4, Some(ngram()));
+    let prompt: Vec<i32> = (0..8).map(cycle_at).collect();
+    let requests: Vec<_> = (0..3).map(|_| engine.submit(&prompt, 30)).collect();
+    // A prompt a decode: the third request generates from the third step on.
+    for _ in 0..3 {
+        engine.step();
+    }
+    let decodes = engine.decodes().len();
+    let plan = engine.scheduler.plan_generation().expect("three requests generate");
+    assert_eq!(plan.order.len(), 3);
+    assert_eq!(
+        engine.scheduler.plan_generation().as_ref(),
+        Some(&plan),
+        "planning changes nothing"
+    );
+    assert_eq!(engine.decodes().len(), decodes, "planning decodes nothing");
+    let seqs: Vec<i32> = plan
+        .order
+        .iter()
+        .map(|&index| engine.scheduler.running[index].seq)
+        .collect();
+    assert!(
+        seqs.windows(2).all(|pair| pair[0] < pair[1]),
+        "decode order is by sequence: {seqs:?}"
+    );
+    assert!(plan.drafting);
+    // Eight entries a decode, three of them the sampled tokens: with a KV stream per sequence
+    // each request may draft as many as the others, so one each.
+    assert_eq!(plan.draft_limits, [1, 1, 1]);
+    engine.finish();
+    for request in &requests {
+        assert_eq!(completion(request).tokens, expected(8, 30));
+    }
+}
+
+#[test]
+fn a_request_for_no_tokens_ends_with_length_and_decodes_nothing() {
+    let mut engine = harness(2, None);
+    let request = engine.submit(&[1, 2, 3], 0);
+    engine.finish();
+    let done = completion(&request);
+    assert_eq!((done.finish_reason, done.tokens.len()), ("length", 0));
+    assert!(engine.decodes().is_empty(), "{:?}", engine.decodes());
+}
+
+#[test]
+fn a_request_cancelled_while_its_prompt_is_read_frees_its_cells_and_the_others_go_on() {
+    let mut engine = harness(2, None);
+    let other = engine.submit(&[1, 2], 6);
+    let long: Vec<i32> = (0..20).map(|n| 7 + n % 5).collect();
+    let cancelled = engine.submit(&long, 6);
+    for _ in 0..4 {
+        if !engine.prompt_decodes(&long).is_empty() {
+            break;
+        }
+        engine.step();
+    }
+    let read = engine.prompt_decodes(&long).len();
+    assert!(
+        (1..3).contains(&read),
+        "the prompt is being read ({read} of its 3 chunks)"
+    );
+    cancelled.cancel();
+    engine.finish();
+    let ended = completion(&cancelled);
+    assert_eq!((ended.finish_reason, ended.tokens.len()), ("cancelled", 0));
+    assert_eq!(
+        engine.prompt_decodes(&long).len(),
+        read,
+        "no chunk is read after the cancel"
+    );
+    assert_eq!(completion(&other).tokens, expected(2, 6));
+    assert!((0..2).all(|seq| engine.scheduler.backend.cells(seq).is_empty()));
+}
+
+#[test]
+fn a_stop_string_ends_the_reply_before_it_and_frees_its_sequence() {
+    let mut engine = harness(1, None);
+    let mut stopped = job(&engine.shared, &[1, 2], 20);
+    // The script's text after [1, 2] is " 3 4 5 1 2 3 4 ...": stop at the second " 2".
+    stopped.stop = vec![" 1 2".to_owned()];
+    let done = engine.alone(stopped);
+    assert_eq!(done.finish_reason, "stop");
+    assert_eq!(done.text, " 3 4 5");
+    assert!(engine.scheduler.backend.cells(0).is_empty());
+    let next = engine.submit(&[3, 4], 3);
+    engine.finish();
+    assert_eq!(completion(&next).tokens, expected(2, 3));
+}
