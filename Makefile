@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Outside the checkout, so that fresh clones reuse the (long) llama.cpp build.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/llamactx/target
-# Answered greedily: the default model's answer holds on every CPU build (tests/test_cli.py checks
+# Answered greedily: the default model's answer holds on every CPU build (tests/project/test_cli.py checks
 # the margin of each token; sampled, or asked without "in one sentence", it wanders).
 QUESTION ?= What is the capital of France? Answer in one sentence.
 WHEEL_VENV ?= .venv-wheel
@@ -44,7 +44,7 @@ test-profile: build model ## the Python tests' seconds per file, slowest first, 
 	$(PY) scripts/test_profile.py $(PYTEST_SERIAL)
 
 fuzz: build model ## the property-based API fuzzer with 20,000 examples (600 run in `make test`)
-	LLAMACTX_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/test_fuzz.py --timeout=7200
+	LLAMACTX_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/hostile/test_fuzz.py --timeout=7200
 
 bench: build model bench-peers wheel-venv ## llamactx vs llama.cpp's tools (built from the same source), llama-cpp-python and llama.cpp's server, the wheel vs the native build, over RPC and through Ray Data vs local; JSON+PNG in bench-results/
 	$(PY) -m pip install --quiet matplotlib
@@ -57,7 +57,7 @@ bench: build model bench-peers wheel-venv ## llamactx vs llama.cpp's tools (buil
 	$(PY) benches/media.py
 	$(PEERS_VENV)/bin/python benches/forged_turns.py "$$($(PY) -c 'import llamactx; print(llamactx.default_model_path())')"
 	$(PY) benches/rpc.py
-	$(PY) tests/loopback_only.py benches/ray_data.py  # Ray listens on every interface: loopback only here
+	$(PY) tests/support/loopback_only.py benches/ray_data.py  # Ray listens on every interface: loopback only here
 
 bench-peers: ## the peers of make bench in their own venv: llama-cpp-python 0.3.36 with its server (builds for ~7 minutes, once) and xllamacpp (llama.cpp's server, prebuilt)
 	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
@@ -74,9 +74,10 @@ wheel: $(VENV)/.deps ## the portable release wheel in dist/: abi3, manylinux_2_2
 # engine, media, RPC, the command line, stubs and docstrings, the CPU builds under QEMU) and one
 # of the server from the wheel's extras. The rest (the server's protocols, structured output,
 # speculation, Ray, the fuzzer) is the same Python over these calls, run by `make test`.
-WHEEL_TESTS = test_cpu_builds test_import test_docs test_model test_context test_compute test_kv test_state \
-	test_sampler test_outputs test_errors test_all_or_nothing test_engine test_highlevel test_media \
-	test_audio test_rpc test_cli test_guards openai_surface/test_basic
+WHEEL_TESTS = project/test_cpu_builds project/test_import project/test_docs context/test_model context/test_context \
+	context/test_compute context/test_kv context/test_state generation/test_sampler context/test_outputs \
+	context/test_errors context/test_all_or_nothing engine/test_engine generation/test_highlevel media/test_media \
+	media/test_audio distributed/test_rpc project/test_cli hostile/test_guards server/openai_surface/test_basic
 test-wheel: wheel-venv model ## install the wheel into a bare venv (no Rust needed) and run the extension's tests from it, natively and under QEMU as older CPUs (Debian's qemu-user)
 	$(WHEEL_VENV)/bin/python -m pytest $(patsubst %,tests/%.py,$(WHEEL_TESTS))
 
@@ -84,8 +85,8 @@ test-wheel: wheel-venv model ## install the wheel into a bare venv (no Rust need
 # none, a state restored and a fresh one, an aborted decode and none, the demo's answer), from the
 # wheel, with each of its CPU builds that this CPU runs forced in turn: what they assert must not
 # hang on one build's kernels.
-EQUALITY_TESTS = test_engine test_state test_speculative test_speculative_generation test_highlevel test_kv \
-	test_all_or_nothing test_cli
+EQUALITY_TESTS = engine/test_engine context/test_state engine/test_speculative engine/test_speculative_generation \
+	generation/test_highlevel context/test_kv context/test_all_or_nothing project/test_cli
 test-cpu-builds: wheel-venv model ## the equality tests from the wheel, with each CPU build this machine can run forced in turn
 	for build in $$($(WHEEL_VENV)/bin/python -c "from llamactx import _cpu; cpu = set(_cpu.cpu_variant().features); print(*(b.name for b in _cpu.BUILDS if b.needs <= cpu))"); do \
 		echo "== LLAMACTX_CPU_BUILD=$$build"; \
@@ -103,7 +104,7 @@ lint: build ## rustfmt, clippy, ruff, mypy --strict and actionlint
 	$(TOOLCHAIN) cargo clippy --release --all-targets -- -D warnings
 	$(PY) -m ruff check python tests benches scripts
 	$(PY) -m ruff format --check python tests benches scripts
-	$(PY) -m mypy --strict python/llamactx tests/children
+	$(PY) -m mypy --strict python/llamactx tests/support/children
 	$(PY) scripts/stub_docstrings.py --check
 	rm -rf .readme-examples && $(PY) scripts/readme_examples.py .readme-examples
 	$(PY) -m mypy --strict .readme-examples

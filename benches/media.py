@@ -35,7 +35,7 @@ import numpy as np
 import llamactx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import synthetic  # the tests' GGUF writers
+from support import synthetic  # the tests' GGUF writers
 from support.images import data_url, picture, png
 from support.processes import built_mtmd_cli
 

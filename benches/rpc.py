@@ -21,7 +21,7 @@ import llamactx
 from llamactx.bench import speeds
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from rpc_serving import rpc_servers  # the tests' server helper, not a copy
+from support.rpc_serving import rpc_servers  # the tests' server helper, not a copy
 
 
 def measure(model: llamactx.LlamaModel, threads: int, pp: int, tg: int, repetitions: int) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """Our adaptation of llama.cpp's server tests run against llamactx serve and llama-server.
 
-The suite (``tests/openai_surface``: chat and legacy completions, embeddings, tool calls, and the
+The suite (``tests/server/openai_surface``: chat and legacy completions, embeddings, tool calls, and the
 Responses and Anthropic APIs) runs against ``llamactx serve``, then against llama.cpp's own server
 (llama-server, run in-process by ``xllamacpp`` from the peer venv), on the same model, context,
 slots and threads: each test's outcome on each server, the totals, and why each failure failed.
@@ -28,7 +28,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parents[1]
-SUITE = ROOT / "tests" / "openai_surface"
+SUITE = ROOT / "tests" / "server" / "openai_surface"
 #: The variable the suite's fixtures read (tests/openai_surface/markers.py): a Python with
 #: xllamacpp, whose llama.cpp server they then start instead of ``llamactx serve``.
 PEER_PYTHON = "LLAMACTX_SUITE_PEER_PYTHON"

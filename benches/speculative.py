@@ -18,7 +18,7 @@ Each request is submitted with its own prompt (the eight differ in the text to q
 asked for, or the story's subject) and the prefix cache off; the eight prompts are read in one
 step. Tokens/s count from the first token sampled to the last (each request's first token
 follows its prompt; the tokens after it are what speculation speeds up). The replies are
-greedy and equal with and without drafts (tests/test_speculative.py), so both engines do the
+greedy and equal with and without drafts (tests/engine/test_speculative.py), so both engines do the
 same work; a ratio is the median of the rounds' ratios.
 
     python benches/speculative.py [--rounds 3] [--max-tokens 200] [--threads 2] [--draft-layers 26]
@@ -47,7 +47,7 @@ from pathlib import Path
 import llamactx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import synthetic  # the tests' GGUF writers
+from support import synthetic  # the tests' GGUF writers
 from support.speculation import QUOTED_TEXTS, quote_request
 
 CODE = """class Inventory:

@@ -5,7 +5,7 @@
    ``Engine``, alternating round by round;
 2. llguidance's mask time per token (µs): ``apply`` of the constraint on a full row of
    candidates, less ``apply`` of a stage that only reads them, along a valid output;
-3. with --peer-python, the test corpus (tests/json_schema_corpus.json) through llama-cpp-python's
+3. with --peer-python, the test corpus (tests/support/json_schema_corpus.json) through llama-cpp-python's
    converter (``LlamaGrammar.from_json_schema``) beside llamactx: schemas compiled, outputs that
    finished, outputs that validate (benches/peer_llama_cpp_python_schemas.py).
 
@@ -29,7 +29,7 @@ from batched import no_eog_sampler
 
 import llamactx
 
-CORPUS = Path(__file__).parent.parent / "tests" / "json_schema_corpus.json"
+CORPUS = Path(__file__).parent.parent / "tests" / "support" / "json_schema_corpus.json"
 PEOPLE = {
     "type": "array",
     "minItems": 1000,

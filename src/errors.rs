@@ -25,7 +25,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
 /// The exception classes: `Name(Base[, ExtraBase]): "docstring";`, bases first. This list is
-/// the one source of the classes; `tests/test_errors.py` checks that the package's `__all__`,
+/// the one source of the classes; `tests/context/test_errors.py` checks that the package's `__all__`,
 /// the stub and the API reference name the same ones.
 macro_rules! exception_classes {
     ($($class:ident($base:ident $(, $extra:ident)?): $doc:literal;)*) => {

@@ -9,8 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import synthetic
-from support import no_network
+from support import no_network, synthetic
 from support.cpus import threads
 from support.decoding import decode_prompt
 from support.prompts import PARIS_PROMPT, TOOL_TEMPLATE

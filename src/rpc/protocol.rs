@@ -8,7 +8,7 @@
 use std::io::{self, Read, Write};
 
 /// `RPC_PROTO_MAJOR_VERSION`, `_MINOR_`, `_PATCH_` of the bundled `ggml-rpc.h` (the sys crate's
-/// bindings leave them out). `tests/test_rpc.py` connects to a server of this build, which
+/// bindings leave them out). `tests/distributed/test_rpc.py` connects to a server of this build, which
 /// fails should they differ.
 pub const VERSION: (u8, u8, u8) = (8, 0, 1);
 

@@ -8,7 +8,8 @@ import zlib
 from typing import Any
 
 import numpy as np
-from synthetic import PROJECTOR_IMAGE_SIZE
+
+from support.synthetic import PROJECTOR_IMAGE_SIZE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: Channels of each 8-bit PNG colour type: grey, RGB, grey + alpha, RGBA.

@@ -1,4 +1,4 @@
-"""Programs the tests run in child processes (``tests/children/``) or load (``scripts/``)."""
+"""Programs the tests run in child processes (``tests/support/children/``) or load (``scripts/``)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ import pytest
 
 import llamactx
 
-CHILDREN = Path(__file__).resolve().parents[1] / "children"
+CHILDREN = Path(__file__).resolve().parent / "children"
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def run_child(
     model_path: Path, program: str, case: str, *, stdin: str | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """Runs ``case`` of ``tests/children/PROGRAM.py`` on the model in a fresh interpreter, so a
-    crash fails one test instead of killing pytest (see ``children/harness.py``)."""
+    """Runs ``case`` of ``tests/support/children/PROGRAM.py`` on the model in a fresh interpreter, so a
+    crash fails one test instead of killing pytest (see ``support/children/harness.py``)."""
     return subprocess.run(
         [sys.executable, str(CHILDREN / f"{program}.py"), str(model_path), case],
         input=stdin,
@@ -35,7 +35,7 @@ def run_child(
 def reported_cases(output: str) -> tuple[dict[str, str], list[str]]:
     """What a child running cases printed: each finished case's outcome (``RESULT NAME => OUTCOME``
     lines) and the cases it started, in order (``CASE NAME``): the last started is the one a crash
-    ended (see ``children/corrupt_files.py``)."""
+    ended (see ``support/children/corrupt_files.py``)."""
     lines = output.splitlines()
     outcomes = dict(line[7:].split(" => ", 1) for line in lines if line.startswith("RESULT "))
     return outcomes, [line[5:] for line in lines if line.startswith("CASE ")]

@@ -12,7 +12,7 @@ PARIS_PROMPT = "The capital of France is"
 HELPFUL = "You are a helpful assistant."
 #: A ChatML chat template written for the tests, with a tool-call format of its own (the
 #: ``<tool_call>`` style), so that tools go through llama.cpp's format analysis.
-TOOL_TEMPLATE = (Path(__file__).resolve().parents[1] / "templates" / "chatml_tools.jinja").read_text()
+TOOL_TEMPLATE = (Path(__file__).resolve().parent / "templates" / "chatml_tools.jinja").read_text()
 #: The question ``make demo`` asks (the Makefile's ``QUESTION``), and the default model's greedy
 #: answer on every CPU build the wheel ships.
 DEMO_QUESTION = re.findall(

@@ -1,0 +1,282 @@
+"""The Ray tests, run by ``test_ray.py`` in a network namespace whose only interface is
+loopback: a Ray Data job over 200 prompts on 2 actors gives ``generate``'s greedy text row for
+row (a prompt too long carries an error instead); chat and embedding rows; Ray Serve replicas
+answer the ``openai`` client through Serve's proxy, and a replica killed mid-load loses only
+the requests it had started and is restarted. One local Ray of 2 CPUs, for the module."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+from support.cpus import threads
+from support.rpc_serving import free_port
+from support.serving import MODEL_ID
+
+import llamactx
+from llamactx._embedding import embedding_context
+
+ray = pytest.importorskip("ray", reason="the [ray] extra is not installed (make test installs it)")
+from ray import serve  # noqa: E402
+
+import llamactx.ray  # noqa: E402
+
+N_SEQ = 8
+N_CTX = 4096
+MAX_TOKENS = 12
+PROMPTS = 128
+TOO_LONG = "word " * 2000  # more tokens than a sequence's N_CTX / N_SEQ cells
+ALIAS = "gpt-4o-mini"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        object_store_memory=256 * 2**20,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    try:
+        yield
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def prompts() -> list[str]:
+    """Enough for four batches on each of two actors."""
+    subjects = ["France", "Italy", "Japan", "Spain", "Egypt", "Peru", "Canada", "Kenya", "India", "Chile"]
+    forms = ["The capital of {} is", "{} is a country in", "The flag of {} has", "People in {} speak"]
+    return [f"{n}. " + forms[n % 4].format(subjects[n % 10]) for n in range(PROMPTS)]
+
+
+def test_a_ray_data_job_on_two_actors_equals_local_generate(
+    cluster: None, model: llamactx.LlamaModel, model_path: Path
+) -> None:
+    rows = [{"prompt": prompt, "n": n} for n, prompt in enumerate(prompts())]
+    rows.insert(PROMPTS // 3, {"prompt": TOO_LONG, "n": -1})
+    job = ray.data.from_items(rows).map_batches(
+        llamactx.ray.Predictor,
+        fn_constructor_kwargs={
+            "model_path": str(model_path),
+            "max_tokens": MAX_TOKENS,
+            "n_seq_max": N_SEQ,
+            "n_ctx": N_CTX,
+            "prefix_cache": False,
+        },
+        concurrency=2,
+        num_cpus=1,
+        batch_size=16,
+    )
+    results = {row["n"]: row for row in job.take_all()}
+    assert len(results) == PROMPTS + 1
+    failed = results.pop(-1)
+    assert failed["finish_reason"] == "error"
+    assert "ValueError" in failed["error"]
+    assert failed["generated_text"] == ""
+    with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ) as ctx:
+        for n, prompt in enumerate(prompts()):
+            row = results[n]
+            assert row["error"] is None
+            assert row["generated_text"] == llamactx.generate(ctx, prompt, max_tokens=MAX_TOKENS), prompt
+            assert row["completion_tokens"] > 0
+            assert row["prompt_tokens"] == len(model.str_to_token(prompt, model.add_bos_token()))
+
+
+def test_rows_set_their_own_length_and_sampling(cluster: None, model: llamactx.LlamaModel, model_path: Path) -> None:
+    prompt = "The capital of France is"
+    rows = [{"prompt": prompt, "max_tokens": limit, "temperature": 0.0, "seed": limit} for limit in (3, 6)]
+    job = ray.data.from_items(rows).map_batches(
+        llamactx.ray.Predictor,
+        fn_constructor_kwargs={
+            "model_path": str(model_path),
+            "max_tokens": 50,
+            "sampling": llamactx.SamplingParams(),
+            "context_options": {"n_batch": 256},
+        },
+        concurrency=1,
+        num_cpus=1,
+    )
+    done = sorted(job.take_all(), key=lambda row: row["max_tokens"])
+    assert [row["completion_tokens"] for row in done] == [3, 6]
+    with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ) as ctx:
+        assert [row["generated_text"] for row in done] == [
+            llamactx.generate(ctx, prompt, max_tokens=limit) for limit in (3, 6)
+        ]
+
+
+def test_missing_row_settings_take_the_defaults(model: llamactx.LlamaModel, model_path: Path) -> None:
+    """Ray hands numpy batches: a setting column with a missing value is float, the value NaN."""
+    predictor = llamactx.ray.Predictor(model_path=str(model_path), max_tokens=5, n_ctx=1024, threads=threads())
+    prompt = "The capital of France is"
+    batch = {
+        "prompt": np.array([prompt, prompt], dtype=object),
+        "max_tokens": np.array([3.0, np.nan]),
+        "temperature": np.array([np.nan, 0.0]),
+        "top_k": np.array([np.nan, 40.0]),  # an integer setting, as a float
+    }
+    try:
+        done = predictor(batch)
+    finally:
+        predictor.engine.close()
+    assert list(done["completion_tokens"]) == [3, 5]
+    assert list(done["error"]) == [None, None]
+    with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ) as ctx:
+        assert list(done["generated_text"]) == [llamactx.generate(ctx, prompt, max_tokens=limit) for limit in (3, 5)]
+
+
+def test_chat_and_embedding_rows(cluster: None, model: llamactx.LlamaModel, model_path: Path) -> None:
+    question = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    chat = ray.data.from_items([{"messages": question}, {"messages": [{"role": "user"}]}]).map_batches(
+        llamactx.ray.Predictor,
+        fn_constructor_kwargs={"model_path": str(model_path), "task": "chat", "max_tokens": 24, "n_ctx": 1024},
+        concurrency=1,
+        num_cpus=1,
+    )
+    # Ray Data does not keep the rows' order: the malformed message is the one without content.
+    rows = chat.take_all()
+    (answered,) = [row for row in rows if row["messages"][0].get("content")]
+    (malformed,) = [row for row in rows if not row["messages"][0].get("content")]
+    with model.new_context(n_ctx=1024, n_seq_max=N_SEQ) as ctx:
+        assert answered["generated_text"] == llamactx.chat(ctx, question, max_tokens=24)
+    assert "Paris" in answered["generated_text"]
+    assert malformed["finish_reason"] == "error"
+
+    texts = ["a cat sat on the mat", TOO_LONG, "the capital of France"]
+    embedded = ray.data.from_items([{"text": text} for text in texts]).map_batches(
+        llamactx.ray.Predictor,
+        fn_constructor_kwargs={"model_path": str(model_path), "task": "embed"},
+        concurrency=1,
+        num_cpus=1,
+    )
+    rows = sorted(embedded.take_all(), key=lambda row: texts.index(row["text"]))
+    expected = llamactx.embed(embedding_context(model, 8, 512, None), [texts[0], texts[2]])
+    assert rows[1]["error"] is not None
+    assert "ValueError" in rows[1]["error"]
+    assert np.isnan(rows[1]["embedding"]).all()
+    np.testing.assert_allclose(np.stack([rows[0]["embedding"], rows[2]["embedding"]]), expected, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def served(cluster: None, model_path: Path) -> Iterator[str]:
+    """Two replicas (2 parallel sequences each) behind Serve's proxy on a free loopback port."""
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(
+        llamactx.ray.app(model_path, num_replicas=2, n_seq_max=2, n_ctx=2048, model_aliases=[ALIAS], strict_model=True),
+        name="llamactx",
+        route_prefix="/",
+    )
+    yield f"http://127.0.0.1:{port}/v1"
+    serve.delete("llamactx")
+
+
+def test_serve_answers_the_openai_client(served: str, model: llamactx.LlamaModel) -> None:
+    with openai.OpenAI(base_url=served, api_key="unused", max_retries=0, timeout=120) as client:
+        answer_as_the_local_model(client, model)
+        # create_app's model options pass through: the alias is listed, other names refused.
+        assert [card.id for card in client.models.list()] == [MODEL_ID, ALIAS]
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="gpt-3.5-turbo", messages=[{"role": "user", "content": "hi"}])
+
+
+def answer_as_the_local_model(client: openai.OpenAI, model: llamactx.LlamaModel) -> None:
+    question = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    whole = client.chat.completions.create(model=MODEL_ID, messages=question, max_tokens=24, temperature=0)
+    text = whole.choices[0].message.content
+    assert text is not None
+    assert "Paris" in text
+    with model.new_context(n_ctx=1024) as ctx:
+        assert text == llamactx.chat(ctx, question, max_tokens=24)
+    chunks = client.chat.completions.create(
+        model=MODEL_ID, messages=question, max_tokens=24, temperature=0, stream=True
+    )
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == text
+
+
+def replica_pids() -> list[int]:
+    """The processes of Serve's llamactx replicas (Ray names them in their command line) that
+    this process's Ray session started (its descendants: another Ray on the machine, such as a
+    parallel test worker's, has its own)."""
+    parents, replicas = {}, []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                command = Path(f"/proc/{entry}/cmdline").read_bytes()
+                # The parent is the field after the command name, which ends at the last ')'.
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if b"ServeReplica:llamactx" in command:
+                replicas.append(int(entry))
+
+    def descends_from_this_process(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return [pid for pid in replicas if descends_from_this_process(pid)]
+
+
+def test_a_replica_killed_mid_load_loses_only_its_started_requests(served: str) -> None:
+    with openai.OpenAI(base_url=served, api_key="unused", max_retries=0, timeout=120) as client:
+        lose_at_most_the_started_requests(client)
+
+
+def lose_at_most_the_started_requests(client: openai.OpenAI) -> None:
+    victims = replica_pids()
+    assert len(victims) == 2
+
+    def ask(n: int) -> str:
+        try:
+            client.completions.create(model=MODEL_ID, prompt=f"{n}. Once upon a time", max_tokens=48, temperature=0)
+        except openai.APIError as error:
+            return f"failed: {error}"
+        return "ok"
+
+    killer = threading.Timer(1.5, os.kill, (victims[0], signal.SIGKILL))
+    killer.start()
+    with ThreadPoolExecutor(12) as callers:
+        outcomes = list(callers.map(ask, range(24)))
+    killer.join()
+    failed = [outcome for outcome in outcomes if outcome != "ok"]
+    # A replica runs at most n_seq_max (2) requests; the rest waited in Serve's queue.
+    assert len(failed) <= 2, failed
+    deadline = time.monotonic() + 180
+    while True:
+        status: Any = serve.status().applications["llamactx"]
+        replicas = status.deployments["llamactx"].replica_states
+        if replicas.get("RUNNING") == 2 and set(replica_pids()) - set(victims) and len(replica_pids()) == 2:
+            break
+        assert time.monotonic() < deadline, f"Serve did not restart the replica: {replicas}"
+        time.sleep(1)
+    assert ask(99) == "ok"
+
+
+def test_serve_run_arguments_build_the_app(model_path: Path) -> None:
+    built = llamactx.ray.build({"model_path": str(model_path), "num_replicas": "2", "n_seq_max": "4", "num_cpus": "1"})
+    assert isinstance(built, serve.Application)
+    with pytest.raises(ValueError, match="model_path"):
+        llamactx.ray.build({"num_replicas": "2"})
+    with pytest.raises(TypeError):
+        llamactx.ray.build({"model_path": str(model_path), "replicas": "2"})

@@ -1,0 +1,105 @@
+"""Speculative decoding in ``generate``, ``stream``, ``chat``, ``ChatSession`` and
+``continue_sequence`` (the library's generation on a caller's context): with either kind of draft
+the output equals decoding without drafts, in fewer decodes, and a stream closed early leaves the
+cache holding exactly its history."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import synthetic
+from support.prompts import HELPFUL
+from support.speculation import GROUNDED, RECORDS, same_greedy_text
+
+import llamactx
+
+
+def decodes(ctx: llamactx.LlamaContext) -> int:
+    """One-token decodes since the last reset: drafts make fewer of them."""
+    return ctx.timings().n_eval
+
+
+def chat_prompt(model: llamactx.LlamaModel, messages: Sequence[Any]) -> list[int]:
+    """The tokens ``chat`` and ``ChatSession`` decode for ``messages``."""
+    with llamactx.Engine(model, n_ctx=256, n_seq_max=1) as engine:
+        return engine.chat_tokens(messages)
+
+
+def test_generate_stream_and_chat_with_drafts_equal_them_without(
+    model: llamactx.LlamaModel, drafting: llamactx.NgramDraft | llamactx.DraftModel
+) -> None:
+    """Equal replies, or replies that part at a near-tie of the model's candidates (verifying
+    drafts decodes several tokens at once, whose numbers differ a little from one at a time:
+    ``same_greedy_tokens``)."""
+    draft = drafting
+    records = model.str_to_token(RECORDS, model.add_bos_token())
+    with model.new_context(n_ctx=2048) as ctx:
+        for max_tokens in (0, 1, 5, 80):
+            ctx.perf_context_reset()
+            without = llamactx.generate(ctx, RECORDS, max_tokens=max_tokens)
+            single = decodes(ctx)
+            ctx.perf_context_reset()
+            with_drafts = llamactx.generate(ctx, RECORDS, max_tokens=max_tokens, speculative=draft)
+            same_greedy_text(model, records, with_drafts, without)
+            if max_tokens == 80:
+                assert decodes(ctx) < single
+        stop = "City: New"
+        streamed = "".join(llamactx.stream(ctx, RECORDS, max_tokens=80, stop=[stop], speculative=draft))
+        same_greedy_text(model, records, streamed, llamactx.generate(ctx, RECORDS, max_tokens=80, stop=[stop]))
+        assert stop not in streamed
+        schema = {"type": "array", "items": {"type": "string"}, "minItems": 5, "maxItems": 5}
+        prompt = "Five fruits as a JSON list:"
+        same_greedy_text(
+            model,
+            model.str_to_token(prompt, model.add_bos_token()),
+            llamactx.generate(ctx, prompt, max_tokens=80, json_schema=schema, speculative=draft),
+            llamactx.generate(ctx, prompt, max_tokens=80, json_schema=schema),
+        )
+        same_greedy_text(
+            model,
+            chat_prompt(model, GROUNDED),
+            llamactx.chat(ctx, GROUNDED, max_tokens=120, speculative=draft),
+            llamactx.chat(ctx, GROUNDED, max_tokens=120),
+        )
+    sessions = []
+    for speculative in (None, draft):
+        with model.new_context(n_ctx=2048) as ctx:
+            session = llamactx.ChatSession(ctx, system=HELPFUL, max_tokens=80)
+            for text in (GROUNDED[1]["content"], "Now repeat only its last line."):
+                "".join(session.send(text, speculative=speculative))
+            sessions.append(session.messages)
+    # Turn by turn, until the replies part (a later turn's prompt holds the earlier replies).
+    without, with_drafts = sessions
+    for turn in range(2, len(without), 2):
+        prompt = chat_prompt(model, without[:turn])
+        if not same_greedy_text(model, prompt, with_drafts[turn][1], without[turn][1]):
+            break
+
+
+def test_a_stream_closed_early_leaves_the_kv_cache_holding_its_history(
+    model: llamactx.LlamaModel, drafting: llamactx.NgramDraft | llamactx.DraftModel
+) -> None:
+    prompt = model.str_to_token(RECORDS, model.add_bos_token())
+    with model.new_context(n_ctx=2048) as ctx:
+        for read in range(1, 13):  # closed after each piece in turn: some while drafts wait
+            ctx.clear_kv_cache()
+            history = list(prompt)
+            llamactx.prefill(ctx, history, 0)
+            pieces = llamactx.continue_sequence(
+                ctx, history, max_tokens=40, sampler=llamactx.LlamaSampler.greedy(), speculative=drafting
+            )
+            for _ in range(read):
+                next(pieces)
+            pieces.close()
+            assert ctx.kv_cache_seq_pos_max(0) == len(history) - 1, read
+
+
+def test_generation_with_drafts_refuses_a_recurrent_model(tmp_path: Path) -> None:
+    mamba = llamactx.LlamaModel.load_from_file(synthetic.write_tiny_mamba(tmp_path / "mamba.gguf"))
+    assert mamba.is_recurrent()
+    assert not mamba.is_hybrid()
+    with mamba.new_context(n_ctx=256) as ctx, pytest.raises(ValueError, match="recurrent"):
+        llamactx.generate(ctx, [1, 2, 3], max_tokens=4, speculative=llamactx.NgramDraft())
