@@ -479,7 +479,16 @@ pub fn all(model: &LlamaModel, path: &Path) -> Result<Vec<(String, String)>> {
 pub fn chat_template(model: &LlamaModel) -> Result<String> {
     match model.chat_template(None) {
         Ok(template) => Ok(template.to_owned()),
-        Err(StringFromModelError::ReturnedError(code)) => Err(ChatTemplateError::MissingTemplate(code).into()),
+        // The crate words this as "no meta val", which names no fix.
+        Err(StringFromModelError::ReturnedError(code)) => Err(Error::llama(
+            ExcClass::ChatTemplateError,
+            "MissingTemplate",
+            Some(i64::from(code)),
+            "the model has no chat template (no tokenizer.chat_template in its GGUF): give one, as Jinja \
+             source or a llama.cpp format's name such as \"chatml\" (apply_chat_template's tmpl, chat_template= \
+             of chat, ChatSession and Engine, --chat-template or --chat-template-file of the CLI and the server); \
+             chats without one are rendered as ChatML, as llama.cpp renders them",
+        )),
         Err(StringFromModelError::Utf8Error(err)) => Err(ChatTemplateError::Utf8Error(err).into()),
     }
 }

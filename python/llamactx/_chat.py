@@ -28,6 +28,7 @@ def chat(
     speculative: Speculative | None = None,
     mtmd: MtmdContext | None = None,
     media_budget: MediaBudget = MediaBudget(),
+    chat_template: str | None = None,
 ) -> str:
     """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts or pairs), formatted
     with the model's chat template; greedy when ``sampler`` is None. ``json_schema``,
@@ -38,8 +39,10 @@ def chat(
     {"url": "data:image/png;base64,..."}}``; ``ValueError`` for an image without one, ``ImageError``
     for image data that does not decode, ``ChatInputError`` (a ``ValueError``) for media past
     ``media_budget``, ``ValueError`` for a prompt, media included, too long for the context.
-    ``speculative`` does not take images."""
-    prepared = ChatRenderer(ctx.model).prepare(messages, mtmd=mtmd, media_budget=media_budget)
+    ``speculative`` does not take images. ``chat_template`` (Jinja source, or the name of one of
+    llama.cpp's built-in formats such as ``"chatml"``) replaces the model's template, as in
+    ``Engine``; a model without one is rendered as ChatML, as llama.cpp does."""
+    prepared = ChatRenderer(ctx.model, chat_template).prepare(messages, mtmd=mtmd, media_budget=media_budget)
     if prepared.media is not None and mtmd is not None:
         _check_prompt(prepared.n_tokens, ctx.n_ctx_seq(), images=True, drafts=speculative is not None)
         pieces = stream_media(
@@ -72,7 +75,7 @@ class ChatSession:
     turn decodes only what follows what the cache already holds (an image shown in an earlier
     turn is not encoded again). With ``mtmd``, a turn's text may be OpenAI's content parts with
     images, as in ``chat``; ``media_budget`` bounds the media of the whole conversation, which
-    each turn reads again."""
+    each turn reads again. ``chat_template`` as in ``chat``."""
 
     def __init__(
         self,
@@ -82,13 +85,14 @@ class ChatSession:
         max_tokens: int = 256,
         mtmd: MtmdContext | None = None,
         media_budget: MediaBudget = MediaBudget(),
+        chat_template: str | None = None,
     ) -> None:
         self.ctx = ctx
         self.max_tokens = max_tokens
         self.mtmd = mtmd
         self.media_budget = media_budget
         self.messages: list[Message] = [("system", system)] if system else []
-        self._renderer = ChatRenderer(ctx.model)
+        self._renderer = ChatRenderer(ctx.model, chat_template)
         # What the cache holds: the prompt's items (tokens, and an image's id) and their positions.
         self._cached: list[int | str] = []
         self._widths: list[int] = []

@@ -175,7 +175,9 @@ def _chat(arguments: argparse.Namespace) -> int:
         return 2
     ctx = _context(arguments)
     mtmd = MtmdContext(ctx.model, arguments.mmproj) if arguments.mmproj else None
-    session = ChatSession(ctx, system=arguments.system, max_tokens=arguments.max_tokens, mtmd=mtmd)
+    session = ChatSession(
+        ctx, system=arguments.system, max_tokens=arguments.max_tokens, mtmd=mtmd, chat_template=arguments.chat_template
+    )
     sampler = _sampler(arguments, ctx.model)
     try:
         images = [_image_part(Path(path)) for path in arguments.image or ()]
@@ -343,6 +345,41 @@ def _add_model_option(command: argparse.ArgumentParser) -> None:
     )
 
 
+#: The longest ``--chat-template-file`` read: templates take a few KiB.
+MAX_TEMPLATE_BYTES = 1 << 20
+
+
+def _template_file(path: str) -> str:
+    """An argparse type: the Jinja source in the file at ``path`` (UTF-8, at most
+    ``MAX_TEMPLATE_BYTES``), else a usage error."""
+    try:
+        with open(path, "rb") as file:
+            source = file.read(MAX_TEMPLATE_BYTES + 1)
+        if len(source) > MAX_TEMPLATE_BYTES:
+            raise argparse.ArgumentTypeError(f"{path} is over {MAX_TEMPLATE_BYTES} bytes: not a chat template")
+        return source.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise argparse.ArgumentTypeError(f"cannot read the chat template {path}: {error}") from None
+
+
+def _add_chat_template_options(command: argparse.ArgumentParser) -> None:
+    """llama-server's ``--chat-template`` and ``--chat-template-file``."""
+    choice = command.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--chat-template",
+        metavar="NAME|TEXT",
+        help="render chats with this template instead of the model's: Jinja source, or the name of one of "
+        "llama.cpp's built-in formats (e.g. chatml); a model without a template is rendered as chatml",
+    )
+    choice.add_argument(
+        "--chat-template-file",
+        dest="chat_template",
+        metavar="FILE",
+        type=_template_file,
+        help="render chats with the Jinja template in FILE",
+    )
+
+
 def _add_threads_option(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "-t",
@@ -434,6 +471,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         help="show this PNG, JPEG, GIF or BMP with the first message (repeatable)",
     )
+    _add_chat_template_options(chat)
     _add_generation_options(chat, max_tokens=256, n_ctx=4096)
     chat.set_defaults(run=_chat)
 
@@ -468,6 +506,7 @@ def _parser() -> argparse.ArgumentParser:
         "--api-key", default=os.environ.get("LLAMACTX_API_KEY"), help="require this key (default: $LLAMACTX_API_KEY)"
     )
     serve.add_argument("--embeddings", action="store_true", help="serve /v1/embeddings")
+    _add_chat_template_options(serve)
     serve.add_argument("--max-waiting", type=NON_NEGATIVE, default=1024, metavar="N", help="queue length before 503")
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of earlier prompts")
     serve.add_argument(

@@ -8,8 +8,9 @@ import json
 from typing import Any
 
 import pytest
+from support import synthetic
 from support.chat_prompts import recorded_prompts
-from support.prompts import TOOL_TEMPLATE
+from support.prompts import PLAIN_CHATML, TOOL_TEMPLATE
 
 import llamactx
 from llamactx import _render
@@ -128,3 +129,32 @@ def test_a_long_chat_renders_however_many_messages_it_has(model: llamactx.LlamaM
     one, three = (len(jinja_tokens(model, messages[:count])) for count in (1, 3))
     assert len(tokens) == one + 1500 * (three - one)
     assert model.detokenize(tokens[-4:], unparse_special=True).endswith("<|im_start|>assistant\n")
+
+
+def test_a_chat_template_given_replaces_the_models_on_every_chat_path(
+    model: llamactx.LlamaModel, ctx: llamactx.LlamaContext
+) -> None:
+    messages = [{"role": "user", "content": "Name a colour."}]
+    options: dict[str, Any] = {"n_ctx": 1024, "n_seq_max": 1}
+    with llamactx.Engine(model, **options) as default:
+        default_prompt = default.chat_tokens(messages)
+    with llamactx.Engine(model, chat_template=PLAIN_CHATML, **options) as engine:
+        prompt = engine.chat_tokens(messages)
+        expected = engine.submit_chat(messages, max_tokens=12).result().text
+    # Without SmolLM2's default system turn: the template given is the one rendered.
+    assert len(prompt) < len(default_prompt)
+    assert prompt == _render.ChatRenderer(model, PLAIN_CHATML).prepare(messages).tokens
+    assert llamactx.chat(ctx, messages, max_tokens=12, chat_template=PLAIN_CHATML) == expected
+    session = llamactx.ChatSession(ctx, max_tokens=12, chat_template=PLAIN_CHATML)
+    assert "".join(session.send("Name a colour.")) == expected
+
+
+def test_a_model_without_a_chat_template_says_so_and_its_chats_render_as_chatml(tmp_path: Any) -> None:
+    model = llamactx.LlamaModel.load_from_file(synthetic.write_tiny_mamba(tmp_path / "mamba.gguf"))
+    for call in (model.get_chat_template, lambda: model.apply_chat_template([("user", "Hi")])):
+        with pytest.raises(llamactx.ChatTemplateError, match="the model has no chat template") as raised:
+            call()
+        assert raised.value.kind == "MissingTemplate"
+    messages = [("user", "Hi")]
+    chatml = _render.ChatRenderer(model, "chatml").prepare(messages).tokens
+    assert _render.ChatRenderer(model).prepare(messages).tokens == chatml

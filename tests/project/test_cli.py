@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.decoding import decode_prompt
-from support.prompts import DEMO_ANSWER, DEMO_QUESTION, HELPFUL, PARIS_PROMPT
+from support.prompts import DEMO_ANSWER, DEMO_QUESTION, HELPFUL, PARIS_PROMPT, PLAIN_CHATML
 
 import llamactx
 
@@ -186,3 +186,22 @@ def test_bench_command_reports_speeds(model_path: Path) -> None:
     assert f"threads: {min(4, len(os.sched_getaffinity(0)))} " in result.stdout
     assert "pp32:" in result.stdout
     assert "tg8:" in result.stdout
+
+
+def test_chat_takes_a_chat_template_from_the_command_line_or_a_file(
+    model_path: Path, ctx: llamactx.LlamaContext, tmp_path: Path
+) -> None:
+    template = tmp_path / "chatml.jinja"
+    template.write_text(PLAIN_CHATML)
+    expected = llamactx.chat(ctx, [{"role": "user", "content": QUESTION}], max_tokens=16, chat_template=PLAIN_CHATML)
+    options = ("-m", str(model_path), "-n", "16", "--greedy")
+    for given in (["--chat-template-file", str(template)], ["--chat-template", PLAIN_CHATML]):
+        result = run_cli("chat", QUESTION, *options, *given)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == expected + "\n"
+    both = run_cli("chat", QUESTION, *options, "--chat-template", "chatml", "--chat-template-file", str(template))
+    assert both.returncode == 2
+    assert "not allowed with" in both.stderr
+    missing = run_cli("chat", QUESTION, *options, "--chat-template-file", str(tmp_path / "none.jinja"))
+    assert missing.returncode == 2
+    assert "cannot read the chat template" in missing.stderr

@@ -21,7 +21,7 @@ import pydantic
 import pytest
 from starlette.applications import Starlette
 from starlette.routing import Mount
-from support.prompts import HELPFUL
+from support.prompts import HELPFUL, PLAIN_CHATML
 from support.serving import ENGINE_OPTIONS, MODEL_ID, Server, running_server
 from support.tool_examples import ASK_WEATHER, TIME, WEATHER
 
@@ -887,3 +887,21 @@ def test_flash_attention_off_serves_what_an_engine_without_it_computes(
     assert served == pytest.approx(engines[0], abs=1e-5)
     # Flash attention's numbers differ (by up to 0.1 here), so the option took effect.
     assert max(abs(a - b) for a, b in zip(served, engines[-1], strict=True)) > 1e-3
+
+
+def test_a_chat_template_given_at_start_renders_every_chat(model_path: Path, model: llamactx.LlamaModel) -> None:
+    messages: list[Any] = [{"role": "user", "content": "Name a colour."}]
+    with llamactx.Engine(model, chat_template=PLAIN_CHATML, **ENGINE_OPTIONS) as engine:
+        expected = engine.submit_chat(messages, max_tokens=12).result().text
+    with (
+        running_server(model_path, "--chat-template", PLAIN_CHATML) as server,
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused") as client,
+    ):
+        reply = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=12, temperature=0)
+    assert reply.choices[0].message.content == expected
+    # A template that cannot render stops the server at its start, not each request.
+    with (
+        pytest.raises(AssertionError, match="llamactx serve: the chat template"),
+        running_server(model_path, "--chat-template", "{% for %}"),
+    ):
+        pass

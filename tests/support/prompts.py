@@ -13,6 +13,12 @@ HELPFUL = "You are a helpful assistant."
 #: A ChatML chat template written for the tests, with a tool-call format of its own (the
 #: ``<tool_call>`` style), so that tools go through llama.cpp's format analysis.
 TOOL_TEMPLATE = (Path(__file__).resolve().parent / "templates" / "chatml_tools.jinja").read_text()
+#: ChatML without the default system turn SmolLM2's own template adds: a chat_template that
+#: renders the same messages to another prompt.
+PLAIN_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 #: The question ``make demo`` asks (the Makefile's ``QUESTION``), and the default model's greedy
 #: answer on every CPU build the wheel ships.
 DEMO_QUESTION = re.findall(

@@ -15,7 +15,7 @@ from types import FrameType
 import uvicorn
 
 from llamactx._engine import Engine
-from llamactx._llamactx import LlamaContext, LlamaModel, MtmdContext, MtmdError
+from llamactx._llamactx import ChatTemplateError, LlamaContext, LlamaModel, MtmdContext, MtmdError
 from llamactx._media import MediaBudget
 from llamactx._speculative import Speculative
 from llamactx.server._app import create_app
@@ -91,6 +91,7 @@ def serve(
                 model,
                 max_waiting=arguments.max_waiting,
                 prefix_cache=not arguments.no_prefix_cache,
+                chat_template=arguments.chat_template,
                 speculative=speculative,
                 mtmd=mtmd,
                 n_ctx=arguments.ctx,
@@ -99,6 +100,12 @@ def serve(
             )
         except (ValueError, MtmdError, OSError) as error:  # e.g. a draft model of another vocabulary, no projector
             print(f"llamactx serve: {error}", file=sys.stderr)
+            return 2
+        try:
+            engine.prepare_chat([("user", "Hello")])  # a --chat-template that cannot render fails here, not per request
+        except ChatTemplateError as error:
+            engine.close()
+            print(f"llamactx serve: the chat template: {error}", file=sys.stderr)
             return 2
         try:
             _serve_until_stopped(engine, sock, arguments, embeddings)
