@@ -57,8 +57,12 @@ impl PyChatTemplates {
     }
 
     /// Renders `messages` (OpenAI's, as JSON) with `tools` (JSON) for the assistant's reply;
-    /// `tool_choice` is "auto", "required" or "none". `ValueError` for what the template
-    /// cannot render; `ChatTemplateError` kind `WorkLimit` when rendering passes the work limit.
+    /// `tool_choice` is "auto", "required" or "none"; `template_kwargs` (a JSON object) are
+    /// further variables of the template, llama-server's `chat_template_kwargs` (its
+    /// `enable_thinking` also tells llama.cpp whether the reply thinks). `ValueError` for what
+    /// the template cannot render; `ChatTemplateError` kind `WorkLimit` when rendering passes
+    /// the work limit.
+    #[pyo3(signature = (messages, tools, tool_choice, parallel_tool_calls, template_kwargs=None))]
     fn apply(
         &self,
         py: Python<'_>,
@@ -66,17 +70,24 @@ impl PyChatTemplates {
         tools: String,
         tool_choice: String,
         parallel_tool_calls: bool,
+        template_kwargs: Option<String>,
     ) -> PyResult<PyChatApplied> {
         detached(py, || {
             let choice = ToolChoice::parse_oaicompat(&tool_choice).map_err(chat_value_error)?;
             // As llama.cpp's server: a BOS the template writes is dropped from its text, and the
             // tokenizer adds the model's own when the model wants one.
-            let input_bytes = messages.len() + tools.len();
-            let request = ChatApplyParams::new(messages)
+            let input_bytes = messages.len() + tools.len() + template_kwargs.as_ref().map_or(0, String::len);
+            let mut request = ChatApplyParams::new(messages)
                 .with_add_bos_eos(self.model.add_bos_token(), false)
                 .with_tools(tools)
                 .with_tool_choice(choice)
                 .with_parallel_tool_calls(parallel_tool_calls);
+            if let Some(kwargs) = template_kwargs {
+                let (enable_thinking, kwargs) = template_variables(&kwargs)?;
+                request = request
+                    .with_enable_thinking(enable_thinking)
+                    .with_template_kwargs(kwargs);
+            }
             let templates = Arc::clone(&self.templates);
             let params = work_limit::limited(input_bytes, move || templates.apply(&request).map_err(chat_value_error))?;
             Ok(PyChatApplied {
@@ -196,10 +207,51 @@ impl PyChatApplied {
     }
 }
 
+/// `kwargs` (`chat_template_kwargs`, which must be a JSON object) as the crate's shim takes
+/// them, and whether they leave thinking on (their `enable_thinking`, a boolean; else true, as
+/// in llama.cpp). The shim hands a string value to llama.cpp as the JSON text of the value, which
+/// llama.cpp parses again, so each string goes as its own JSON encoding [llama.cpp internal].
+fn template_variables(kwargs: &str) -> Result<(bool, String)> {
+    let mut object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(kwargs)
+        .map_err(|err| Error::value(format!("chat_template_kwargs must be a JSON object: {err}")))?;
+    let enable_thinking = match object.get("enable_thinking") {
+        None => true,
+        Some(serde_json::Value::Bool(enabled)) => *enabled,
+        Some(other) => {
+            return Err(Error::value(format!(
+                "chat_template_kwargs' enable_thinking must be true or false, got {other}"
+            )))
+        }
+    };
+    for value in object.values_mut() {
+        if value.is_string() {
+            *value = serde_json::Value::String(value.to_string());
+        }
+    }
+    Ok((enable_thinking, serde_json::Value::Object(object).to_string()))
+}
+
 fn template_error(err: impl std::fmt::Display) -> Error {
     Error::llama(ExcClass::ChatTemplateError, "Init", None, err.to_string())
 }
 
 fn chat_value_error(err: impl std::fmt::Display) -> Error {
     Error::value(format!("the chat template cannot render this: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::template_variables;
+
+    #[test]
+    fn strings_go_as_their_json_text_and_enable_thinking_is_read() {
+        let (thinking, kwargs) = template_variables(r#"{"greeting": "Be \"brief\".", "n": 2}"#).unwrap();
+        assert!(thinking);
+        let value: serde_json::Value = serde_json::from_str(&kwargs).unwrap();
+        assert_eq!(value["greeting"], r#""Be \"brief\".""#);
+        assert_eq!(value["n"], 2);
+        assert!(!template_variables(r#"{"enable_thinking": false}"#).unwrap().0);
+        assert!(template_variables(r#"{"enable_thinking": "no"}"#).is_err());
+        assert!(template_variables("[1]").is_err());
+    }
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from llamactx._constraints import JsonSchema
@@ -29,6 +29,7 @@ def chat(
     mtmd: MtmdContext | None = None,
     media_budget: MediaBudget = MediaBudget(),
     chat_template: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts or pairs), formatted
     with the model's chat template; greedy when ``sampler`` is None. ``json_schema``,
@@ -41,8 +42,10 @@ def chat(
     ``media_budget``, ``ValueError`` for a prompt, media included, too long for the context.
     ``speculative`` does not take images. ``chat_template`` (Jinja source, or the name of one of
     llama.cpp's built-in formats such as ``"chatml"``) replaces the model's template, as in
-    ``Engine``; a model without one is rendered as ChatML, as llama.cpp does."""
-    prepared = ChatRenderer(ctx.model, chat_template).prepare(messages, mtmd=mtmd, media_budget=media_budget)
+    ``Engine``; a model without one is rendered as ChatML, as llama.cpp does. ``chat_template_kwargs``
+    are further variables of the template, as in ``Engine.submit_chat``."""
+    renderer = ChatRenderer(ctx.model, chat_template)
+    prepared = renderer.prepare(messages, mtmd=mtmd, media_budget=media_budget, template_kwargs=chat_template_kwargs)
     if prepared.media is not None and mtmd is not None:
         _check_prompt(prepared.n_tokens, ctx.n_ctx_seq(), images=True, drafts=speculative is not None)
         pieces = stream_media(

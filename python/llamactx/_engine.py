@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import accumulate
 from typing import Any
@@ -291,11 +291,13 @@ class Engine:
         tool_choice: ToolChoice = "auto",
         parallel_tool_calls: bool = True,
         media_budget: MediaBudget = MediaBudget(),
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> Request:
         """``submit`` for the assistant's reply to ``messages`` (``{"role", "content"}`` dicts or
         pairs, OpenAI's assistant ``tool_calls`` and ``tool`` results included), formatted with
         the model's chat template. The messages' images and audio are read under
-        ``media_budget`` (``ChatInputError``, a ``ValueError``, past it).
+        ``media_budget`` (``ChatInputError``, a ``ValueError``, past it). ``chat_template_kwargs``
+        are further variables of the template (llama-server's, e.g. ``{"enable_thinking": False}``).
 
         ``tools`` (OpenAI's function tools) with ``tool_choice`` ("auto", "required", "none" or
         ``{"type": "function", "function": {"name": ...}}``) let the reply call them:
@@ -310,6 +312,7 @@ class Engine:
             tool_choice=tool_choice,
             parallel_tool_calls=parallel_tool_calls,
             media_budget=media_budget,
+            chat_template_kwargs=chat_template_kwargs,
         )
         return self.submit_prepared(
             chat,
@@ -329,6 +332,7 @@ class Engine:
         tool_choice: ToolChoice = "auto",
         parallel_tool_calls: bool = True,
         media_budget: MediaBudget = MediaBudget(),
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> PreparedChat:
         """What ``submit_chat`` submits, without submitting it: the prompt's tokens in the chat
         template (its images and audio read under ``media_budget`` and tokenized, so that
@@ -336,7 +340,9 @@ class Engine:
         the template's extra stop strings and the parser of the reply into OpenAI's message.
         Submit it (once or many times, e.g. for several choices) with ``submit_prepared``.
         Errors as ``submit_chat``'s."""
-        return self._renderer.prepare(messages, tools, tool_choice, parallel_tool_calls, self.mtmd, media_budget)
+        return self._renderer.prepare(
+            messages, tools, tool_choice, parallel_tool_calls, self.mtmd, media_budget, chat_template_kwargs
+        )
 
     def submit_prepared(
         self,

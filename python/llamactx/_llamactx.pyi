@@ -1282,10 +1282,15 @@ class _ChatTemplates:
     @property
     def supports_tool_calls(self) -> bool:
         """Whether the template renders tools and tool calls (llama.cpp's capability analysis)."""
-    def apply(self, messages: str, tools: str, tool_choice: str, parallel_tool_calls: bool) -> _ChatApplied:
+    def apply(
+        self, messages: str, tools: str, tool_choice: str, parallel_tool_calls: bool, template_kwargs: str | None = None
+    ) -> _ChatApplied:
         """Renders `messages` (OpenAI's, as JSON) with `tools` (JSON) for the assistant's reply;
-        `tool_choice` is "auto", "required" or "none". `ValueError` for what the template
-        cannot render; `ChatTemplateError` kind `WorkLimit` when rendering passes the work limit.
+        `tool_choice` is "auto", "required" or "none"; `template_kwargs` (a JSON object) are
+        further variables of the template, llama-server's `chat_template_kwargs` (its
+        `enable_thinking` also tells llama.cpp whether the reply thinks). `ValueError` for what
+        the template cannot render; `ChatTemplateError` kind `WorkLimit` when rendering passes
+        the work limit.
         """
 
 @final

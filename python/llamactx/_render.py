@@ -92,23 +92,30 @@ class ChatRenderer:
         parallel_tool_calls: bool = True,
         mtmd: MtmdContext | None = None,
         media_budget: MediaBudget = MediaBudget(),
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> PreparedChat:
         """The ``PreparedChat`` for ``messages``, with ``tools`` callable. A template that formats
         tool calls itself renders the tools, constrains calls with its own grammar and parses
         them back; otherwise the tools and a JSON reply protocol go into the system turn
         (``_tools.plan``), and the messages are rendered by the same template. Image parts need
         ``mtmd``, a projector that reads images (``ValueError`` otherwise); the media are read
-        under ``media_budget`` (``ChatInputError`` past it) and tokenized here, once."""
+        under ``media_budget`` (``ChatInputError`` past it) and tokenized here, once.
+        ``template_kwargs`` are further variables of the template (llama-server's
+        ``chat_template_kwargs``, e.g. ``enable_thinking``); ``ValueError`` for them where the
+        template does not parse (the built-in matcher that then renders has no variables)."""
+        kwargs = None if template_kwargs is None else json.dumps(dict(template_kwargs))
         marker = media_marker()
         messages, media = with_media_markers(checked_messages(messages), marker, mtmd, media_budget)
         templates = self._parsed()
         if templates is not None and templates.supports_tool_calls:
-            return _native(templates, messages, tools, tool_choice, parallel_tool_calls, marker, media)
+            return _native(templates, messages, tools, tool_choice, parallel_tool_calls, marker, media, kwargs)
         planned = plan(messages, tools, tool_choice, parallel_tool_calls)
         prompt = None
         if templates is not None:
             turns = [{"role": role, "content": text} for role, text in planned.messages]
-            tokens, prompt = _prompt(templates.apply(json.dumps(turns), "[]", "none", False), marker, media)
+            tokens, prompt = _prompt(templates.apply(json.dumps(turns), "[]", "none", False, kwargs), marker, media)
+        elif kwargs is not None:
+            raise ValueError("this model's chat template cannot be parsed, so it takes no chat_template_kwargs")
         elif media:
             raise ValueError("this model's chat template cannot be parsed, so llamactx cannot place images in it")
         else:
@@ -140,6 +147,7 @@ def _native(
     parallel_tool_calls: bool,
     marker: str,
     media: list[MtmdInputChunks],
+    kwargs: str | None,
 ) -> PreparedChat:
     """A chat through the template's own tool-call format (llama.cpp's format analysis): the
     template renders the tools, its grammar (lazy, waiting for the call's opening) keeps calls
@@ -148,7 +156,7 @@ def _native(
     mode, offered = offered_functions(tools, tool_choice)
     openai_tools = [{"type": "function", "function": function} for function in offered]
     openai_messages = [_openai_message(message) for message in checked_messages(messages)]
-    applied = templates.apply(json.dumps(openai_messages), json.dumps(openai_tools), mode, parallel_tool_calls)
+    applied = templates.apply(json.dumps(openai_messages), json.dumps(openai_tools), mode, parallel_tool_calls, kwargs)
     tokens, prompt = _prompt(applied, marker, media)
     return PreparedChat(
         tokens, None, applied.sampler(), applied.additional_stops(), partial(_parsed_reply, applied), prompt

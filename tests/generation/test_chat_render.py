@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from support import synthetic
 from support.chat_prompts import recorded_prompts
-from support.prompts import PLAIN_CHATML, TOOL_TEMPLATE
+from support.prompts import CHATML_WITH_VARIABLES, PLAIN_CHATML, TOOL_TEMPLATE
 
 import llamactx
 from llamactx import _render
@@ -158,3 +158,27 @@ def test_a_model_without_a_chat_template_says_so_and_its_chats_render_as_chatml(
     messages = [("user", "Hi")]
     chatml = _render.ChatRenderer(model, "chatml").prepare(messages).tokens
     assert _render.ChatRenderer(model).prepare(messages).tokens == chatml
+
+
+def test_chat_template_kwargs_are_variables_of_the_template_on_every_chat_path(
+    model: llamactx.LlamaModel, ctx: llamactx.LlamaContext
+) -> None:
+    messages = [{"role": "user", "content": "Name a colour."}]
+    renderer = _render.ChatRenderer(model, CHATML_WITH_VARIABLES)
+    thinking = renderer.prepare(messages).tokens  # llama.cpp's default: enable_thinking true
+    quiet = renderer.prepare(messages, template_kwargs={"enable_thinking": False}).tokens
+    greeted = renderer.prepare(messages, template_kwargs={"greeting": "Be brief."}).tokens
+    assert quiet[: len(thinking)] == thinking
+    assert len(quiet) > len(thinking)  # the empty thinking block
+    assert greeted[-len(thinking) + 1 :] == thinking[1:]  # a system turn before the same turns
+    assert len(greeted) > len(thinking)
+    kwargs = {"enable_thinking": False}
+    with llamactx.Engine(model, chat_template=CHATML_WITH_VARIABLES, n_ctx=1024, n_seq_max=1) as engine:
+        assert engine.prepare_chat(messages, chat_template_kwargs=kwargs).tokens == quiet
+        expected = engine.submit_chat(messages, max_tokens=8, chat_template_kwargs=kwargs).result().text
+    chatted = llamactx.chat(
+        ctx, messages, max_tokens=8, chat_template=CHATML_WITH_VARIABLES, chat_template_kwargs=kwargs
+    )
+    assert chatted == expected
+    with pytest.raises(ValueError, match="enable_thinking must be true or false"):
+        renderer.prepare(messages, template_kwargs={"enable_thinking": "no"})

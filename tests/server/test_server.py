@@ -21,7 +21,7 @@ import pydantic
 import pytest
 from starlette.applications import Starlette
 from starlette.routing import Mount
-from support.prompts import HELPFUL, PLAIN_CHATML
+from support.prompts import CHATML_WITH_VARIABLES, HELPFUL, PLAIN_CHATML
 from support.serving import ENGINE_OPTIONS, MODEL_ID, Server, running_server
 from support.tool_examples import ASK_WEATHER, TIME, WEATHER
 
@@ -905,3 +905,30 @@ def test_a_chat_template_given_at_start_renders_every_chat(model_path: Path, mod
         running_server(model_path, "--chat-template", "{% for %}"),
     ):
         pass
+
+
+def test_a_requests_chat_template_kwargs_reach_the_template(model_path: Path, model: llamactx.LlamaModel) -> None:
+    messages: list[Any] = [{"role": "user", "content": "Name a colour."}]
+    kwargs = {"enable_thinking": False, "greeting": "Be brief."}
+    with llamactx.Engine(model, chat_template=CHATML_WITH_VARIABLES, **ENGINE_OPTIONS) as engine:
+        expected = engine.submit_chat(messages, max_tokens=12, chat_template_kwargs=kwargs).result()
+    with (
+        running_server(model_path, "--chat-template", CHATML_WITH_VARIABLES) as server,
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as client,
+    ):
+        reply = client.chat.completions.create(
+            model=MODEL_ID,
+            messages=messages,
+            max_tokens=12,
+            temperature=0,
+            extra_body={"chat_template_kwargs": kwargs},
+        )
+        assert reply.choices[0].message.content == expected.text
+        assert reply.usage is not None
+        assert reply.usage.prompt_tokens == expected.prompt_tokens
+        for bad in ({"enable_thinking": "no"}, ["enable_thinking"]):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(
+                    model=MODEL_ID, messages=messages, max_tokens=2, extra_body={"chat_template_kwargs": bad}
+                )
+            assert refused.value.body["param"] == "chat_template_kwargs"  # type: ignore[index]

@@ -19,6 +19,14 @@ PLAIN_CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+#: ``PLAIN_CHATML`` with two variables a request may set (``chat_template_kwargs``): a system turn
+#: of ``greeting``, and an empty thinking block opening the reply unless ``enable_thinking``.
+CHATML_WITH_VARIABLES = (
+    "{% if greeting is defined %}<|im_start|>system\n{{ greeting }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
 #: The question ``make demo`` asks (the Makefile's ``QUESTION``), and the default model's greedy
 #: answer on every CPU build the wheel ships.
 DEMO_QUESTION = re.findall(

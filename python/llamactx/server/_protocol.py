@@ -277,6 +277,8 @@ class ChatRequest(SamplingBody):
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    #: llama-server's extra variables of the chat template (e.g. ``enable_thinking``).
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _logprobs_asked(self) -> ChatRequest:

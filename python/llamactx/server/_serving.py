@@ -289,7 +289,8 @@ class Serving:
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
         choice = body.tool_choice or "auto"
         named = choice if isinstance(choice, str) else choice.model_dump()
-        return self._rendered_chat(messages, tools, named, body.parallel_tool_calls)
+        kwargs = body.chat_template_kwargs
+        return self._rendered_chat(messages, tools, named, body.parallel_tool_calls, template_kwargs=kwargs)
 
     def _rendered_chat(
         self,
@@ -298,12 +299,14 @@ class Serving:
         tool_choice: ToolChoice,
         parallel_tool_calls: bool,
         messages_param: str = "messages",
+        template_kwargs: dict[str, Any] | None = None,
     ) -> PreparedChat:
         """The chat rendered once for all its choices (``Engine.prepare_chat``, which checks the
         messages and tools, and reads the media under the server's ``MediaBudget``: its errors
         name their parameter, or are the messages' or, for a tool-call constraint that cannot
         be compiled, the tools'), checked to fit a sequence, media included. The messages are
-        ``messages_param`` of the body (the Responses API's ``input``)."""
+        ``messages_param`` of the body (the Responses API's ``input``); ``template_kwargs`` is
+        chat's ``chat_template_kwargs`` (its errors name it)."""
         try:
             chat = self.engine.prepare_chat(
                 messages,
@@ -311,9 +314,12 @@ class Serving:
                 tool_choice=tool_choice,
                 parallel_tool_calls=parallel_tool_calls,
                 media_budget=self.media_budget,
+                chat_template_kwargs=template_kwargs,
             )
         except Exception as error:
             param = "tools" if isinstance(error, (SchemaError, SamplerInitError)) else messages_param
+            if "chat_template_kwargs" in str(error):
+                param = "chat_template_kwargs"
             failure = openai_error(error, "the chat cannot be rendered", param)
             if isinstance(failure, ApiError) and failure.param == "messages":
                 failure.param = messages_param  # as the engine names them
