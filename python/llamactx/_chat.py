@@ -78,7 +78,7 @@ class ChatSession:
     turn decodes only what follows what the cache already holds (an image shown in an earlier
     turn is not encoded again). With ``mtmd``, a turn's text may be OpenAI's content parts with
     images, as in ``chat``; ``media_budget`` bounds the media of the whole conversation, which
-    each turn reads again. ``chat_template`` as in ``chat``."""
+    each turn reads again. ``chat_template`` and ``chat_template_kwargs`` as in ``chat``."""
 
     def __init__(
         self,
@@ -89,6 +89,7 @@ class ChatSession:
         mtmd: MtmdContext | None = None,
         media_budget: MediaBudget = MediaBudget(),
         chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.ctx = ctx
         self.max_tokens = max_tokens
@@ -96,6 +97,7 @@ class ChatSession:
         self.media_budget = media_budget
         self.messages: list[Message] = [("system", system)] if system else []
         self._renderer = ChatRenderer(ctx.model, chat_template)
+        self._template_kwargs = chat_template_kwargs
         # What the cache holds: the prompt's items (tokens, and an image's id) and their positions.
         self._cached: list[int | str] = []
         self._widths: list[int] = []
@@ -112,7 +114,9 @@ class ChatSession:
         without images)."""
         user: Message = ("user", text) if isinstance(text, str) else {"role": "user", "content": text}
         messages = [*self.messages, user]
-        prepared = self._renderer.prepare(messages, mtmd=self.mtmd, media_budget=self.media_budget)
+        prepared = self._renderer.prepare(
+            messages, mtmd=self.mtmd, media_budget=self.media_budget, template_kwargs=self._template_kwargs
+        )
         prompt = prepared.media or MediaPrompt([prepared.tokens], [])
         # The conversation must still fit the context (its images included).
         images, drafts = prepared.media is not None, speculative is not None

@@ -176,7 +176,12 @@ def _chat(arguments: argparse.Namespace) -> int:
     ctx = _context(arguments)
     mtmd = MtmdContext(ctx.model, arguments.mmproj) if arguments.mmproj else None
     session = ChatSession(
-        ctx, system=arguments.system, max_tokens=arguments.max_tokens, mtmd=mtmd, chat_template=arguments.chat_template
+        ctx,
+        system=arguments.system,
+        max_tokens=arguments.max_tokens,
+        mtmd=mtmd,
+        chat_template=arguments.chat_template,
+        chat_template_kwargs=arguments.chat_template_kwargs,
     )
     sampler = _sampler(arguments, ctx.model)
     try:
@@ -362,8 +367,25 @@ def _template_file(path: str) -> str:
         raise argparse.ArgumentTypeError(f"cannot read the chat template {path}: {error}") from None
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """An argparse type: a JSON object, else a usage error."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, got {type(value).__name__}")
+    return value
+
+
 def _add_chat_template_options(command: argparse.ArgumentParser) -> None:
-    """llama-server's ``--chat-template`` and ``--chat-template-file``."""
+    """llama-server's ``--chat-template``, ``--chat-template-file`` and ``--chat-template-kwargs``."""
+    command.add_argument(
+        "--chat-template-kwargs",
+        type=_json_object,
+        metavar="JSON",
+        help="variables of the chat template, as a JSON object (e.g. '{\"enable_thinking\": false}')",
+    )
     choice = command.add_mutually_exclusive_group()
     choice.add_argument(
         "--chat-template",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.decoding import decode_prompt
-from support.prompts import DEMO_ANSWER, DEMO_QUESTION, HELPFUL, PARIS_PROMPT, PLAIN_CHATML
+from support.prompts import CHATML_WITH_VARIABLES, DEMO_ANSWER, DEMO_QUESTION, HELPFUL, PARIS_PROMPT, PLAIN_CHATML
 
 import llamactx
 
@@ -205,3 +206,18 @@ def test_chat_takes_a_chat_template_from_the_command_line_or_a_file(
     missing = run_cli("chat", QUESTION, *options, "--chat-template-file", str(tmp_path / "none.jinja"))
     assert missing.returncode == 2
     assert "cannot read the chat template" in missing.stderr
+
+
+def test_chat_takes_the_chat_templates_variables(model_path: Path, ctx: llamactx.LlamaContext) -> None:
+    kwargs = {"greeting": "Answer in French.", "enable_thinking": False}
+    messages = [{"role": "user", "content": QUESTION}]
+    template = CHATML_WITH_VARIABLES
+    expected = llamactx.chat(ctx, messages, max_tokens=16, chat_template=template, chat_template_kwargs=kwargs)
+    options = ("-m", str(model_path), "-n", "16", "--greedy", "--chat-template", template)
+    result = run_cli("chat", QUESTION, *options, "--chat-template-kwargs", json.dumps(kwargs))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected + "\n"
+    for bad, why in (("{not json", "not JSON"), ("[1]", "a JSON object is needed")):
+        refused = run_cli("chat", QUESTION, *options, "--chat-template-kwargs", bad)
+        assert refused.returncode == 2
+        assert why in refused.stderr

@@ -908,12 +908,17 @@ def test_a_chat_template_given_at_start_renders_every_chat(model_path: Path, mod
 
 
 def test_a_requests_chat_template_kwargs_reach_the_template(model_path: Path, model: llamactx.LlamaModel) -> None:
+    """A request's variables go over the server's (``--chat-template-kwargs``), one by one."""
     messages: list[Any] = [{"role": "user", "content": "Name a colour."}]
     kwargs = {"enable_thinking": False, "greeting": "Be brief."}
     with llamactx.Engine(model, chat_template=CHATML_WITH_VARIABLES, **ENGINE_OPTIONS) as engine:
         expected = engine.submit_chat(messages, max_tokens=12, chat_template_kwargs=kwargs).result()
+        greeted = engine.submit_chat(messages, max_tokens=12, chat_template_kwargs={"greeting": "Hi."}).result()
+    server_kwargs = json.dumps({"greeting": "Hi."})
     with (
-        running_server(model_path, "--chat-template", CHATML_WITH_VARIABLES) as server,
+        running_server(
+            model_path, "--chat-template", CHATML_WITH_VARIABLES, "--chat-template-kwargs", server_kwargs
+        ) as server,
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as client,
     ):
         reply = client.chat.completions.create(
@@ -926,6 +931,10 @@ def test_a_requests_chat_template_kwargs_reach_the_template(model_path: Path, mo
         assert reply.choices[0].message.content == expected.text
         assert reply.usage is not None
         assert reply.usage.prompt_tokens == expected.prompt_tokens
+        plain = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=12, temperature=0)
+        assert plain.choices[0].message.content == greeted.text
+        assert plain.usage is not None
+        assert plain.usage.prompt_tokens == greeted.prompt_tokens
         for bad in ({"enable_thinking": "no"}, ["enable_thinking"]):
             with pytest.raises(openai.BadRequestError) as refused:
                 client.chat.completions.create(

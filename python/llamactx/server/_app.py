@@ -7,7 +7,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +157,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     media_urls: MediaUrlPolicy | None = None,
     media_budget: MediaBudget = MediaBudget(),
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> Starlette:
     """An ASGI application serving OpenAI's API with ``engine``: ``/v1/models``,
     ``/v1/completions``, ``/v1/chat/completions`` (streamed as server-sent events or not),
@@ -177,7 +178,10 @@ def create_app(
     that reads images): only public addresses or the policy's networks, within its size limit and
     timeout (``MediaUrlPolicy``). A chat's images and audio are read under ``media_budget``
     (400 naming the limit past it), and a prompt that cannot fit a sequence, its media's tokens
-    included, is a 400 ``context_length_exceeded`` before any image is encoded. The app does not
+    included, is a 400 ``context_length_exceeded`` before any image is encoded.
+    ``chat_template_kwargs`` are variables of the chat template for every chat, on every API
+    (llama-server's ``--chat-template-kwargs``); a chat request's own ``chat_template_kwargs``
+    override them one by one. The app does not
     own the engine:
     close it when the app is done. Mount it in another Starlette or FastAPI app as any ASGI app.
     """
@@ -195,6 +199,7 @@ def create_app(
         max_body_bytes,
         None if media_urls is None else MediaUrls(media_urls),
         media_budget,
+        dict(chat_template_kwargs or {}),
     )
     routes = _routes(serving)
     handlers: dict[Any, Callable[[HttpRequest, Exception], Awaitable[Response]]] = {

@@ -139,6 +139,7 @@ def _serve_until_stopped(
         embeddings=embeddings,
         media_urls=_media_url_policy(arguments),
         media_budget=MediaBudget(arguments.max_media_parts, arguments.max_media_pixels, arguments.max_audio_seconds),
+        chat_template_kwargs=arguments.chat_template_kwargs,
     )
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

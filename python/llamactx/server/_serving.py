@@ -167,6 +167,7 @@ class Serving:
         max_body_bytes: int,
         media_urls: MediaUrls | None = None,
         media_budget: MediaBudget = MediaBudget(),
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.engine = engine
         self.model = engine.model
@@ -181,6 +182,8 @@ class Serving:
         self.max_body_bytes = max_body_bytes
         self.media_urls = media_urls
         self.media_budget = media_budget
+        # Every chat's template variables, which a request's own override.
+        self.chat_template_kwargs = chat_template_kwargs or {}
         self.metrics = ServerMetrics(engine)
         self.created = int(time.time())
 
@@ -306,7 +309,8 @@ class Serving:
         name their parameter, or are the messages' or, for a tool-call constraint that cannot
         be compiled, the tools'), checked to fit a sequence, media included. The messages are
         ``messages_param`` of the body (the Responses API's ``input``); ``template_kwargs`` is
-        chat's ``chat_template_kwargs`` (its errors name it)."""
+        chat's ``chat_template_kwargs`` (its errors name it), over the server's."""
+        template_kwargs = {**self.chat_template_kwargs, **(template_kwargs or {})} or None
         try:
             chat = self.engine.prepare_chat(
                 messages,
