@@ -12,13 +12,15 @@ from typing import Any
 
 import anthropic
 import httpx
+import httpx2
 import jsonschema
 import pytest
-from support.prompts import HELPFUL
+from support.prompts import CHATML_WITH_VARIABLES, HELPFUL
 from support.serving import ENGINE_OPTIONS, MODEL_ID, Server, running_server
 from support.tool_examples import ASK_WEATHER, WEATHER
 
 import llamactx
+from llamactx.server import create_app
 from llamactx.server._anthropic_protocol import MessagesRequest
 
 API_KEY = "test-key-1234"
@@ -482,3 +484,31 @@ def test_route_and_size_errors_have_anthropics_shape(server: Server) -> None:
     route = 'llamactx_requests_total{route="/v1/messages",status="413"}'
     metrics = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
     assert f"{route} 1.0" in metrics
+
+
+def test_thinking_sets_the_chat_templates_enable_thinking(model: llamactx.LlamaModel) -> None:
+    """``thinking`` disabled renders the template with ``enable_thinking`` false (here: an empty
+    thinking block opens the reply); enabled, or left out, as llama.cpp's default (true)."""
+    options: dict[str, Any] = {"n_ctx": 1024, "n_seq_max": 1}
+    with llamactx.Engine(model, chat_template=CHATML_WITH_VARIABLES, **options) as engine:
+        expected = {
+            thinking: engine.prepare_chat(ASK, chat_template_kwargs={"enable_thinking": thinking}).n_tokens
+            for thinking in (True, False)
+        }
+        app = create_app(engine, model_id=MODEL_ID)
+
+        async def counts() -> dict[str, int]:
+            async with (
+                httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test") as http,
+                anthropic.AsyncAnthropic(base_url="http://test", api_key="unused", http_client=http) as api,
+            ):
+                found = {"absent": (await api.messages.count_tokens(model=MODEL_ID, messages=ASK)).input_tokens}
+                for kind in ("enabled", "disabled"):
+                    thinking: Any = {"type": kind, "budget_tokens": 1024} if kind == "enabled" else {"type": kind}
+                    counted = await api.messages.count_tokens(model=MODEL_ID, messages=ASK, thinking=thinking)
+                    found[kind] = counted.input_tokens
+                return found
+
+        found = asyncio.run(counts())
+    assert found == {"absent": expected[True], "enabled": expected[True], "disabled": expected[False]}
+    assert expected[False] > expected[True]

@@ -4,9 +4,10 @@ that ``Engine.prepare_chat`` takes, and the shapes of the message, its stream of
 Anthropic's error object. A body is checked once, by its pydantic model, as the OpenAI routes'
 are: a wrong type, an unknown field or a block this server cannot read (a document) is a 400
 naming its path. Image blocks become OpenAI's image parts, read as the chat endpoint reads them
-(base64 data, or a URL only a server made to fetch fetches). ``cache_control``, ``metadata``
-and ``thinking`` are accepted and ignored: the prefix cache reuses a repeated prompt unasked,
-and the reply has no thinking blocks (the model reasons as its chat template makes it)."""
+(base64 data, or a URL only a server made to fetch fetches). ``cache_control`` and
+``metadata`` are accepted and ignored: the prefix cache reuses a repeated prompt unasked.
+``thinking`` sets the chat template's ``enable_thinking`` (false when disabled), as
+``chat_template_kwargs`` does on the chat endpoint; the reply has no thinking blocks yet."""
 
 from __future__ import annotations
 
@@ -264,7 +265,8 @@ class ToolChoiceBody(_Body):
 
 
 class Thinking(_Body):
-    """Accepted and ignored (see the module's note)."""
+    """Whether the model thinks first: the chat template's ``enable_thinking`` (see the
+    module's note); the budget and the display are not used."""
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: Annotated[int, Field(ge=0)] | None = None
@@ -282,6 +284,9 @@ class ChatInputs(NamedTuple):
     tools: list[dict[str, Any]]
     tool_choice: ToolChoice
     parallel_tool_calls: bool
+    messages_param: str = "messages"
+    #: The chat template's variables (``enable_thinking``, from ``thinking``).
+    template_kwargs: dict[str, Any] | None = None
 
 
 class _Conversation(_Body):
@@ -305,6 +310,7 @@ class _Conversation(_Body):
             [tool.chat_tool() for tool in self.tools or ()],
             "auto" if choice is None else choice.chat_choice(),
             choice is None or not choice.disable_parallel_tool_use,
+            template_kwargs=None if self.thinking is None else {"enable_thinking": self.thinking.type != "disabled"},
         )
 
 
