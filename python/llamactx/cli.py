@@ -67,6 +67,8 @@ def _in_range(convert: Callable[[str], Number], low: Number, high: Number) -> Ca
 
 
 COUNT = _in_range(int, 1, INT32_MAX)
+#: A count of compute threads: at most the CPUs this process may use.
+THREADS = _in_range(int, 1, USABLE_CPUS)
 NON_NEGATIVE = _in_range(int, 0, INT32_MAX)
 PROBABILITY = _in_range(float, 0.0, 1.0)
 
@@ -402,13 +404,32 @@ def _add_chat_template_options(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_memory_options(command: argparse.ArgumentParser) -> None:
+    """llama-server's options for the context's KV cache, batches and batch threads (the
+    engine's context options: checked when it is made, status 2 for what it refuses)."""
+    memory = command.add_argument_group("memory and batches (llama-server's names)")
+    for flag, short, what in (("--cache-type-k", "-ctk", "K"), ("--cache-type-v", "-ctv", "V")):
+        memory.add_argument(
+            short,
+            flag,
+            metavar="TYPE",
+            help=f"the KV cache's {what} type: f16 (default), f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl"
+            + ("; a quantized V needs --flash-attn on or auto" if what == "V" else ""),
+        )
+    memory.add_argument("-b", "--batch-size", type=COUNT, metavar="N", help="most tokens a decode takes (n_batch)")
+    memory.add_argument("-ub", "--ubatch-size", type=COUNT, metavar="N", help="most tokens a micro-batch computes")
+    memory.add_argument(
+        "-tb",
+        "--threads-batch",
+        type=THREADS,
+        metavar="N",
+        help="threads reading prompts (default: -t)",
+    )
+
+
 def _add_threads_option(command: argparse.ArgumentParser) -> None:
     command.add_argument(
-        "-t",
-        "--threads",
-        type=_in_range(int, 1, USABLE_CPUS),
-        metavar="N",
-        help="compute threads (default: up to 4, one per CPU)",
+        "-t", "--threads", type=THREADS, metavar="N", help="compute threads (default: up to 4, one per CPU)"
     )
 
 
@@ -643,6 +664,7 @@ def _parser() -> argparse.ArgumentParser:
         help="flash attention, as llama-server's -fa (default: %(default)s, llama.cpp's choice: on for a CPU, "
         "where off can generate faster at long contexts)",
     )
+    _add_memory_options(serve)
     serve.set_defaults(run=_serve)
 
     rpc_server = commands.add_parser(

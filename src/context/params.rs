@@ -253,7 +253,16 @@ impl ContextOptions {
             params = params.with_cache_type_k(cache_type(name)?.0);
         }
         if let Some(name) = &self.cache_type_v {
-            params = params.with_cache_type_v(cache_type(name)?.0);
+            let (ggml_type, _) = cache_type(name)?;
+            // llama.cpp refuses this only after logging it, as a null context.
+            let quantized = !["f32", "f16", "bf16"].contains(&name.to_ascii_lowercase().as_str());
+            if quantized && self.flash_attn_type == Some(0) {
+                return Err(Error::value(format!(
+                    "a quantized V cache (cache_type_v={name:?}) needs flash attention: flash_attn_type=1, or -1 \
+                     (auto) where the backend has it"
+                )));
+            }
+            params = params.with_cache_type_v(ggml_type);
         }
         if let Some(offload) = self.offload_kqv {
             params = params.with_offload_kqv(offload);

@@ -941,3 +941,27 @@ def test_a_requests_chat_template_kwargs_reach_the_template(model_path: Path, mo
                     model=MODEL_ID, messages=messages, max_tokens=2, extra_body={"chat_template_kwargs": bad}
                 )
             assert refused.value.body["param"] == "chat_template_kwargs"  # type: ignore[index]
+
+
+def test_kv_cache_types_and_batch_sizes_are_the_engines_context_options(
+    model_path: Path, model: llamactx.LlamaModel
+) -> None:
+    messages: list[Any] = [{"role": "user", "content": "Name a colour."}]
+    context = {"cache_type_k": "q8_0", "cache_type_v": "q8_0", "n_batch": 256, "n_ubatch": 128, "flash_attn_type": 1}
+    context["n_threads_batch"] = 1
+    with llamactx.Engine(model, **context, **ENGINE_OPTIONS) as engine:
+        expected = engine.submit_chat(messages, max_tokens=12).result().text
+    flags = ("-ctk", "q8_0", "--cache-type-v", "q8_0", "-b", "256", "--ubatch-size", "128", "-tb", "1")
+    flags += ("--flash-attn", "on")
+    with (
+        running_server(model_path, "--no-prefix-cache", *flags) as server,
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused") as client,
+    ):
+        reply = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=12, temperature=0)
+    assert reply.choices[0].message.content == expected
+    # llama.cpp refuses a quantized V cache without flash attention only by logging it.
+    with (
+        pytest.raises(AssertionError, match=r"a quantized V cache .* needs flash attention"),
+        running_server(model_path, "--cache-type-v", "q8_0", "--flash-attn", "off"),
+    ):
+        pass

@@ -84,6 +84,14 @@ def serve(
         return 1
     options = {"n_threads": arguments.threads, "n_threads_batch": arguments.threads} if arguments.threads else {}
     options["flash_attn_type"] = arguments.flash_attn
+    given = {
+        "cache_type_k": arguments.cache_type_k,
+        "cache_type_v": arguments.cache_type_v,
+        "n_batch": arguments.batch_size,
+        "n_ubatch": arguments.ubatch_size,
+        "n_threads_batch": arguments.threads_batch,
+    }
+    options.update({name: value for name, value in given.items() if value is not None})
     with sock:
         try:
             mtmd = MtmdContext(model, arguments.mmproj, n_threads=arguments.threads) if arguments.mmproj else None
