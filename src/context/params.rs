@@ -255,7 +255,7 @@ impl ContextOptions {
         if let Some(name) = &self.cache_type_v {
             let (ggml_type, _) = cache_type(name)?;
             // llama.cpp refuses this only after logging it, as a null context.
-            let quantized = !["f32", "f16", "bf16"].contains(&name.to_ascii_lowercase().as_str());
+            let quantized = !matches!(ggml_type, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
             if quantized && self.flash_attn_type == Some(0) {
                 return Err(Error::value(format!(
                     "a quantized V cache (cache_type_v={name:?}) needs flash attention: flash_attn_type=1, or -1 \

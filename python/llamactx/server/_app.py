@@ -199,7 +199,7 @@ def create_app(
         max_body_bytes,
         None if media_urls is None else MediaUrls(media_urls),
         media_budget,
-        dict(chat_template_kwargs or {}),
+        chat_template_kwargs,
     )
     routes = _routes(serving)
     handlers: dict[Any, Callable[[HttpRequest, Exception], Awaitable[Response]]] = {

@@ -10,7 +10,7 @@ import base64
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -167,7 +167,7 @@ class Serving:
         max_body_bytes: int,
         media_urls: MediaUrls | None = None,
         media_budget: MediaBudget = MediaBudget(),
-        chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.engine = engine
         self.model = engine.model
@@ -183,7 +183,7 @@ class Serving:
         self.media_urls = media_urls
         self.media_budget = media_budget
         # Every chat's template variables, which a request's own override.
-        self.chat_template_kwargs = chat_template_kwargs or {}
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.metrics = ServerMetrics(engine)
         self.created = int(time.time())
 
