@@ -28,6 +28,8 @@ RAISES = {
     "template_looping_ten_million_times": "ChatTemplateError",
     "template_looping_for_one_message": "none",
     "template_interrupted_by_ctrl_c": "none",
+    "template_variables_nested_deeply": "none",
+    "template_looping_as_a_variable_says": "none",
     # 6, 7, 9, 12. Waiting for one request in several ways at once, or from a fork
     "request_awaited_from_two_event_loops": "none",
     "request_iterated_from_two_threads": "none",

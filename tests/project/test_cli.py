@@ -206,6 +206,11 @@ def test_chat_takes_a_chat_template_from_the_command_line_or_a_file(
     missing = run_cli("chat", QUESTION, *options, "--chat-template-file", str(tmp_path / "none.jinja"))
     assert missing.returncode == 2
     assert "cannot read the chat template" in missing.stderr
+    huge = tmp_path / "huge.jinja"
+    huge.write_bytes(b"x" * (2**20 + 1))
+    too_big = run_cli("chat", QUESTION, *options, "--chat-template-file", str(huge))
+    assert too_big.returncode == 2
+    assert "is over 1048576 bytes" in too_big.stderr
 
 
 def test_chat_takes_the_chat_templates_variables(model_path: Path, ctx: llamactx.LlamaContext) -> None:

@@ -365,6 +365,17 @@ JINJA_PIECES = st.sampled_from(
     ]
 )
 templates = st.lists(JINJA_PIECES, max_size=5).map("".join)
+# Template variables (chat_template_kwargs): JSON objects of booleans, numbers and text, or any
+# JSON text at all (an array, a string, nesting past the parser's depth), or none.
+template_variables = st.one_of(
+    st.none(),
+    st.dictionaries(
+        st.sampled_from(["enable_thinking", "n", "greeting", ""]),
+        st.one_of(st.booleans(), st.integers(-3, 3), st.text(max_size=8), st.none()),
+        max_size=3,
+    ).map(json.dumps),
+    st.sampled_from(["[]", '"x"', "{", "{}" * 2, '{"a": ' + "[" * 300 + "]" * 300 + "}"]),
+)
 
 
 def constrained_generation(kind: str, text: str, prompt: str, seq: int) -> None:
@@ -400,10 +411,13 @@ def prepared_chat(tool_list: list[Any], choice: Any, messages: list[Any], choice
         chat.reply(request.result(timeout=120).text)
 
 
-def template_chat(template: str, messages: list[Any], tool_list: list[Any], choice: str, parallel: bool) -> None:
-    """A Jinja chat template of any text, applied with any messages and tools, then parsed."""
+def template_chat(
+    template: str, messages: list[Any], tool_list: list[Any], choice: str, parallel: bool, variables: str | None
+) -> None:
+    """A Jinja chat template of any text, applied with any messages, tools and variables
+    (``chat_template_kwargs``, any JSON text), then parsed."""
     applied = llamactx._llamactx._ChatTemplates(model, template).apply(
-        json.dumps(messages), json.dumps(tool_list), choice, parallel
+        json.dumps(messages), json.dumps(tool_list), choice, parallel, variables
     )
     applied.tokens()
     sampler = applied.sampler()
@@ -804,7 +818,14 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
     ),
     "template_chat": (
         template_chat,
-        st.tuples(templates, chat_messages, tools, st.sampled_from(["auto", "none", "required", "x"]), st.booleans()),
+        st.tuples(
+            templates,
+            chat_messages,
+            tools,
+            st.sampled_from(["auto", "none", "required", "x"]),
+            st.booleans(),
+            template_variables,
+        ),
     ),
     "prepared_chat": (
         prepared_chat,

@@ -199,6 +199,37 @@ def template_interrupted_by_ctrl_c(model: llamactx.LlamaModel) -> None:
         assert ended - sent[0] < until_the_limit / 4, (ended - sent[0], until_the_limit)
 
 
+#: A template that loops as often as its variable ``n`` says (``chat_template_kwargs``).
+LOOPS_BY_A_VARIABLE = (
+    "{% for i in range(n) %}{% for j in range(n) %}{% endfor %}{% endfor %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n"
+)
+
+
+@case
+def template_variables_nested_deeply(model: llamactx.LlamaModel) -> None:
+    """Template variables are JSON a client sends: nested past serde_json's depth (128) they are
+    refused before llama.cpp's recursive parser sees them, at any depth, and the engine goes on."""
+    templates = llamactx._llamactx._ChatTemplates(model, LOOPS_BY_A_VARIABLE)
+    for depth in (200, 100_000):
+        nested = '{"n": 1, "deep": ' + "[" * depth + "]" * depth + "}"
+        with pytest.raises(ValueError, match="chat_template_kwargs must be a JSON object"):
+            templates.apply(json.dumps(QUESTION), "[]", "none", False, nested)
+    assert templates.apply(json.dumps(QUESTION), "[]", "none", False, '{"n": 1}').tokens()
+
+
+@case
+def template_looping_as_a_variable_says(model: llamactx.LlamaModel) -> None:
+    """A request's variable that makes the template loop ten billion times stops at the work
+    limit, as a template's own loop does."""
+    with llamactx.Engine(model, n_ctx=512, n_seq_max=1, chat_template=LOOPS_BY_A_VARIABLE) as engine:
+        with pytest.raises(llamactx.ChatTemplateError) as refused:
+            engine.prepare_chat(QUESTION, chat_template_kwargs={"n": 100_000})
+        assert refused.value.kind == "WorkLimit", refused.value
+        assert engine.submit_chat(QUESTION, max_tokens=4, chat_template_kwargs={"n": 1}).result().text
+
+
 # 6, 7, 9. Waiting for one request in several ways at once.
 
 
