@@ -6,9 +6,11 @@
 
 use std::sync::Arc;
 
-use llama_cpp_4::chat::{ChatApplyParams, ChatParams, ChatTemplates, PromptPart, ToolChoice};
+use llama_cpp_4::chat::{ChatApplyParams, ChatParams, ChatTemplates, PromptPart, ReasoningFormat, ToolChoice};
+use llama_cpp_4::common_sampler::{ReasoningBudget, ReasoningBudgetState};
 use llama_cpp_4::model::{AddBos, LlamaModel, Special};
 use llama_cpp_4::sampling::LlamaSampler;
+use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 
 use crate::errors::{Error, ExcClass, Result};
@@ -59,10 +61,12 @@ impl PyChatTemplates {
     /// Renders `messages` (OpenAI's, as JSON) with `tools` (JSON) for the assistant's reply;
     /// `tool_choice` is "auto", "required" or "none"; `template_kwargs` (a JSON object) are
     /// further variables of the template, llama-server's `chat_template_kwargs` (its
-    /// `enable_thinking` also tells llama.cpp whether the reply thinks). `ValueError` for what
-    /// the template cannot render; `ChatTemplateError` kind `WorkLimit` when rendering passes
-    /// the work limit.
-    #[pyo3(signature = (messages, tools, tool_choice, parallel_tool_calls, template_kwargs=None))]
+    /// `enable_thinking` also tells llama.cpp whether the reply thinks); `reasoning_format` is
+    /// one of llama-server's `--reasoning-format` choices (`_REASONING_FORMATS`): how the parser
+    /// hands back the reply's reasoning. `ValueError` for what the template cannot render or an
+    /// unknown format; `ChatTemplateError` kind `WorkLimit` when rendering passes the work limit.
+    #[pyo3(signature = (messages, tools, tool_choice, parallel_tool_calls, template_kwargs=None, reasoning_format="auto"))]
+    #[allow(clippy::too_many_arguments)] // the template's inputs, as llama-server takes them
     fn apply(
         &self,
         py: Python<'_>,
@@ -71,7 +75,9 @@ impl PyChatTemplates {
         tool_choice: String,
         parallel_tool_calls: bool,
         template_kwargs: Option<String>,
+        reasoning_format: &str,
     ) -> PyResult<PyChatApplied> {
+        let reasoning_format = reasoning_format_named(reasoning_format)?;
         detached(py, || {
             let choice = ToolChoice::parse_oaicompat(&tool_choice).map_err(chat_value_error)?;
             // As llama.cpp's server: a BOS the template writes is dropped from its text, and the
@@ -81,7 +87,8 @@ impl PyChatTemplates {
                 .with_add_bos_eos(self.model.add_bos_token(), false)
                 .with_tools(tools)
                 .with_tool_choice(choice)
-                .with_parallel_tool_calls(parallel_tool_calls);
+                .with_parallel_tool_calls(parallel_tool_calls)
+                .with_reasoning_format(reasoning_format);
             if let Some(kwargs) = template_kwargs {
                 let (enable_thinking, kwargs) = template_variables(&kwargs)?;
                 request = request
@@ -190,14 +197,79 @@ impl PyChatApplied {
     }
 
     /// OpenAI's assistant message (JSON text: `content`, `tool_calls` without ids,
-    /// `reasoning_content`) for the generated `text`. `ValueError` when it does not follow
-    /// the format.
-    fn parse(&self, py: Python<'_>, text: String) -> PyResult<String> {
-        detached(py, || self.params.parse(&text, false).map_err(chat_value_error))
+    /// `reasoning_content`) for the generated `text`; `partial` for a reply still being
+    /// generated (a tag cut short is held back, not shown). `ValueError` when it does not
+    /// follow the format.
+    #[pyo3(signature = (text, partial = false))]
+    fn parse(&self, py: Python<'_>, text: String, partial: bool) -> PyResult<String> {
+        detached(py, || self.params.parse(&text, partial).map_err(chat_value_error))
+    }
+
+    /// Whether the template's replies open a reasoning block llama.cpp knows the tags of (the
+    /// parser then splits it out, and `reasoning_budget` can bound it).
+    #[getter]
+    fn reasons(&self) -> bool {
+        self.params.supports_thinking && !self.params.thinking_start_tag.is_empty() && !self.end_tags().is_empty()
+    }
+
+    /// llama.cpp's reasoning-budget sampler stage for this reply (None where the template does
+    /// not reason): after `budget` tokens of reasoning it forces `message` and the block's
+    /// closing tag, token by token. A block the template's generation prompt opens counts from
+    /// the reply's first token. `ValueError` for a budget below 0.
+    #[pyo3(signature = (budget, message = ""))]
+    fn reasoning_budget(&self, py: Python<'_>, budget: i32, message: &str) -> PyResult<Option<PyLlamaSampler>> {
+        checked_budget(budget)?;
+        if !self.reasons() {
+            return Ok(None);
+        }
+        detached(py, || {
+            let tokens = |text: &str| -> Result<Vec<LlamaToken>> {
+                Ok(self
+                    .model
+                    .str_to_token_with_special(text, AddBos::Never, Special::Tokenize)?)
+            };
+            let end_tags = self.end_tags();
+            let ends: Vec<Vec<LlamaToken>> = end_tags.iter().map(|tag| tokens(tag)).collect::<Result<_>>()?;
+            let first_end = end_tags.first().map_or("", String::as_str);
+            let forced = tokens(&format!("{message}{first_end}"))?;
+            let starts = [tokens(&self.params.thinking_start_tag)?];
+            // Told, not fed the prompt's tokens: fed them, the sampler would count (or, for a
+            // budget of 0, skip forced tokens for) what follows the opening tag in the prompt.
+            let initial = if self.opens_block() {
+                ReasoningBudgetState::Counting
+            } else {
+                ReasoningBudgetState::Idle
+            };
+            let stage = ReasoningBudget::with_initial_state(&self.model, &starts, &ends, &forced, budget, initial)
+                .map_err(|err| Error::value(format!("the reasoning budget cannot be set up: {err}")))?
+                .into_sampler();
+            Ok(Some(PyLlamaSampler::for_model(stage, Arc::clone(&self.model))))
+        })
     }
 }
 
 impl PyChatApplied {
+    /// Whether the generation prompt leaves a reasoning block open (its last opening tag has
+    /// no closing tag after it): the reply then starts inside the block.
+    fn opens_block(&self) -> bool {
+        let prompt = self.params.generation_prompt();
+        prompt
+            .rfind(self.params.thinking_start_tag.as_str())
+            .is_some_and(|start| {
+                let after = &prompt[start + self.params.thinking_start_tag.len()..];
+                !self.end_tags().iter().any(|tag| after.contains(tag.as_str()))
+            })
+    }
+
+    /// The tags that close a reasoning block, as llama.cpp lists them.
+    fn end_tags(&self) -> Vec<String> {
+        serde_json::from_str::<Vec<String>>(&self.params.thinking_end_tags_json)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|tag| !tag.is_empty())
+            .collect()
+    }
+
     /// The eager grammar, past the generation prompt: llama.cpp's tool-call grammars match
     /// `generation prompt + output`, as its parser reads them [llama.cpp internal].
     fn prefilled(&self) -> Result<LlamaSampler> {
@@ -231,6 +303,45 @@ fn template_variables(kwargs: &str) -> Result<(bool, String)> {
     Ok((enable_thinking, serde_json::Value::Object(object).to_string()))
 }
 
+/// llama-server's `--reasoning-format` choices, by name.
+fn reasoning_format_named(name: &str) -> Result<ReasoningFormat> {
+    Ok(match name {
+        "none" => ReasoningFormat::None,
+        "auto" => ReasoningFormat::Auto,
+        "deepseek" => ReasoningFormat::DeepSeek,
+        "deepseek-legacy" => ReasoningFormat::DeepSeekLegacy,
+        other => {
+            return Err(Error::value(format!(
+                "reasoning_format must be one of {REASONING_FORMATS:?}, got {other:?}"
+            )))
+        }
+    })
+}
+
+/// The checks of `llamactx.Reasoning`'s `format` and `budget`, which `apply` and
+/// `reasoning_budget` make again: `ValueError` for an unknown format or a budget below 0.
+#[pyfunction]
+#[pyo3(name = "_check_reasoning")]
+pub fn check_reasoning(format: &str, budget: Option<i32>) -> PyResult<()> {
+    reasoning_format_named(format)?;
+    if let Some(budget) = budget {
+        checked_budget(budget)?;
+    }
+    Ok(())
+}
+
+fn checked_budget(budget: i32) -> Result<i32> {
+    if budget < 0 {
+        return Err(Error::value(format!(
+            "a reasoning budget must be at least 0 tokens, got {budget}"
+        )));
+    }
+    Ok(budget)
+}
+
+/// The names `reasoning_format_named` takes.
+pub const REASONING_FORMATS: [&str; 4] = ["none", "auto", "deepseek", "deepseek-legacy"];
+
 fn template_error(err: impl std::fmt::Display) -> Error {
     Error::llama(ExcClass::ChatTemplateError, "Init", None, err.to_string())
 }
@@ -241,7 +352,28 @@ fn chat_value_error(err: impl std::fmt::Display) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::template_variables;
+    use super::{checked_budget, reasoning_format_named, template_variables, REASONING_FORMATS};
+    use llama_cpp_4::chat::ReasoningFormat;
+
+    #[test]
+    fn reasoning_formats_are_llama_servers_names() {
+        let formats: Vec<ReasoningFormat> = REASONING_FORMATS
+            .iter()
+            .map(|name| reasoning_format_named(name).unwrap())
+            .collect();
+        assert_eq!(
+            formats,
+            [
+                ReasoningFormat::None,
+                ReasoningFormat::Auto,
+                ReasoningFormat::DeepSeek,
+                ReasoningFormat::DeepSeekLegacy
+            ]
+        );
+        assert!(reasoning_format_named("deepseek_legacy").is_err());
+        assert_eq!(checked_budget(0).unwrap(), 0);
+        assert!(checked_budget(-1).is_err());
+    }
 
     #[test]
     fn strings_go_as_their_json_text_and_enable_thinking_is_read() {

@@ -69,6 +69,7 @@ from llamactx._llamactx import (
 from llamactx._logging import set_verbose
 from llamactx._media import MediaBudget
 from llamactx._models import default_model_path
+from llamactx._reasoning import REASONING_FORMATS, Reasoning
 from llamactx._render import PreparedChat
 from llamactx._speculative import DraftModel, NgramDraft
 from llamactx._structured import generate_json
@@ -78,6 +79,7 @@ from llamactx._structured import generate_json
 logging.getLogger("llamactx").addHandler(logging.NullHandler())
 
 __all__ = [
+    "REASONING_FORMATS",
     "ApplyChatTemplateError",
     "AudioError",
     "BatchAddError",
@@ -123,6 +125,7 @@ __all__ = [
     "NgramDraft",
     "PerfContextData",
     "PreparedChat",
+    "Reasoning",
     "Request",
     "RpcError",
     "SamplerInitError",

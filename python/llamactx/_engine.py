@@ -25,6 +25,7 @@ from llamactx._llamactx import (
     _Waker,
 )
 from llamactx._media import MediaBudget, MediaPrompt
+from llamactx._reasoning import Reasoning
 from llamactx._render import ChatRenderer, Message, PreparedChat
 from llamactx._schema_check import OutputCheck
 from llamactx._speculative import Speculative
@@ -165,7 +166,8 @@ class Request:
     def message(self, timeout: float | None = None) -> dict[str, Any]:
         """OpenAI's assistant message for the result: ``content``, and for a chat submitted with
         ``tools``, the ``tool_calls`` it made (``content`` None then), each with a fresh ``id``
-        and its ``arguments`` as JSON text."""
+        and its ``arguments`` as JSON text; a thinking model's reasoning in ``reasoning_content``
+        (``Reasoning``)."""
         return self._reply(self.result(timeout).text)
 
     async def amessage(self) -> dict[str, Any]:
@@ -292,12 +294,16 @@ class Engine:
         parallel_tool_calls: bool = True,
         media_budget: MediaBudget = MediaBudget(),
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        reasoning: Reasoning = Reasoning(),
     ) -> Request:
         """``submit`` for the assistant's reply to ``messages`` (``{"role", "content"}`` dicts or
         pairs, OpenAI's assistant ``tool_calls`` and ``tool`` results included), formatted with
         the model's chat template. The messages' images and audio are read under
         ``media_budget`` (``ChatInputError``, a ``ValueError``, past it). ``chat_template_kwargs``
         are further variables of the template (llama-server's, e.g. ``{"enable_thinking": False}``).
+        ``reasoning`` (``Reasoning``) says how a thinking model's reasoning is handled:
+        ``request.message()`` has it in ``reasoning_content`` (llama.cpp's parser for the
+        template splits it out), and its budget bounds it.
 
         ``tools`` (OpenAI's function tools) with ``tool_choice`` ("auto", "required", "none" or
         ``{"type": "function", "function": {"name": ...}}``) let the reply call them:
@@ -313,6 +319,7 @@ class Engine:
             parallel_tool_calls=parallel_tool_calls,
             media_budget=media_budget,
             chat_template_kwargs=chat_template_kwargs,
+            reasoning=reasoning,
         )
         return self.submit_prepared(
             chat,
@@ -333,15 +340,17 @@ class Engine:
         parallel_tool_calls: bool = True,
         media_budget: MediaBudget = MediaBudget(),
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        reasoning: Reasoning = Reasoning(),
     ) -> PreparedChat:
         """What ``submit_chat`` submits, without submitting it: the prompt's tokens in the chat
         template (its images and audio read under ``media_budget`` and tokenized, so that
         ``n_tokens`` is the whole prompt's length), the constraint ``tools`` put on the reply,
-        the template's extra stop strings and the parser of the reply into OpenAI's message.
+        the template's extra stop strings, the reasoning's budget, and the parser of the reply into
+        OpenAI's message.
         Submit it (once or many times, e.g. for several choices) with ``submit_prepared``.
         Errors as ``submit_chat``'s."""
         return self._renderer.prepare(
-            messages, tools, tool_choice, parallel_tool_calls, self.mtmd, media_budget, chat_template_kwargs
+            messages, tools, tool_choice, parallel_tool_calls, self.mtmd, media_budget, chat_template_kwargs, reasoning
         )
 
     def submit_prepared(
@@ -359,21 +368,19 @@ class Engine:
         ``stop``, its tools' constraint (``ValueError`` when ``json_schema`` or ``grammar`` is
         given as well: the tools constrain the reply themselves), and ``request.message()``
         parsing the reply with the chat's parser. Each call starts from a copy of the chat's
-        constraint."""
+        constraint. The chat's reasoning budget bounds a reply without ``json_schema`` or
+        ``grammar`` (those constrain the reply from its first token: it does not reason)."""
         if chat.with_tools and (json_schema is not None or grammar is not None):
             raise ChatInputError(
                 "tools", "tools constrain the reply themselves: give json_schema or grammar without tools"
             )
         stops = [stop] if isinstance(stop, str) else list(stop)
+        constraint = grammar if chat.sampler is None else chat.sampler
+        if chat.reasoning_budget is not None and json_schema is None and grammar is None:
+            stages = [chat.reasoning_budget] if chat.sampler is None else [chat.sampler, chat.reasoning_budget]
+            constraint = LlamaSampler.chain(stages)
         request = self._submit(
-            chat.tokens,
-            max_tokens,
-            [*stops, *chat.stops],
-            sampling,
-            logprobs,
-            json_schema,
-            grammar if chat.sampler is None else chat.sampler,
-            chat.media,
+            chat.tokens, max_tokens, [*stops, *chat.stops], sampling, logprobs, json_schema, constraint, chat.media
         )
         request._reply = chat.reply
         return request

@@ -17,12 +17,15 @@ __version__: str
 _MAX_NGRAM: int
 #: The longest draft `DraftModel` proposes.
 _MAX_DRAFT: int
+#: llama-server's `--reasoning-format` choices, as `_ChatTemplates.apply` takes them.
+_REASONING_FORMATS: list[str]
 #: Whether llama.cpp was compiled for the building machine (-march=native) rather than a CPU level.
 NATIVE_BUILD: bool
 __all__ = [
     "NATIVE_BUILD",
     "_MAX_DRAFT",
     "_MAX_NGRAM",
+    "_REASONING_FORMATS",
     "ApplyChatTemplateError",
     "AudioError",
     "BatchAddError",
@@ -77,6 +80,7 @@ __all__ = [
     "_Waker",
     "__version__",
     "_check_prompt",
+    "_check_reasoning",
     "_check_speculative",
     "cpu_features",
     "serve_rpc",
@@ -1231,6 +1235,11 @@ class _EngineCore:
 def _check_speculative(speculative: object) -> None:
     """Checks `NgramDraft`'s and `DraftModel`'s values when they are made."""
 
+def _check_reasoning(format: str, budget: int | None) -> None:
+    """The checks of `llamactx.Reasoning`'s `format` and `budget`, which `apply` and
+    `reasoning_budget` make again: `ValueError` for an unknown format or a budget below 0.
+    """
+
 def _check_prompt(
     positions: int, n_ctx_seq: int, *, max_tokens: int = 0, images: bool = False, drafts: bool = False
 ) -> int:
@@ -1283,14 +1292,21 @@ class _ChatTemplates:
     def supports_tool_calls(self) -> bool:
         """Whether the template renders tools and tool calls (llama.cpp's capability analysis)."""
     def apply(
-        self, messages: str, tools: str, tool_choice: str, parallel_tool_calls: bool, template_kwargs: str | None = None
+        self,
+        messages: str,
+        tools: str,
+        tool_choice: str,
+        parallel_tool_calls: bool,
+        template_kwargs: str | None = None,
+        reasoning_format: str = "auto",
     ) -> _ChatApplied:
         """Renders `messages` (OpenAI's, as JSON) with `tools` (JSON) for the assistant's reply;
         `tool_choice` is "auto", "required" or "none"; `template_kwargs` (a JSON object) are
         further variables of the template, llama-server's `chat_template_kwargs` (its
-        `enable_thinking` also tells llama.cpp whether the reply thinks). `ValueError` for what
-        the template cannot render; `ChatTemplateError` kind `WorkLimit` when rendering passes
-        the work limit.
+        `enable_thinking` also tells llama.cpp whether the reply thinks); `reasoning_format` is
+        one of llama-server's `--reasoning-format` choices (`_REASONING_FORMATS`): how the parser
+        hands back the reply's reasoning. `ValueError` for what the template cannot render or an
+        unknown format; `ChatTemplateError` kind `WorkLimit` when rendering passes the work limit.
         """
 
 @final
@@ -1314,8 +1330,20 @@ class _ChatApplied:
         """
     def additional_stops(self) -> list[str]:
         """Extra stop strings the format needs."""
-    def parse(self, text: str) -> str:
+    @property
+    def reasons(self) -> bool:
+        """Whether the template's replies open a reasoning block llama.cpp knows the tags of (the
+        parser then splits it out, and `reasoning_budget` can bound it).
+        """
+    def reasoning_budget(self, budget: int, message: str = "") -> LlamaSampler | None:
+        """llama.cpp's reasoning-budget sampler stage for this reply (None where the template does
+        not reason): after `budget` tokens of reasoning it forces `message` and the block's
+        closing tag, token by token. A block the template's generation prompt opens counts from
+        the reply's first token. `ValueError` for a budget below 0.
+        """
+    def parse(self, text: str, partial: bool = False) -> str:
         """OpenAI's assistant message (JSON text: `content`, `tool_calls` without ids,
-        `reasoning_content`) for the generated `text`. `ValueError` when it does not follow
-        the format.
+        `reasoning_content`) for the generated `text`; `partial` for a reply still being
+        generated (a tag cut short is held back, not shown). `ValueError` when it does not
+        follow the format.
         """

@@ -24,6 +24,7 @@ from llamactx._llamactx import (
     _ChatTemplates,
 )
 from llamactx._media import MediaBudget, MediaPrompt, media_marker, with_media_markers
+from llamactx._reasoning import Reasoning, ReplyStream
 from llamactx._tools import (
     ChatInputError,
     Tool,
@@ -52,7 +53,8 @@ class PreparedChat:
     """A chat ready to submit (``Engine.prepare_chat``): the prompt's tokens, the reply's
     constraint as a compiled sampler stage (the template's own tool-call grammar, or the JSON
     reply protocol's schema, which ``json_schema`` then holds), extra stop strings the template's
-    format needs, and the parser from the generated text to OpenAI's assistant message."""
+    format needs, and the parser from the generated text to OpenAI's assistant message (with
+    the reply's reasoning in ``reasoning_content``, for a template whose replies reason)."""
 
     tokens: list[int]
     json_schema: dict[str, Any] | None
@@ -61,6 +63,17 @@ class PreparedChat:
     reply: Callable[[str], dict[str, Any]]
     #: The prompt with its images, when the messages hold any (``tokens`` then holds its text).
     media: MediaPrompt | None = None
+    #: The reasoning-budget sampler stage (``Reasoning.budget``), for a template whose replies
+    #: reason; ``Engine.submit_prepared`` adds it to a reply that is free text.
+    reasoning_budget: LlamaSampler | None = None
+    #: The parser a stream splits its reasoning out with (``reply_stream``); None: a stream's
+    #: text is all content.
+    stream_parser: Callable[[str, bool], str] | None = None
+
+    def reply_stream(self) -> ReplyStream:
+        """The ``ReplyStream`` of one streamed reply: its reasoning split out where the
+        template's replies reason; its content unless the reply is constrained to tool calls."""
+        return ReplyStream(self.stream_parser, content=not self.with_tools)
 
     @property
     def n_tokens(self) -> int:
@@ -93,6 +106,7 @@ class ChatRenderer:
         mtmd: MtmdContext | None = None,
         media_budget: MediaBudget = MediaBudget(),
         template_kwargs: Mapping[str, Any] | None = None,
+        reasoning: Reasoning = Reasoning(),
     ) -> PreparedChat:
         """The ``PreparedChat`` for ``messages``, with ``tools`` callable. A template that formats
         tool calls itself renders the tools, constrains calls with its own grammar and parses
@@ -102,28 +116,38 @@ class ChatRenderer:
         under ``media_budget`` (``ChatInputError`` past it) and tokenized here, once.
         ``template_kwargs`` are further variables of the template (llama-server's
         ``chat_template_kwargs``, e.g. ``enable_thinking``); ``ValueError`` for them where the
-        template does not parse (the built-in matcher that then renders has no variables)."""
+        template does not parse (the built-in matcher that then renders has no variables).
+        ``reasoning`` says how a reply's reasoning is handled, for a template whose replies
+        reason; a reply constrained by the JSON reply protocol (tools the template cannot
+        format) is JSON from its first token, and does not reason."""
         kwargs = None if template_kwargs is None else json.dumps(dict(template_kwargs))
         marker = media_marker()
         messages, media = with_media_markers(checked_messages(messages), marker, mtmd, media_budget)
         templates = self._parsed()
         if templates is not None and templates.supports_tool_calls:
-            return _native(templates, messages, tools, tool_choice, parallel_tool_calls, marker, media, kwargs)
+            return _native(
+                templates, messages, tools, tool_choice, parallel_tool_calls, marker, media, kwargs, reasoning
+            )
         planned = plan(messages, tools, tool_choice, parallel_tool_calls)
         prompt = None
+        # Compiled once here: each submit of the chat (each choice) starts from a copy.
+        # A tool's arguments are parsed from the reply, not validated: llguidance holds all of them.
+        stage = constraint_stage(self.model, planned.schema, None, checked=False).sampler
+        reply = partial(reply_message, schema=planned.schema)
         if templates is not None:
             turns = [{"role": role, "content": text} for role, text in planned.messages]
-            tokens, prompt = _prompt(templates.apply(json.dumps(turns), "[]", "none", False, kwargs), marker, media)
+            applied = templates.apply(json.dumps(turns), "[]", "none", False, kwargs, reasoning.format)
+            tokens, prompt = _prompt(applied, marker, media)
+            if planned.schema is None:
+                reasoned = partial(_reasoned_reply, applied, reply)
+                return PreparedChat(tokens, None, None, [], reasoned, prompt, *_reasoned(applied, reasoning))
         elif kwargs is not None:
             raise ValueError("this model's chat template cannot be parsed, so it takes no chat_template_kwargs")
         elif media:
             raise ValueError("this model's chat template cannot be parsed, so llamactx cannot place images in it")
         else:
             tokens = template_tokens(self.model, planned.messages, add_bos=self.model.add_bos_token())
-        # Compiled once here: each submit of the chat (each choice) starts from a copy.
-        # A tool's arguments are parsed from the reply, not validated: llguidance holds all of them.
-        stage = constraint_stage(self.model, planned.schema, None, checked=False).sampler
-        return PreparedChat(tokens, planned.schema, stage, [], partial(reply_message, schema=planned.schema), prompt)
+        return PreparedChat(tokens, planned.schema, stage, [], reply, prompt)
 
     def _parsed(self) -> _ChatTemplates | None:
         """The Jinja templates; None when the model's own does not parse (the built-in matcher
@@ -148,6 +172,7 @@ def _native(
     marker: str,
     media: list[MtmdInputChunks],
     kwargs: str | None,
+    reasoning: Reasoning,
 ) -> PreparedChat:
     """A chat through the template's own tool-call format (llama.cpp's format analysis): the
     template renders the tools, its grammar (lazy, waiting for the call's opening) keeps calls
@@ -156,11 +181,45 @@ def _native(
     mode, offered = offered_functions(tools, tool_choice)
     openai_tools = [{"type": "function", "function": function} for function in offered]
     openai_messages = [_openai_message(message) for message in checked_messages(messages)]
-    applied = templates.apply(json.dumps(openai_messages), json.dumps(openai_tools), mode, parallel_tool_calls, kwargs)
+    applied = templates.apply(
+        json.dumps(openai_messages), json.dumps(openai_tools), mode, parallel_tool_calls, kwargs, reasoning.format
+    )
     tokens, prompt = _prompt(applied, marker, media)
     return PreparedChat(
-        tokens, None, applied.sampler(), applied.additional_stops(), partial(_parsed_reply, applied), prompt
+        tokens,
+        None,
+        applied.sampler(),
+        applied.additional_stops(),
+        partial(_parsed_reply, applied),
+        prompt,
+        *_reasoned(applied, reasoning),
     )
+
+
+def _reasoned(
+    applied: _ChatApplied, reasoning: Reasoning
+) -> tuple[LlamaSampler | None, Callable[[str, bool], str] | None]:
+    """The reasoning-budget stage and the stream's parser of a rendered chat (``PreparedChat``'s
+    last fields): None, None for a template whose replies do not reason."""
+    if not applied.reasons:
+        return None, None
+    stage = None if reasoning.budget is None else applied.reasoning_budget(reasoning.budget, reasoning.budget_message)
+    return stage, applied.parse if reasoning.streams_split else None
+
+
+def _reasoned_reply(applied: _ChatApplied, reply: Callable[[str], dict[str, Any]], text: str) -> dict[str, Any]:
+    """``reply`` (the free-text reply's message) of the content llama.cpp's parser splits from
+    the reasoning, which goes into ``reasoning_content``."""
+    if not applied.reasons:
+        return reply(text)
+    try:
+        parsed = json.loads(applied.parse(text))
+    except ValueError:
+        return reply(text)
+    message = reply(parsed.get("content") or "")
+    if parsed.get("reasoning_content"):
+        message["reasoning_content"] = parsed["reasoning_content"]
+    return message
 
 
 def _prompt(applied: _ChatApplied, marker: str, media: list[MtmdInputChunks]) -> tuple[list[int], MediaPrompt | None]:

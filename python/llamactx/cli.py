@@ -33,6 +33,7 @@ from llamactx._llamactx import (
 )
 from llamactx._media import MAX_PIXELS_CEILING, MEDIA_URL_MAX_BYTES, MEDIA_URL_TIMEOUT, MediaBudget
 from llamactx._models import default_model_path
+from llamactx._reasoning import REASONING_FORMATS, Reasoning
 from llamactx._sampling import SAMPLING_DEFAULTS
 from llamactx._speculative import MAX_DRAFT, MAX_NGRAM, DraftModel, NgramDraft, Speculative
 from llamactx.bench import speeds
@@ -241,6 +242,12 @@ def _serve(arguments: argparse.Namespace) -> int:
     if arguments.allow_media_urls and not arguments.mmproj:
         print("llamactx serve: --allow-media-urls needs --mmproj, the projector that reads images", file=sys.stderr)
         return 2
+    try:
+        budget = None if arguments.reasoning_budget == -1 else arguments.reasoning_budget
+        reasoning = Reasoning(arguments.reasoning_format, budget, arguments.reasoning_budget_message)
+    except (ValueError, OverflowError) as error:
+        print(f"llamactx serve: --reasoning-budget takes -1 (unbounded) or more: {error}", file=sys.stderr)
+        return 2
     model = _load_model(arguments)
     try:
         speculative = _speculative(arguments)
@@ -248,7 +255,7 @@ def _serve(arguments: argparse.Namespace) -> int:
         print(f"llamactx serve: {error}", file=sys.stderr)
         return 2
     embeddings = embedding_context(model, 8, 512, arguments.threads) if arguments.embeddings else None
-    return serve(model, arguments, embeddings, speculative)
+    return serve(model, arguments, embeddings, speculative, reasoning)
 
 
 def _speculative(arguments: argparse.Namespace) -> Speculative | None:
@@ -401,6 +408,33 @@ def _add_chat_template_options(command: argparse.ArgumentParser) -> None:
         metavar="FILE",
         type=_template_file,
         help="render chats with the Jinja template in FILE",
+    )
+
+
+def _add_reasoning_options(command: argparse.ArgumentParser) -> None:
+    """llama-server's options for a thinking model's reasoning (``Reasoning``)."""
+    reasoning = command.add_argument_group("reasoning of thinking models (llama-server's names)")
+    reasoning.add_argument(
+        "--reasoning-format",
+        choices=REASONING_FORMATS,
+        default="auto",
+        help="how a reply's reasoning comes back: none leaves it in the content; auto and deepseek put it "
+        "in reasoning_content (streamed as its own deltas); deepseek-legacy splits it too, but streams it inline "
+        "in the content (default: auto)",
+    )
+    reasoning.add_argument(
+        "--reasoning-budget",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="most tokens a reply may reason: then the reasoning is closed for it (-1: unbounded, the default; "
+        "0: at once)",
+    )
+    reasoning.add_argument(
+        "--reasoning-budget-message",
+        default="",
+        metavar="MESSAGE",
+        help="text forced before the closing tag when the budget ends a reply's reasoning",
     )
 
 
@@ -665,6 +699,7 @@ def _parser() -> argparse.ArgumentParser:
         "where off can generate faster at long contexts)",
     )
     _add_memory_options(serve)
+    _add_reasoning_options(serve)
     serve.set_defaults(run=_serve)
 
     rpc_server = commands.add_parser(

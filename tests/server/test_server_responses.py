@@ -496,7 +496,7 @@ def test_what_is_accepted_and_echoed(api: openai.OpenAI) -> None:
         "none",
     )
     assert response.reasoning is not None
-    assert response.reasoning.effort is None  # ignored: no reasoning items
+    assert response.reasoning.effort == "low"  # the template's reasoning_effort (test_server_reasoning.py)
     assert response.text is not None
     assert response.text.format.type == "text"
     assert api.responses.retrieve(response.id).to_dict()["store"] is True

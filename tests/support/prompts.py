@@ -13,6 +13,11 @@ HELPFUL = "You are a helpful assistant."
 #: A ChatML chat template written for the tests, with a tool-call format of its own (the
 #: ``<tool_call>`` style), so that tools go through llama.cpp's format analysis.
 TOOL_TEMPLATE = (Path(__file__).resolve().parent / "templates" / "chatml_tools.jinja").read_text()
+#: ChatML whose replies reason first: the generation prompt opens a ``<think>`` block (closed
+#: empty when ``enable_thinking`` is false), and earlier replies show their ``reasoning_content``
+#: in one, so that llama.cpp's analysis finds the reasoning tags (as DeepSeek-R1's template); a
+#: ``reasoning_effort`` variable is a system turn.
+THINKING_TEMPLATE = (Path(__file__).resolve().parent / "templates" / "thinking.jinja").read_text()
 #: ChatML without the default system turn SmolLM2's own template adds: a chat_template that
 #: renders the same messages to another prompt.
 PLAIN_CHATML = (

@@ -6,7 +6,8 @@ The app gives these routes' errors Anthropic's shape (``anthropic_error``)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
@@ -66,7 +67,8 @@ class Messages:
         if completions is None:
             return Response(status_code=CLIENT_GONE)
         (completion,) = completions
-        return JSONResponse(self._message(envelope, chat, stops, completion), headers={"request-id": envelope.id})
+        message = self._message(envelope, chat.reply(completion.text), stops, completion)
+        return JSONResponse(message, headers={"request-id": envelope.id})
 
     async def count_tokens(self, http: HttpRequest) -> Response:
         body = await self.serving._body(http, CountTokensRequest)
@@ -81,36 +83,41 @@ class Messages:
         return JSONResponse(counted)
 
     def _message(
-        self, envelope: MessageEnvelope, chat: PreparedChat, stops: Sequence[str], completion: Completion
+        self, envelope: MessageEnvelope, reply: dict[str, Any], stops: Sequence[str], completion: Completion
     ) -> MessageObject:
-        content = content_blocks(chat.reply(completion.text))
-        return envelope.finished(content, completion, _matched_stop(self.serving.model, completion, stops))
+        """The message of ``reply`` (the chat's parsed reply, OpenAI's message)."""
+        return envelope.finished(
+            content_blocks(reply), completion, _matched_stop(self.serving.model, completion, stops)
+        )
 
     async def _events(
         self, envelope: MessageEnvelope, chat: PreparedChat, stops: Sequence[str], generations: list[_Generation]
     ) -> AsyncIterator[str]:
-        """Anthropic's stream: the message started; its text as generated, in one text block
-        opened by the first text (a reply that may call tools is only known whole, so its blocks
-        come at its end); its stop reason and usage; the message stopped. A failure is an
-        ``error`` event. Leaving early (the client went away) cancels the request."""
-        texts = not chat.with_tools
-        opened = False
+        """Anthropic's stream: the message started; its reasoning and its text as generated,
+        each in a block opened by its first piece (a thinking block, then a text block; a reply
+        that may call tools is only known whole, so its text and calls come at its end); its
+        stop reason and usage; the message stopped. A failure is an ``error`` event. Leaving
+        early (the client went away) cancels the request."""
+        stream = chat.reply_stream()
+        blocks = _OpenBlocks()
         try:
             yield event("message_start", message=envelope.started(chat.n_tokens))
             async for _, (text, _logprobs) in _merged(generations):
-                if texts and text:
-                    if not opened:
-                        yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-                        opened = True
-                    yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+                for line in blocks.pieces(stream.feed(text)):
+                    yield line
             completions = [await generation.request for generation in generations]
             await self.serving._finished(envelope, generations, completions)
             (completion,) = completions
-            message = self._message(envelope, chat, stops, completion)
-            if opened:
-                yield event("content_block_stop", index=0)
-            elif not texts:
-                for index, block in enumerate(message["content"]):
+            reply = chat.reply(completion.text)
+            message = self._message(envelope, reply, stops, completion)
+            for line in blocks.pieces(stream.rest(reply)):
+                yield line
+            for line in blocks.close():
+                yield line
+            if chat.with_tools:
+                streamed = "thinking" if stream.splits_reasoning else None
+                whole = [block for block in message["content"] if block["type"] != streamed]
+                for index, block in enumerate(whole, start=blocks.count):
                     for line in block_events(index, block):
                         yield line
             delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
@@ -124,6 +131,44 @@ class Messages:
         finally:
             for generation in generations:
                 generation.request.cancel()
+
+
+class _OpenBlocks:
+    """The content blocks a stream opens as its pieces come: a thinking block for reasoning, a
+    text block for text, each opened by its first piece and stopped when the other kind comes
+    or the reply ends; ``count`` blocks are stopped."""
+
+    #: Each piece's block: its type, and its delta's type.
+    KINDS: ClassVar[dict[str, tuple[str, str]]] = {
+        "reasoning_content": ("thinking", "thinking_delta"),
+        "content": ("text", "text_delta"),
+    }
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.open: str | None = None
+
+    def pieces(self, deltas: Mapping[str, str]) -> Iterator[str]:
+        """The events of ``deltas`` (a ``ReasoningStream``'s, or the text as ``content``)."""
+        for key, text in deltas.items():
+            if not text:
+                continue
+            kind, delta = self.KINDS[key]
+            if self.open != key:
+                yield from self.close()
+                opened: dict[str, str] = {"type": kind, kind: ""}
+                if kind == "thinking":
+                    opened["signature"] = ""
+                yield event("content_block_start", index=self.count, content_block=opened)
+                self.open = key
+            yield event("content_block_delta", index=self.count, delta={"type": delta, kind: text})
+
+    def close(self) -> Iterator[str]:
+        """The open block's end, if one is open."""
+        if self.open is not None:
+            yield event("content_block_stop", index=self.count)
+            self.count += 1
+            self.open = None
 
 
 def _matched_stop(model: LlamaModel, completion: Completion, stops: Sequence[str]) -> str | None:

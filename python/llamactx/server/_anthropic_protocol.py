@@ -7,7 +7,10 @@ naming its path. Image blocks become OpenAI's image parts, read as the chat endp
 (base64 data, or a URL only a server made to fetch fetches). ``cache_control`` and
 ``metadata`` are accepted and ignored: the prefix cache reuses a repeated prompt unasked.
 ``thinking`` sets the chat template's ``enable_thinking`` (false when disabled), as
-``chat_template_kwargs`` does on the chat endpoint; the reply has no thinking blocks yet."""
+``chat_template_kwargs`` does on the chat endpoint, and its ``budget_tokens`` the reasoning's
+budget. A thinking model's reasoning (``reasoning_content``, llama.cpp's parser splits it out)
+is a ``thinking`` block before the text, with an empty signature (nothing signs it); an earlier
+reply's thinking blocks go back to the template as that turn's ``reasoning_content``."""
 
 from __future__ import annotations
 
@@ -120,6 +123,14 @@ class ToolUseBlock(_Body):
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": json.dumps(self.input)}}
 
 
+class ThinkingBlock(_Body):
+    """The reasoning of an earlier reply (its signature is not checked: nothing signs it here)."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
 class ToolResultBlock(_Body):
     """What the tool of call ``tool_use_id`` returned."""
 
@@ -160,11 +171,13 @@ UserBlock = Annotated[
     ),
 ]
 AssistantBlock = Annotated[
-    Annotated[TextBlock, Tag("type=text")] | Annotated[ToolUseBlock, Tag("type=tool_use")],
+    Annotated[TextBlock, Tag("type=text")]
+    | Annotated[ToolUseBlock, Tag("type=tool_use")]
+    | Annotated[ThinkingBlock, Tag("type=thinking")],
     Discriminator(
         _tagged("type"),
         custom_error_type="content_block",
-        custom_error_message="an assistant message's content blocks are of type text or tool_use",
+        custom_error_message="an assistant message's content blocks are of type text, tool_use or thinking",
     ),
 ]
 
@@ -204,15 +217,18 @@ class AssistantMessage(_Body):
     ]
 
     def chat_messages(self) -> list[dict[str, Any]]:
-        """The turn as OpenAI's assistant message: its text parts (None without any) and its
-        calls."""
+        """The turn as OpenAI's assistant message: its text parts (None without any), its
+        calls and its reasoning."""
         if isinstance(self.content, str):
             return [{"role": "assistant", "content": self.content}]
         texts = _text([block for block in self.content if isinstance(block, TextBlock)])
         calls = [block.chat_call() for block in self.content if isinstance(block, ToolUseBlock)]
+        reasoning = "".join(block.thinking for block in self.content if isinstance(block, ThinkingBlock))
         message: dict[str, Any] = {"role": "assistant", "content": texts or None}
         if calls:
             message["tool_calls"] = calls
+        if reasoning:
+            message["reasoning_content"] = reasoning
         return [message]
 
 
@@ -265,11 +281,11 @@ class ToolChoiceBody(_Body):
 
 
 class Thinking(_Body):
-    """Whether the model thinks first: the chat template's ``enable_thinking`` (see the
-    module's note); the budget and the display are not used."""
+    """Whether the model thinks first: the chat template's ``enable_thinking``, and how many
+    tokens it may think (see the module's note); the display is not used."""
 
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: Annotated[int, Field(ge=0)] | None = None
+    budget_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
     display: Literal["summarized", "omitted"] | None = None
 
 
@@ -287,6 +303,8 @@ class ChatInputs(NamedTuple):
     messages_param: str = "messages"
     #: The chat template's variables (``enable_thinking``, from ``thinking``).
     template_kwargs: dict[str, Any] | None = None
+    #: The reasoning's budget in tokens (``thinking.budget_tokens``; None: the server's).
+    reasoning_budget: int | None = None
 
 
 class _Conversation(_Body):
@@ -311,6 +329,9 @@ class _Conversation(_Body):
             "auto" if choice is None else choice.chat_choice(),
             choice is None or not choice.disable_parallel_tool_use,
             template_kwargs=None if self.thinking is None else {"enable_thinking": self.thinking.type != "disabled"},
+            reasoning_budget=None
+            if self.thinking is None or self.thinking.type != "enabled"
+            else self.thinking.budget_tokens,
         )
 
 
@@ -350,7 +371,13 @@ class ToolUseContent(TypedDict):
     input: dict[str, Any]
 
 
-ContentBlock = TextContent | ToolUseContent
+class ThinkingContent(TypedDict):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+ContentBlock = TextContent | ToolUseContent | ThinkingContent
 
 
 class MessageUsage(TypedDict):
@@ -395,9 +422,13 @@ class ErrorObject(TypedDict):
 
 
 def content_blocks(reply: dict[str, Any]) -> list[ContentBlock]:
-    """OpenAI's assistant message (the chat's parsed reply) as content blocks: its text, if
-    any, then its calls."""
-    blocks: list[ContentBlock] = [{"type": "text", "text": reply["content"]}] if reply.get("content") else []
+    """OpenAI's assistant message (the chat's parsed reply) as content blocks: its reasoning
+    and its text, each if any, then its calls."""
+    blocks: list[ContentBlock] = []
+    if reply.get("reasoning_content"):
+        blocks.append({"type": "thinking", "thinking": reply["reasoning_content"], "signature": ""})
+    if reply.get("content"):
+        blocks.append({"type": "text", "text": reply["content"]})
     for call in reply.get("tool_calls") or ():
         function = call["function"]
         blocks.append({"type": "tool_use", "id": call["id"], "name": function["name"], "input": _input(function)})
@@ -477,11 +508,14 @@ def event(name: str, **data: Any) -> str:
 
 
 def block_events(index: int, block: ContentBlock) -> list[str]:
-    """A whole content block as the events of a stream: started empty, its text or its input
-    (as JSON) in one delta, stopped."""
+    """A whole content block as the events of a stream: started empty, its text, reasoning or
+    input (as JSON) in one delta, stopped."""
     if block["type"] == "text":
         opened: dict[str, Any] = {"type": "text", "text": ""}
         delta = {"type": "text_delta", "text": block["text"]}
+    elif block["type"] == "thinking":
+        opened = {"type": "thinking", "thinking": "", "signature": ""}
+        delta = {"type": "thinking_delta", "thinking": block["thinking"]}
     else:
         opened = {**block, "input": {}}
         delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from llamactx._engine import Engine
 from llamactx._llamactx import LlamaContext
 from llamactx._media import MediaBudget
+from llamactx._reasoning import Reasoning
 from llamactx.server._anthropic import Messages
 from llamactx.server._anthropic_protocol import anthropic_error
 from llamactx.server._media_urls import MediaUrlPolicy, MediaUrls
@@ -158,6 +159,7 @@ def create_app(
     media_urls: MediaUrlPolicy | None = None,
     media_budget: MediaBudget = MediaBudget(),
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    reasoning: Reasoning = Reasoning(),
 ) -> Starlette:
     """An ASGI application serving OpenAI's API with ``engine``: ``/v1/models``,
     ``/v1/completions``, ``/v1/chat/completions`` (streamed as server-sent events or not),
@@ -181,7 +183,12 @@ def create_app(
     included, is a 400 ``context_length_exceeded`` before any image is encoded.
     ``chat_template_kwargs`` are variables of the chat template for every chat, on every API
     (llama-server's ``--chat-template-kwargs``); a chat request's own ``chat_template_kwargs``
-    override them one by one. The app does not
+    override them one by one. ``reasoning`` is how every chat's reasoning is handled, for a
+    thinking model's template (llama-server's ``--reasoning-format`` and ``--reasoning-budget``):
+    split into the message's ``reasoning_content`` (streamed as deltas of their own), Anthropic's
+    ``thinking`` blocks and the Responses API's ``reasoning`` items; a chat request's
+    ``reasoning_format`` overrides its format, Anthropic's ``thinking.budget_tokens`` its budget.
+    The app does not
     own the engine:
     close it when the app is done. Mount it in another Starlette or FastAPI app as any ASGI app.
     """
@@ -200,6 +207,7 @@ def create_app(
         None if media_urls is None else MediaUrls(media_urls),
         media_budget,
         chat_template_kwargs,
+        reasoning,
     )
     routes = _routes(serving)
     handlers: dict[Any, Callable[[HttpRequest, Exception], Awaitable[Response]]] = {

@@ -279,6 +279,9 @@ class ChatRequest(SamplingBody):
     parallel_tool_calls: bool = True
     #: llama-server's extra variables of the chat template (e.g. ``enable_thinking``).
     chat_template_kwargs: dict[str, Any] | None = None
+    #: llama-server's: how this reply's reasoning comes back (``REASONING_FORMATS``; default:
+    #: the server's ``--reasoning-format``).
+    reasoning_format: str | None = None
 
     @model_validator(mode="after")
     def _logprobs_asked(self) -> ChatRequest:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
@@ -18,18 +19,18 @@ from starlette.responses import JSONResponse, Response
 from llamactx._llamactx import Completion
 from llamactx._render import PreparedChat
 from llamactx.server._protocol import ApiError
-from llamactx.server._responses_protocol import (
-    InputItem,
+from llamactx.server._responses_output import (
+    ItemIds,
     OutputItem,
     ResponseEnvelope,
     ResponseEvents,
     ResponseObject,
-    ResponseRequest,
-    chat_messages,
+    TextItem,
     conversation_items,
-    message_item,
     output_items,
+    text_item,
 )
+from llamactx.server._responses_protocol import InputItem, ResponseRequest, chat_messages
 from llamactx.server._serving import CLIENT_GONE, UNLIMITED, Serving, _Generation, _merged, event_stream, openai_error
 
 __all__ = ["MAX_STORED_BYTES", "MAX_STORED_RESPONSES", "ResponseStore", "Responses", "StoredResponse"]
@@ -116,6 +117,7 @@ class Responses:
                 body.chat_tool_choice(),
                 body.parallel_tool_calls is not False,
                 messages_param="input",
+                template_kwargs=body.template_kwargs(),
             )
             generations = serving._submitted(
                 sampling,
@@ -136,7 +138,7 @@ class Responses:
         if completions is None:
             return Response(status_code=CLIENT_GONE)
         (completion,) = completions
-        output = output_items(chat.reply(completion.text), envelope.message_id, _message_status(completion))
+        output = output_items(chat.reply(completion.text), envelope.item_ids, _message_status(completion))
         return JSONResponse(
             self._answered(envelope, conversation, output, completion), headers={"X-Request-Id": envelope.id}
         )
@@ -179,7 +181,9 @@ class Responses:
         completion: Completion,
     ) -> ResponseObject:
         """The finished response, kept unless the request said ``store: false``."""
-        response = envelope.finished(output, completion)
+        reasoning = "".join(part["text"] for item in output if item["type"] == "reasoning" for part in item["content"])
+        reasoning_tokens = len(self.serving.model.str_to_token(reasoning, False)) if reasoning else 0
+        response = envelope.finished(output, completion, reasoning_tokens)
         if envelope.body.store is not False:
             self.store.put(StoredResponse(response, (*conversation, *conversation_items(output))))
         return response
@@ -192,34 +196,40 @@ class Responses:
         conversation: list[InputItem],
     ) -> AsyncIterator[str]:
         """The Responses stream: the response created and in progress, its output items as
-        they are generated (a reply that may call tools is only known whole, so its items come at
-        its end), then the response completed or incomplete; a failure is an ``error`` event and
-        the response failed. Leaving early (the client went away) cancels the request."""
+        they are generated (its reasoning, then its message; a reply that may call tools is only
+        known whole, so its message and calls come at its end), then the response completed or
+        incomplete; a failure is an ``error`` event and the response failed. Leaving early (the
+        client went away) cancels the request."""
         events = ResponseEvents()
-        texts = not chat.with_tools
+        stream = chat.reply_stream()
+        items = _StreamedItems(events, envelope.item_ids)
         try:
             started = envelope.snapshot("in_progress", [])
             yield events.event("response.created", response=started)
             yield events.event("response.in_progress", response=started)
-            if texts:
-                for line in events.message_opened(0, envelope.message_id):
-                    yield line
             async for _, (text, _logprobs) in _merged(generations):
-                if texts and text:
-                    yield events.text_delta(0, envelope.message_id, text)
+                for line in items.pieces(stream.feed(text)):
+                    yield line
             completions = [await generation.request for generation in generations]
             await self.serving._finished(envelope, generations, completions)
             (completion,) = completions
             status = _message_status(completion)
-            if texts:
-                message = message_item(envelope.message_id, completion.text, status)
-                output: list[OutputItem] = [message]
-                closing = events.message_closed(0, message)
-            else:
-                output = output_items(chat.reply(completion.text), envelope.message_id, status)
-                closing = [line for index, item in enumerate(output) for line in events.item(index, item)]
-            for line in closing:
+            reply = chat.reply(completion.text)
+            for line in items.pieces(stream.rest(reply)):
                 yield line
+            if not chat.with_tools:
+                for line in items.pieces({"content": ""}):  # a reply without text still has its message
+                    yield line
+            for line in items.close(status):
+                yield line
+            output = items.output
+            if chat.with_tools:
+                streamed = "reasoning" if stream.splits_reasoning else None
+                rest = [item for item in output_items(reply, envelope.item_ids, status) if item["type"] != streamed]
+                for index, item in enumerate(rest, start=len(output)):
+                    for line in events.item(index, item):
+                        yield line
+                output = [*output, *rest]
             response = self._answered(envelope, conversation, output, completion)
             yield events.event(f"response.{response['status']}", response=response)
         except Exception as error:
@@ -231,6 +241,53 @@ class Responses:
         finally:
             for generation in generations:
                 generation.request.cancel()
+
+
+class _StreamedItems:
+    """The output items a stream opens as its pieces come (a ``ReplyStream``'s deltas): a
+    reasoning item for reasoning, a message for text, each opened by its first piece and closed,
+    whole, when the other kind comes or the reply ends (``output``). A kind comes once: a piece
+    of a kind already closed is not sent (a parser does not write reasoning after the text)."""
+
+    KINDS: ClassVar[dict[str, Literal["message", "reasoning"]]] = {
+        "reasoning_content": "reasoning",
+        "content": "message",
+    }
+
+    def __init__(self, events: ResponseEvents, ids: ItemIds) -> None:
+        self.events = events
+        self.ids = ids
+        self.output: list[OutputItem] = []
+        self.open: Literal["message", "reasoning"] | None = None
+        self.text = ""
+
+    def pieces(self, deltas: Mapping[str, str]) -> Iterator[str]:
+        for key, text in deltas.items():
+            kind = self.KINDS[key]
+            if kind != self.open:
+                if any(item["type"] == kind for item in self.output) or not (text or kind == "message"):
+                    continue
+                yield from self.close("completed")
+                yield from self.events.opened(len(self.output), kind, self._id(kind))
+                self.open, self.text = kind, ""
+            if text:
+                self.text += text
+                yield self.events.delta(len(self.output), kind, self._id(kind), text)
+
+    def close(self, status: str) -> Iterator[str]:
+        """The open item's end; ``status`` is a message's (a reasoning item closed by the end of
+        the reply is "completed" too)."""
+        if self.open is None:
+            return
+        item: TextItem = text_item(
+            self.open, self._id(self.open), self.text, status if self.open == "message" else "completed"
+        )
+        yield from self.events.closed(len(self.output), item)
+        self.output.append(item)
+        self.open = None
+
+    def _id(self, kind: Literal["message", "reasoning"]) -> str:
+        return self.ids.message if kind == "message" else self.ids.reasoning
 
 
 def _message_status(completion: Completion) -> str:

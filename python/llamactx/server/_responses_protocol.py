@@ -1,20 +1,16 @@
-"""OpenAI's Responses API as this server speaks it: the request body (``POST /v1/responses``), its
-input items as the chat messages ``Engine.prepare_chat`` takes, and the shapes of the response
-object and of its server-sent events. The body is checked once, by its pydantic model, as the
+"""OpenAI's Responses API's requests as this server reads them: the request body
+(``POST /v1/responses``) and its input items as the chat messages ``Engine.prepare_chat`` takes
+(what goes back is ``_responses_output``'s). The body is checked once, by its pydantic model, as the
 chat endpoint's is: a wrong type, an unknown field or an item this server cannot read (an image,
 a file, a tool other than a function) is a 400 naming its path."""
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from llamactx._llamactx import Completion
 from llamactx._tools import ToolChoice
 from llamactx.server._protocol import (
     ApiError,
@@ -32,15 +28,9 @@ __all__ = [
     "FunctionCallOutputItem",
     "InputItem",
     "MessageItem",
-    "OutputItem",
-    "ResponseEnvelope",
-    "ResponseEvents",
-    "ResponseObject",
+    "ReasoningItem",
     "ResponseRequest",
     "chat_messages",
-    "conversation_items",
-    "message_item",
-    "output_items",
 ]
 
 #: Content parts this server does not read: refused, naming the part.
@@ -164,14 +154,39 @@ class FunctionCallOutputItem(_Body):
     status: str | None = None
 
 
+class ReasoningText(_Body):
+    """A reasoning item's text (``reasoning_text``), or its summary's (``summary_text``)."""
+
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(_Body):
+    """The reasoning of an earlier reply, as a client sends back a response's output: its text
+    goes back to the template as that turn's ``reasoning_content`` (a summary, or encrypted
+    content, which this server never writes, are accepted and not read)."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        return "".join(part.text for part in self.content or () if part.type == "reasoning_text")
+
+
 InputItem = Annotated[
     Annotated[MessageItem, Tag("type=message")]
     | Annotated[FunctionCallItem, Tag("type=function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("type=function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("type=function_call_output")]
+    | Annotated[ReasoningItem, Tag("type=reasoning")],
     Discriminator(
         _item_kind,
         custom_error_type="input_item",
-        custom_error_message="an input item is an object of type message, function_call or function_call_output",
+        custom_error_message="an input item is an object of type message, function_call, function_call_output "
+        "or reasoning",
     ),
 ]
 
@@ -232,11 +247,12 @@ class TextConfig(_Body):
     format: TextFormat = TextFormat(type="text")
 
 
-class Reasoning(_Body):
-    """Accepted and ignored: the model reasons as its chat template makes it, and the output has
-    no reasoning items."""
+class ReasoningConfig(_Body):
+    """``effort`` is the chat template's ``reasoning_effort`` (as llama-server's
+    ``--reasoning-effort``: templates that read it, GPT-OSS's for one, think that much); a
+    summary is not written: the output's reasoning item holds the reasoning itself."""
 
-    effort: str | None = None
+    effort: Annotated[str, Field(max_length=32)] | None = None
     summary: str | None = None
     generate_summary: str | None = None
 
@@ -270,7 +286,7 @@ class ResponseRequest(_Body):
     ) = None
     user: str | None = None
     truncation: Literal["disabled"] | None = None
-    reasoning: Reasoning | None = None
+    reasoning: ReasoningConfig | None = None
 
     def input_items(self) -> list[InputItem]:
         """``input`` as items: a text is the user's message."""
@@ -294,19 +310,32 @@ class ResponseRequest(_Body):
     def chat_tools(self) -> list[dict[str, Any]]:
         return [tool.chat_tool() for tool in self.tools or ()]
 
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """The chat template's variables: ``reasoning_effort``, when ``reasoning`` sets one."""
+        effort = None if self.reasoning is None else self.reasoning.effort
+        return None if effort is None else {"reasoning_effort": effort}
+
     def chat_tool_choice(self) -> ToolChoice:
         choice = self.tool_choice or "auto"
         return choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
 
 
 def chat_messages(instructions: str | None, items: Sequence[InputItem]) -> list[dict[str, Any]]:
-    """``instructions`` (a system message) and ``items`` as OpenAI's chat messages: function
-    calls join the assistant message before them (or make one), and their outputs are ``tool``
-    messages."""
+    """``instructions`` (a system message) and ``items`` as OpenAI's chat messages: reasoning
+    opens an assistant message (its ``reasoning_content``) that the reply's text and calls after
+    it join; function calls join the assistant message before them (or make one), and their
+    outputs are ``tool`` messages."""
     messages: list[dict[str, Any]] = [] if instructions is None else [{"role": "system", "content": instructions}]
     for item in items:
-        if isinstance(item, MessageItem):
-            messages.append({"role": item.role, "content": _chat_content(item.content)})
+        if isinstance(item, ReasoningItem):
+            messages.append({"role": "assistant", "content": None, "reasoning_content": item.text()})
+        elif isinstance(item, MessageItem):
+            last = messages[-1] if messages else {}
+            reasoning_only = last.keys() == {"role", "content", "reasoning_content"} and last["content"] is None
+            if item.role == "assistant" and reasoning_only:
+                last["content"] = _chat_content(item.content)  # the reply after its reasoning
+            else:
+                messages.append({"role": item.role, "content": _chat_content(item.content)})
         elif isinstance(item, FunctionCallOutputItem):
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
         else:
@@ -320,287 +349,3 @@ def chat_messages(instructions: str | None, items: Sequence[InputItem]) -> list[
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     return messages
-
-
-class OutputText(TypedDict):
-    type: Literal["output_text"]
-    text: str
-    annotations: list[Any]
-
-
-class OutputMessage(TypedDict):
-    type: Literal["message"]
-    id: str
-    status: str
-    role: Literal["assistant"]
-    content: list[OutputText]
-
-
-class OutputFunctionCall(TypedDict):
-    type: Literal["function_call"]
-    id: str
-    call_id: str
-    name: str
-    arguments: str
-    status: str
-
-
-OutputItem = OutputMessage | OutputFunctionCall
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def message_item(message_id: str, text: str, status: str) -> OutputMessage:
-    """The reply's ``text`` as a message item."""
-    part: OutputText = {"type": "output_text", "text": text, "annotations": []}
-    return {"type": "message", "id": message_id, "status": status, "role": "assistant", "content": [part]}
-
-
-def output_items(reply: dict[str, Any], message_id: str, status: str) -> list[OutputItem]:
-    """The chat's assistant ``reply`` as output items: its text (``message_id``; an empty text
-    when it only calls tools is left out), then a ``function_call`` per call. ``status`` is the
-    message's: "incomplete" when the reply was cut."""
-    calls = reply.get("tool_calls") or []
-    items: list[OutputItem] = []
-    if reply.get("content") or not calls:
-        items.append(message_item(message_id, reply.get("content") or "", status))
-    for call in calls:
-        function = call["function"]
-        items.append(
-            {
-                "type": "function_call",
-                "id": new_id("fc"),
-                "call_id": call["id"],
-                "name": function["name"],
-                "arguments": function["arguments"],
-                "status": "completed",
-            }
-        )
-    return items
-
-
-def conversation_items(items: Sequence[OutputItem]) -> list[InputItem]:
-    """Output items as the input items that continue their conversation."""
-    continued: list[InputItem] = []
-    for item in items:
-        if item["type"] == "message":
-            continued.append(MessageItem(role="assistant", content="".join(part["text"] for part in item["content"])))
-        else:
-            continued.append(
-                FunctionCallItem(
-                    type="function_call", call_id=item["call_id"], name=item["name"], arguments=item["arguments"]
-                )
-            )
-    return continued
-
-
-class InputTokensDetails(TypedDict):
-    cached_tokens: int
-
-
-class OutputTokensDetails(TypedDict):
-    reasoning_tokens: int
-
-
-class ResponseUsage(TypedDict):
-    input_tokens: int
-    input_tokens_details: InputTokensDetails
-    output_tokens: int
-    output_tokens_details: OutputTokensDetails
-    total_tokens: int
-
-
-class IncompleteDetails(TypedDict):
-    reason: Literal["max_output_tokens"]
-
-
-class ResponseError(TypedDict):
-    code: str
-    message: str
-
-
-class ResponseObject(TypedDict):
-    """A response, whole or as a stream's snapshot, with the request's settings."""
-
-    id: str
-    object: Literal["response"]
-    created_at: int
-    status: Literal["in_progress", "completed", "incomplete", "failed"]
-    error: ResponseError | None
-    incomplete_details: IncompleteDetails | None
-    model: str
-    output: list[OutputItem]
-    usage: ResponseUsage | None
-    instructions: str | None
-    max_output_tokens: int | None
-    temperature: float
-    top_p: float
-    tools: list[dict[str, Any]]
-    tool_choice: str | dict[str, Any]
-    parallel_tool_calls: bool
-    previous_response_id: str | None
-    reasoning: dict[str, Any]
-    store: bool
-    text: dict[str, Any]
-    truncation: Literal["disabled"]
-    metadata: dict[str, str]
-    user: str | None
-
-
-def usage(completion: Completion) -> ResponseUsage:
-    return {
-        "input_tokens": completion.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": completion.cached_tokens},
-        "output_tokens": completion.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
-    }
-
-
-class ResponseEnvelope:
-    """What every snapshot of one response shares: its id, creation time and model, and the
-    request's settings, echoed as OpenAI echoes them (the sampling values in effect)."""
-
-    def __init__(self, body: ResponseRequest, sampling: SamplingBody, model_id: str) -> None:
-        self.id = new_id("resp")
-        self.message_id = new_id("msg")
-        self.created_at = int(time.time())
-        self.model_id = model_id
-        self.body = body
-        self.sampling = sampling
-
-    def snapshot(
-        self,
-        status: Literal["in_progress", "completed", "incomplete", "failed"],
-        output: list[OutputItem],
-        completion: Completion | None = None,
-        error: ResponseError | None = None,
-    ) -> ResponseObject:
-        body = self.body
-        tool_choice = body.tool_choice or "auto"
-        return {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created_at,
-            "status": status,
-            "error": error,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "model": self.model_id,
-            "output": output,
-            "usage": None if completion is None else usage(completion),
-            "instructions": body.instructions,
-            "max_output_tokens": body.max_output_tokens,
-            "temperature": self.sampling.temperature,
-            "top_p": self.sampling.top_p,
-            "tools": [tool.model_dump() for tool in body.tools or ()],
-            "tool_choice": tool_choice if isinstance(tool_choice, str) else tool_choice.model_dump(),
-            "parallel_tool_calls": body.parallel_tool_calls is not False,
-            "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": None, "summary": None},
-            "store": body.store is not False,
-            "text": {"format": body.text_format().model_dump(by_alias=True, exclude_none=True)},
-            "truncation": "disabled",
-            "metadata": body.metadata or {},
-            "user": body.user,
-        }
-
-    def finished(self, output: list[OutputItem], completion: Completion) -> ResponseObject:
-        """The response once ``completion`` ended: "incomplete" when it was cut (by
-        ``max_output_tokens`` or the end of the sequence)."""
-        return self.snapshot("incomplete" if completion.finish_reason == "length" else "completed", output, completion)
-
-
-class ResponseEvents:
-    """The server-sent events of one response, numbered in order (``sequence_number``)."""
-
-    def __init__(self) -> None:
-        self.sequence = 0
-
-    def event(self, kind: str, **fields: Any) -> str:
-        payload = {"type": kind, **fields, "sequence_number": self.sequence}
-        self.sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-    def message_opened(self, index: int, message_id: str) -> list[str]:
-        """A message item, before its text."""
-        item = {"type": "message", "id": message_id, "status": "in_progress", "role": "assistant", "content": []}
-        part = {"type": "output_text", "text": "", "annotations": []}
-        return [
-            self.event("response.output_item.added", output_index=index, item=item),
-            self.event(
-                "response.content_part.added", item_id=message_id, output_index=index, content_index=0, part=part
-            ),
-        ]
-
-    def text_delta(self, index: int, message_id: str, delta: str) -> str:
-        return self.event(
-            "response.output_text.delta",
-            item_id=message_id,
-            output_index=index,
-            content_index=0,
-            delta=delta,
-            logprobs=[],
-        )
-
-    def message_closed(self, index: int, item: OutputMessage) -> list[str]:
-        """A message item, after its text."""
-        part = item["content"][0]
-        return [
-            self.event(
-                "response.output_text.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                text=part["text"],
-                logprobs=[],
-            ),
-            self.event(
-                "response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part
-            ),
-            self.event("response.output_item.done", output_index=index, item=item),
-        ]
-
-    def item(self, index: int, item: OutputItem) -> list[str]:
-        """A whole output item: a message with its text as one delta, or a function call with
-        its arguments as one delta."""
-        if item["type"] == "message":
-            return [
-                *self.message_opened(index, item["id"]),
-                self.text_delta(index, item["id"], item["content"][0]["text"]),
-                *self.message_closed(index, item),
-            ]
-        return [
-            self.event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "arguments": "", "status": "in_progress"},
-            ),
-            self.event(
-                "response.function_call_arguments.delta",
-                item_id=item["id"],
-                output_index=index,
-                delta=item["arguments"],
-            ),
-            self.event(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
-                name=item["name"],
-                arguments=item["arguments"],
-            ),
-            self.event("response.output_item.done", output_index=index, item=item),
-        ]
-
-    def failed(self, envelope: ResponseEnvelope, error: ApiError) -> list[str]:
-        """OpenAI's ``error`` event, then the response as failed (without its unfinished
-        output)."""
-        code = error.code or ("server_error" if error.status >= 500 else "invalid_prompt")
-        return [
-            self.event("error", code=error.code, message=error.message, param=error.param),
-            self.event(
-                "response.failed",
-                response=envelope.snapshot("failed", [], error={"code": code, "message": error.message}),
-            ),
-        ]

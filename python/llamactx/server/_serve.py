@@ -17,6 +17,7 @@ import uvicorn
 from llamactx._engine import Engine
 from llamactx._llamactx import ChatTemplateError, LlamaContext, LlamaModel, MtmdContext, MtmdError
 from llamactx._media import MediaBudget
+from llamactx._reasoning import Reasoning
 from llamactx._speculative import Speculative
 from llamactx.server._app import create_app
 from llamactx.server._media_urls import MediaUrlPolicy
@@ -64,6 +65,7 @@ def serve(
     arguments: argparse.Namespace,
     embeddings: LlamaContext | None,
     speculative: Speculative | None = None,
+    reasoning: Reasoning = Reasoning(),
 ) -> int:
     """Serves until Ctrl-C or SIGTERM; the engine is closed on the way out, within
     ``CLOSE_SECONDS`` of the open streams' end. Status 2 for options the engine refuses."""
@@ -116,7 +118,7 @@ def serve(
             print(f"llamactx serve: the chat template: {error}", file=sys.stderr)
             return 2
         try:
-            _serve_until_stopped(engine, sock, arguments, embeddings)
+            _serve_until_stopped(engine, sock, arguments, embeddings, reasoning)
         finally:
             _exit_unless(done, CLOSE_SECONDS)
             engine.close()
@@ -136,7 +138,11 @@ def _media_url_policy(arguments: argparse.Namespace) -> MediaUrlPolicy | None:
 
 
 def _serve_until_stopped(
-    engine: Engine, sock: socket.socket, arguments: argparse.Namespace, embeddings: LlamaContext | None
+    engine: Engine,
+    sock: socket.socket,
+    arguments: argparse.Namespace,
+    embeddings: LlamaContext | None,
+    reasoning: Reasoning,
 ) -> None:
     app = create_app(
         engine,
@@ -148,6 +154,7 @@ def _serve_until_stopped(
         media_urls=_media_url_policy(arguments),
         media_budget=MediaBudget(arguments.max_media_parts, arguments.max_media_pixels, arguments.max_audio_seconds),
         chat_template_kwargs=arguments.chat_template_kwargs,
+        reasoning=reasoning,
     )
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -35,6 +35,7 @@ from llamactx._llamactx import (
     StringToTokenError,
 )
 from llamactx._media import MediaBudget
+from llamactx._reasoning import Reasoning, ReplyStream
 from llamactx._render import Message, PreparedChat
 from llamactx._sampling import SAMPLING_DEFAULTS
 from llamactx._schema_check import OutputCheck
@@ -168,6 +169,7 @@ class Serving:
         media_urls: MediaUrls | None = None,
         media_budget: MediaBudget = MediaBudget(),
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        reasoning: Reasoning = Reasoning(),
     ) -> None:
         self.engine = engine
         self.model = engine.model
@@ -184,6 +186,8 @@ class Serving:
         self.media_budget = media_budget
         # Every chat's template variables, which a request's own override.
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        # Every chat's reasoning, whose format a chat request may change.
+        self.reasoning = reasoning
         self.metrics = ServerMetrics(engine)
         self.created = int(time.time())
 
@@ -293,7 +297,14 @@ class Serving:
         choice = body.tool_choice or "auto"
         named = choice if isinstance(choice, str) else choice.model_dump()
         kwargs = body.chat_template_kwargs
-        return self._rendered_chat(messages, tools, named, body.parallel_tool_calls, template_kwargs=kwargs)
+        return self._rendered_chat(
+            messages,
+            tools,
+            named,
+            body.parallel_tool_calls,
+            template_kwargs=kwargs,
+            reasoning_format=body.reasoning_format,
+        )
 
     def _rendered_chat(
         self,
@@ -303,13 +314,24 @@ class Serving:
         parallel_tool_calls: bool,
         messages_param: str = "messages",
         template_kwargs: dict[str, Any] | None = None,
+        reasoning_budget: int | None = None,
+        reasoning_format: str | None = None,
     ) -> PreparedChat:
         """The chat rendered once for all its choices (``Engine.prepare_chat``, which checks the
         messages and tools, and reads the media under the server's ``MediaBudget``: its errors
         name their parameter, or are the messages' or, for a tool-call constraint that cannot
         be compiled, the tools'), checked to fit a sequence, media included. The messages are
         ``messages_param`` of the body (the Responses API's ``input``); ``template_kwargs`` is
-        chat's ``chat_template_kwargs`` (its errors name it), over the server's."""
+        chat's ``chat_template_kwargs`` (its errors name it), over the server's;
+        ``reasoning_budget`` and ``reasoning_format`` replace the server's (``Reasoning``)."""
+        reasoning = self.reasoning
+        try:
+            if reasoning_format is not None:
+                reasoning = replace(reasoning, format=reasoning_format)
+        except ValueError as error:
+            raise ApiError(400, str(error), param="reasoning_format") from None
+        if reasoning_budget is not None:
+            reasoning = replace(reasoning, budget=reasoning_budget)  # the body's model checked it
         template_kwargs = {**self.chat_template_kwargs, **(template_kwargs or {})} or None
         try:
             chat = self.engine.prepare_chat(
@@ -319,6 +341,7 @@ class Serving:
                 parallel_tool_calls=parallel_tool_calls,
                 media_budget=self.media_budget,
                 chat_template_kwargs=template_kwargs,
+                reasoning=reasoning,
             )
         except Exception as error:
             param = "tools" if isinstance(error, (SchemaError, SamplerInitError)) else messages_param
@@ -574,13 +597,19 @@ class _CompletionChoices:
 
 class _ChatChoices:
     """``chat.completion`` choices: the assistant message (a tool call is only known whole: when
-    streamed, it comes in the last delta), and the log-probabilities when asked for."""
+    streamed, it comes in the last delta; a thinking model's reasoning streams as
+    ``reasoning_content`` deltas, as llama-server's), and the log-probabilities when asked for."""
 
     def __init__(self, serving: Serving, chat: PreparedChat, logprobs: bool, top: int) -> None:
         self.model = serving.model
         self.chat = chat
         self.logprobs = logprobs
         self.top = top
+        # Each streamed choice's deltas, by choice.
+        self.streams: dict[int, ReplyStream] = {}
+
+    def _stream(self, generation: _Generation) -> ReplyStream:
+        return self.streams.setdefault(generation.index, self.chat.reply_stream())
 
     def opening(self, generation: _Generation) -> ChatChunkChoice:
         return {
@@ -591,15 +620,18 @@ class _ChatChoices:
         }
 
     def piece(self, generation: _Generation, delta: Delta, offset: int) -> ChatChunkChoice | None:
-        if self.chat.with_tools:
-            return None
         text, logprobs = delta
+        pieces: dict[str, Any] = self._stream(generation).feed(text)
         shown = chat_logprobs(self.model, logprobs, self.top) if self.logprobs else None
-        return {"index": generation.index, "delta": {"content": text}, "logprobs": shown, "finish_reason": None}
+        if not pieces and (shown is None or self.chat.with_tools):
+            return None
+        return {"index": generation.index, "delta": pieces, "logprobs": shown, "finish_reason": None}
 
     def closing(self, generation: _Generation, completion: Completion) -> ChatChunkChoice:
         message, finish = self._message(completion)
-        delta = _streamed(message) if self.chat.with_tools else {}
+        delta: dict[str, Any] = self._stream(generation).rest(message)
+        if self.chat.with_tools:
+            delta.update(_streamed(message))
         return {"index": generation.index, "delta": delta, "logprobs": None, "finish_reason": finish}
 
     def whole(self, generation: _Generation, completion: Completion) -> ChatChoice:
