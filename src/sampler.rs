@@ -517,10 +517,14 @@ impl PyLlamaSampler {
 
     /// A grammar that applies only after one of `trigger_patterns` (regexes) or
     /// `trigger_tokens` appears; the grammar then starts where the pattern's first matching
-    /// group starts (or the whole match, or the trigger token). Patterns use the `regex`
+    /// group starts (or the whole match, or the trigger token), or, when it does not take that
+    /// text, after the match (a call's grammar without the marker that triggers it). Patterns
+    /// use the `regex`
     /// crate's syntax, matched byte-wise with ASCII classes like llama.cpp's `std::regex`, in
-    /// linear time: look-around and back-references are refused (`ValueError`), and a trigger
-    /// must lie within the last 16 KiB of accepted text. The GBNF grammar is compiled by
+    /// linear time; a pattern with look-around (Functionary's `>>>(?!all)`) is matched by
+    /// `fancy-regex` over the text's UTF-8, at most 100,000 backtracking steps a search (past
+    /// them the request fails); back-references are refused (`ValueError`), and a trigger must
+    /// lie within the last 16 KiB of accepted text. The GBNF grammar is compiled by
     /// llguidance (as `llguidance(model, "gbnf", ...)`), so its work per token is bounded.
     /// `SamplerInitError` for a grammar llama.cpp would not parse either; once triggered, text
     /// the grammar refuses is `SchemaError`.

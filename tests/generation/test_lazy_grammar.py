@@ -97,7 +97,20 @@ def test_anchors_refer_to_all_the_text_not_the_search_window(model: LlamaModel, 
     assert len(kept(lazy, paris_ctx)) == everything
 
 
-@pytest.mark.parametrize("pattern", [r"(?=a)b", r"(a)\1", "(" * 40 + "a" + ")" * 40, "a" * 2000, "(["])
-def test_patterns_a_linear_engine_cannot_run_are_refused(model: LlamaModel, pattern: str) -> None:
+@pytest.mark.parametrize("pattern", [r"(a)\1", r"(?=(a))\1", "(" * 40 + "a" + ")" * 40, "a" * 2000, "(["])
+def test_patterns_that_cannot_run_in_bounded_work_are_refused(model: LlamaModel, pattern: str) -> None:
     with pytest.raises(ValueError, match="trigger pattern"):
         LlamaSampler.grammar_lazy_patterns(model, 'root ::= "x"', "root", [pattern], [])
+
+
+def test_a_look_around_trigger_waits_past_text_it_rules_out(model: LlamaModel, paris_ctx: LlamaContext) -> None:
+    """Look-around (which Functionary's ``>>>(?!all)`` needs) runs in the bounded backtracking
+    engine: "no tool" is ruled out by the look-behind, a later "tool" triggers."""
+    lazy = LlamaSampler.grammar_lazy_patterns(model, 'root ::= "tool(" [a-z]+ ")"', "root", ["(?<!no )tool"], [])
+    everything = len(kept(LlamaSampler.greedy(), paris_ctx))
+    accept_text(lazy, model, "There is no tool")
+    assert len(kept(lazy, paris_ctx)) == everything
+    accept_text(lazy, model, " but a tool")
+    after_tool = allowed(lazy, paris_ctx)
+    assert "(" in after_tool
+    assert all(piece.startswith("(") for piece in after_tool)

@@ -29,6 +29,8 @@ RAISES = {
     "lazy_grammar_with_a_deeply_nested_pattern": "ValueError",
     "lazy_grammar_with_a_valid_pattern": "none",
     "lazy_grammar_waiting_through_a_backtracking_pattern": "none",
+    "lazy_grammar_with_a_deeply_nested_look_around": "ValueError",
+    "lazy_grammar_waiting_through_a_look_around_pattern_that_backtracks": "ValueError",
     # 3. Parameters llama.cpp asserts on
     "more_sequences_than_batch_rows": "ValueError",
     "mean_pooling_switched_on_later": "ValueError",

@@ -13,6 +13,10 @@ HELPFUL = "You are a helpful assistant."
 #: A ChatML chat template written for the tests, with a tool-call format of its own (the
 #: ``<tool_call>`` style), so that tools go through llama.cpp's format analysis.
 TOOL_TEMPLATE = (Path(__file__).resolve().parent / "templates" / "chatml_tools.jinja").read_text()
+#: A template in Functionary v3.2's recipient format (written for the tests): each assistant
+#: message opens with ``>>>all`` before text or ``>>>NAME`` before a call's JSON arguments, so
+#: llama.cpp's analysis gives it Functionary's parser and its look-ahead trigger ``>>>(?!all)``.
+RECIPIENTS_TEMPLATE = (Path(__file__).resolve().parent / "templates" / "recipients.jinja").read_text()
 #: ChatML whose replies reason first: the generation prompt opens a ``<think>`` block (closed
 #: empty when ``enable_thinking`` is false), and earlier replies show their ``reasoning_content``
 #: in one, so that llama.cpp's analysis finds the reasoning tags (as DeepSeek-R1's template); a

@@ -116,6 +116,22 @@ def lazy_grammar_with_a_valid_pattern(model: llamactx.LlamaModel) -> None:
 
 
 @case
+def lazy_grammar_with_a_deeply_nested_look_around(model: llamactx.LlamaModel) -> None:
+    """Within the 1 KiB limit, nested past the 32 groups fancy-regex's recursive parser gets."""
+    lazy_grammar(model, "(?=" + "(" * 300 + "a" + ")" * 300 + ")")
+
+
+@case
+def lazy_grammar_waiting_through_a_look_around_pattern_that_backtracks(model: llamactx.LlamaModel) -> None:
+    """Two ways through each ``a``, both backtracked into when the ``b`` does not come: each
+    search stops at the backtracking limit, which fails the sampler instead of hanging it."""
+    grammar = LlamaSampler.grammar_lazy_patterns(model, 'root ::= "b"', "root", ["(?:(?=a)a|a)*b"], [])
+    (four_as,) = model.str_to_token("aaaa", False)
+    for _ in range(64):
+        grammar.accept(four_as)
+
+
+@case
 def lazy_grammar_waiting_through_a_backtracking_pattern(model: llamactx.LlamaModel) -> None:
     """llama.cpp's std::regex took minutes for 1,000 tokens here, and could overflow the stack."""
     grammar = LlamaSampler.grammar_lazy_patterns(model, "root ::= [ac]+", "root", ["(a|aa)*c"], [])
