@@ -41,6 +41,27 @@ pub fn backend() -> Result<&'static LlamaBackend> {
         .map_err(|reason| Error::state("BackendInit", reason.clone()))
 }
 
+/// How many GPUs (discrete or integrated) the build's backends found: 0 on a CPU build, where
+/// `n_gpu_layers` and `main_gpu` change nothing. RPC servers are not counted.
+#[pyfunction]
+#[pyo3(name = "_gpu_devices")]
+pub fn gpu_devices() -> Result<usize> {
+    backend()?;
+    // SAFETY: the backend is initialised, which registers its devices; the count and each
+    // device llama.cpp returns for an index below it live as long as the process.
+    let devices = (0..unsafe { llama_cpp_sys_4::ggml_backend_dev_count() })
+        .map(|index| unsafe { llama_cpp_sys_4::ggml_backend_dev_type(llama_cpp_sys_4::ggml_backend_dev_get(index)) })
+        .filter(|kind| {
+            [
+                llama_cpp_sys_4::GGML_BACKEND_DEVICE_TYPE_GPU,
+                llama_cpp_sys_4::GGML_BACKEND_DEVICE_TYPE_IGPU,
+            ]
+            .contains(kind)
+        })
+        .count();
+    Ok(devices)
+}
+
 struct LogQueue {
     /// The line being assembled: llama.cpp sends a line in several calls.
     partial: String,

@@ -82,6 +82,7 @@ __all__ = [
     "_check_prompt",
     "_check_reasoning",
     "_check_speculative",
+    "_gpu_devices",
     "cpu_features",
     "serve_rpc",
 ]
@@ -1238,6 +1239,11 @@ class _EngineCore:
 
 def _check_speculative(speculative: object) -> None:
     """Checks `NgramDraft`'s and `DraftModel`'s values when they are made."""
+
+def _gpu_devices() -> int:
+    """How many GPUs (discrete or integrated) the build's backends found: 0 on a CPU build, where
+    `n_gpu_layers` and `main_gpu` change nothing. RPC servers are not counted.
+    """
 
 def _check_reasoning(format: str, budget: int | None) -> None:
     """The checks of `llamactx.Reasoning`'s `format` and `budget`, which `apply` and

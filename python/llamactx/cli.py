@@ -29,6 +29,7 @@ from llamactx._llamactx import (
     LlamaSampler,
     MtmdContext,
     SamplingParams,
+    _gpu_devices,
     serve_rpc,
 )
 from llamactx._media import MAX_PIXELS_CEILING, MEDIA_URL_MAX_BYTES, MEDIA_URL_TIMEOUT, MediaBudget
@@ -105,10 +106,15 @@ def _endpoints(text: str) -> list[str]:
     return endpoints
 
 
-def _load_model(arguments: argparse.Namespace) -> LlamaModel:
-    """The chosen model, with its layers on the ``--rpc`` servers when there are some."""
+def _load_model(
+    arguments: argparse.Namespace, n_gpu_layers: int | None = None, main_gpu: int | None = None
+) -> LlamaModel:
+    """The chosen model, with its layers on the ``--rpc`` servers when there are some, and
+    ``n_gpu_layers`` of them on GPU ``main_gpu`` (a GPU build's)."""
     rpc_servers: list[str] | None = arguments.rpc
-    return LlamaModel.load_from_file(_model_path(arguments), rpc_servers=rpc_servers or None)
+    return LlamaModel.load_from_file(
+        _model_path(arguments), n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, rpc_servers=rpc_servers or None
+    )
 
 
 def _sampler(arguments: argparse.Namespace, model: LlamaModel) -> LlamaSampler:
@@ -242,13 +248,16 @@ def _serve(arguments: argparse.Namespace) -> int:
     if arguments.allow_media_urls and not arguments.mmproj:
         print("llamactx serve: --allow-media-urls needs --mmproj, the projector that reads images", file=sys.stderr)
         return 2
+    gpu = {"n_gpu_layers": arguments.n_gpu_layers, "main_gpu": arguments.main_gpu}
+    if any(value is not None for value in gpu.values()) and not arguments.rpc and not _gpu_devices():
+        print("llamactx serve: this build has no GPU: -ngl and -mg change nothing", file=sys.stderr)
     try:
         budget = None if arguments.reasoning_budget == -1 else arguments.reasoning_budget
         reasoning = Reasoning(arguments.reasoning_format, budget, arguments.reasoning_budget_message)
     except (ValueError, OverflowError) as error:
         print(f"llamactx serve: --reasoning-budget takes -1 (unbounded) or more: {error}", file=sys.stderr)
         return 2
-    model = _load_model(arguments)
+    model = _load_model(arguments, **gpu)
     try:
         speculative = _speculative(arguments)
     except ValueError as error:
@@ -415,6 +424,21 @@ def _add_reasoning_options(command: argparse.ArgumentParser) -> None:
     """llama-server's options for a thinking model's reasoning (``Reasoning``)."""
     reasoning = command.add_argument_group("reasoning of thinking models (llama-server's names)")
     reasoning.add_argument(
+        "-rea",
+        "--reasoning",
+        choices=("on", "off", "auto"),
+        default="auto",
+        help="whether replies think: the chat template's enable_thinking, true (on) or false (off), over "
+        "--chat-template-kwargs' (default: auto, the template's own default)",
+    )
+    reasoning.add_argument(
+        "--reasoning-effort",
+        default="default",
+        metavar="LEVEL",
+        help="the chat template's reasoning_effort (e.g. low, medium, high), over --chat-template-kwargs' "
+        "(default: default, the template's own)",
+    )
+    reasoning.add_argument(
         "--reasoning-format",
         choices=REASONING_FORMATS,
         default="auto",
@@ -436,6 +460,35 @@ def _add_reasoning_options(command: argparse.ArgumentParser) -> None:
         metavar="MESSAGE",
         help="text forced before the closing tag when the budget ends a reply's reasoning",
     )
+
+
+def _add_gpu_options(command: argparse.ArgumentParser) -> None:
+    """llama-server's GPU placement, for the model's load (``LlamaModel.load_from_file``):
+    meaningful in a build with a GPU backend; another takes them and says they do nothing."""
+    gpu = command.add_argument_group("GPU offload (llama-server's names; a CPU build reports that it ignores them)")
+    gpu.add_argument(
+        "-ngl",
+        "--gpu-layers",
+        "--n-gpu-layers",
+        dest="n_gpu_layers",
+        type=NON_NEGATIVE,
+        metavar="N",
+        help="layers of the model stored on the GPU, or on the --rpc servers (default: none, or all with --rpc)",
+    )
+    gpu.add_argument("-mg", "--main-gpu", type=NON_NEGATIVE, metavar="INDEX", help="the GPU that holds the model")
+
+
+def _add_always_on_options(command: argparse.ArgumentParser) -> None:
+    """llama-server's switches for what ``serve`` always does, taken so that its command lines
+    run unchanged."""
+    always = command.add_argument_group("always on here (llama-server's switches, taken and ignored)")
+    for flags, what in (
+        (("--jinja",), "chats are rendered by the model's Jinja template (llama.cpp's engine)"),
+        (("--metrics",), "/metrics serves Prometheus metrics"),
+        (("--cache-prompt",), "a prompt reuses the KV of an earlier one it starts with (see --no-cache-prompt)"),
+        (("-cb", "--cont-batching"), "requests join and leave the batch between steps"),
+    ):
+        always.add_argument(*flags, action="store_true", help=what)
 
 
 def _add_memory_options(command: argparse.ArgumentParser) -> None:
@@ -574,18 +627,33 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_option(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
     serve.add_argument("--port", type=_in_range(int, 0, 65535), default=8000, help="0 picks a free port")
-    serve.add_argument("--parallel", type=COUNT, default=8, metavar="N", help="requests decoded at once")
+    serve.add_argument("-np", "--parallel", type=COUNT, default=8, metavar="N", help="requests decoded at once")
     serve.add_argument(
-        "--ctx", type=COUNT, default=4096, metavar="N", help="context size in tokens, shared by the --parallel slots"
+        "-c",
+        "--ctx-size",
+        "--ctx",
+        dest="ctx",
+        type=COUNT,
+        default=4096,
+        metavar="N",
+        help="context size in tokens, shared by the --parallel slots",
     )
     _add_threads_option(serve)
     serve.add_argument(
         "--api-key", default=os.environ.get("LLAMACTX_API_KEY"), help="require this key (default: $LLAMACTX_API_KEY)"
     )
-    serve.add_argument("--embeddings", action="store_true", help="serve /v1/embeddings")
+    serve.add_argument(
+        "--embedding", "--embeddings", dest="embeddings", action="store_true", help="serve /v1/embeddings"
+    )
     _add_chat_template_options(serve)
     serve.add_argument("--max-waiting", type=NON_NEGATIVE, default=1024, metavar="N", help="queue length before 503")
-    serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of earlier prompts")
+    serve.add_argument(
+        "--no-prefix-cache",
+        "--no-cache-prompt",
+        dest="no_prefix_cache",
+        action="store_true",
+        help="do not reuse the KV of earlier prompts",
+    )
     serve.add_argument(
         "--spec-ngram",
         action="store_true",
@@ -596,13 +664,16 @@ def _parser() -> argparse.ArgumentParser:
         ("m", NgramDraft.size_mgram, "the most tokens a draft proposes"),
     ):
         serve.add_argument(
+            f"--spec-ngram-simple-size-{flag}",
             f"--spec-ngram-size-{flag}",
+            dest=f"spec_ngram_size_{flag}",
             type=_in_range(int, 1, MAX_NGRAM),
             default=default,
             metavar=flag.upper(),
             help=f"{meaning} (default: %(default)s)",
         )
     serve.add_argument(
+        "-mm",
         "--mmproj",
         metavar="FILE",
         help="the model's multimodal projector (GGUF): chats may hold images as data: URLs",
@@ -657,20 +728,30 @@ def _parser() -> argparse.ArgumentParser:
         help="a network that is not public but may be fetched from, e.g. an intranet's (repeatable)",
     )
     serve.add_argument(
+        "-md",
+        "--model-draft",
+        "--spec-draft-model",
         "--draft-model",
+        dest="draft_model",
         metavar="FILE",
         help="speculative decoding with this smaller GGUF model of the same vocabulary: the same output in fewer "
         "decodes of the model",
     )
     serve.add_argument(
+        "--spec-draft-n-max",
+        "--draft",
+        "--draft-n",
         "--draft-max",
+        dest="draft_max",
         type=_in_range(int, 1, MAX_DRAFT),
         default=DraftModel.n_draft_max,
         metavar="N",
         help="the most tokens a draft model's draft proposes (default: %(default)s)",
     )
     serve.add_argument(
+        "--spec-draft-p-min",
         "--draft-p-min",
+        dest="draft_p_min",
         type=PROBABILITY,
         default=DraftModel.p_min,
         metavar="P",
@@ -691,6 +772,7 @@ def _parser() -> argparse.ArgumentParser:
         "(default: any name, or none, is the served model)",
     )
     serve.add_argument(
+        "-fa",
         "--flash-attn",
         type=_flash_attn_type,
         default="auto",
@@ -700,6 +782,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_memory_options(serve)
     _add_reasoning_options(serve)
+    _add_gpu_options(serve)
+    _add_always_on_options(serve)
     serve.set_defaults(run=_serve)
 
     rpc_server = commands.add_parser(

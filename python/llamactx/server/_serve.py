@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -126,6 +127,18 @@ def serve(
     return 0
 
 
+def _template_kwargs(arguments: argparse.Namespace) -> dict[str, Any]:
+    """Every chat's template variables: ``--chat-template-kwargs``, with ``--reasoning`` (on or
+    off: ``enable_thinking``) and ``--reasoning-effort`` (``reasoning_effort``) over them, as
+    llama-server sets them."""
+    kwargs = dict(arguments.chat_template_kwargs or {})
+    if arguments.reasoning != "auto":
+        kwargs["enable_thinking"] = arguments.reasoning == "on"
+    if arguments.reasoning_effort != "default":
+        kwargs["reasoning_effort"] = arguments.reasoning_effort
+    return kwargs
+
+
 def _media_url_policy(arguments: argparse.Namespace) -> MediaUrlPolicy | None:
     """What ``--allow-media-urls`` and the ``--media-url-*`` options allow; None without it."""
     if not arguments.allow_media_urls:
@@ -153,7 +166,7 @@ def _serve_until_stopped(
         embeddings=embeddings,
         media_urls=_media_url_policy(arguments),
         media_budget=MediaBudget(arguments.max_media_parts, arguments.max_media_pixels, arguments.max_audio_seconds),
-        chat_template_kwargs=arguments.chat_template_kwargs,
+        chat_template_kwargs=_template_kwargs(arguments),
         reasoning=reasoning,
     )
     host, port = sock.getsockname()[:2]
