@@ -13,8 +13,8 @@ import pytest
 import llamactx
 from llamactx import cli
 from llamactx._sampling import SAMPLING_DEFAULTS
-from llamactx.server._protocol import ChatRequest, SamplingBody
-from llamactx.server._serving import Serving
+from llamactx.server._openai_protocol import ChatRequest, SamplingBody
+from llamactx.server._pipeline import Pipeline
 
 #: A value for every field, none of them its default.
 EVERY_FIELD = {
@@ -96,10 +96,10 @@ def test_the_server_passes_every_sampling_field_of_a_request_on() -> None:
     body = {name: value for name, value in EVERY_FIELD.items() if name != "penalty_last_n"}
     body["logit_bias"] = {"3": -1.5}
     request = ChatRequest.model_validate({"messages": [{"role": "user", "content": "Hi"}], "repeat_last_n": 32, **body})
-    serving = SimpleNamespace(engine=SimpleNamespace(n_ctx_seq=512))
-    params = Serving._sampling(serving, request, 0)  # type: ignore[arg-type]
+    pipeline = SimpleNamespace(engine=SimpleNamespace(n_ctx_seq=512))
+    params = Pipeline.sampling(pipeline, request, 0)  # type: ignore[arg-type]
     assert {name: getattr(params, name) for name in EVERY_FIELD} == EVERY_FIELD
-    assert Serving._sampling(serving, request, 2).seed == 13  # type: ignore[arg-type]  # choice 2 of n
+    assert Pipeline.sampling(pipeline, request, 2).seed == 13  # type: ignore[arg-type]  # choice 2 of n
 
 
 def test_ray_rows_may_set_every_field_but_the_biases() -> None:

@@ -36,8 +36,8 @@ from support.serving import MODEL_ID, running_server
 
 import llamactx
 from llamactx.server import MediaUrlPolicy, _media_urls, create_app
+from llamactx.server._errors import ApiError
 from llamactx.server._media_urls import MediaUrls
-from llamactx.server._protocol import ApiError
 
 IMAGE = png(picture(60))
 LOOPBACK = ("127.0.0.1/32",)

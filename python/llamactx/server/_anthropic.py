@@ -1,7 +1,7 @@
-"""Anthropic's Messages API (``/v1/messages``) on ``Serving``: a request's conversation becomes the
-chat that ``Engine.prepare_chat`` renders, and its reply becomes content blocks, whole or as
-Anthropic's stream of events, through the chat endpoint's submission, error table and metrics.
-The app gives these routes' errors Anthropic's shape (``anthropic_error``)."""
+"""Anthropic's Messages API (``/v1/messages``) on the pipeline (``_pipeline``): a request's
+conversation becomes the chat that ``Engine.prepare_chat`` renders, and its reply becomes
+content blocks, whole or as Anthropic's stream of events, through the pipeline's submission,
+error table and metrics. Its routes' errors have Anthropic's shape (``anthropic_error``)."""
 
 from __future__ import annotations
 
@@ -14,43 +14,50 @@ from starlette.responses import JSONResponse, Response
 
 from llamactx._llamactx import Completion, LlamaModel
 from llamactx._render import PreparedChat
-from llamactx.server._anthropic_protocol import (
-    CountTokensRequest,
+from llamactx.server._anthropic_output import (
     InputTokens,
     MessageEnvelope,
     MessageObject,
-    MessagesRequest,
     anthropic_error,
     block_events,
     content_blocks,
     event,
 )
-from llamactx.server._protocol import ApiError, ContextLengthExceeded
-from llamactx.server._serving import CLIENT_GONE, Serving, _Generation, _merged, event_stream, openai_error
+from llamactx.server._anthropic_protocol import CountTokensRequest, MessagesRequest
+from llamactx.server._api import Api
+from llamactx.server._errors import CLIENT_GONE, ApiError, ContextLengthExceeded, openai_error
+from llamactx.server._pipeline import Generation, Pipeline, event_stream, merged
 
 __all__ = ["Messages"]
 
 
 class Messages:
-    """The handlers of ``/v1/messages`` and ``/v1/messages/count_tokens``, on ``serving``'s
+    """The handlers of ``/v1/messages`` and ``/v1/messages/count_tokens``, on ``pipeline``'s
     engine and checks."""
 
-    def __init__(self, serving: Serving) -> None:
-        self.serving = serving
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    def api(self) -> Api:
+        """Anthropic's routes: its errors have Anthropic's shape, and its API key may also come
+        as ``x-api-key`` (as Anthropic's clients send it)."""
+        routes = [("POST", "/v1/messages", self.create), ("POST", "/v1/messages/count_tokens", self.count_tokens)]
+        headers = ("x-api-key", "authorization")
+        return Api(routes, error_body=anthropic_error, key_headers=headers, namespace="/v1/messages")
 
     async def create(self, http: HttpRequest) -> Response:
-        serving = self.serving
-        body = await serving._body(http, MessagesRequest)
+        pipeline = self.pipeline
+        body = await pipeline.body(http, MessagesRequest)
         sampling = body.sampling()
         inputs = body.chat_inputs()
-        await serving._with_media_fetched(inputs.messages)
+        await pipeline.media_fetched(inputs.messages)
 
-        def submit() -> tuple[PreparedChat, list[_Generation]]:
-            chat = serving._rendered_chat(*inputs)
-            generations = serving._submitted(
+        def submit() -> tuple[PreparedChat, list[Generation]]:
+            chat = pipeline.render(*inputs)
+            generations = pipeline.submit(
                 sampling,
                 [chat],
-                serving.engine.submit_prepared,
+                pipeline.engine.submit_prepared,
                 max_tokens=body.max_tokens,
                 logprobs=0,
                 constraint_param="tools",  # the only constraint a message has
@@ -59,11 +66,11 @@ class Messages:
 
         # Rendering the template and compiling constraints take time the event loop cannot give.
         chat, generations = await asyncio.to_thread(submit)
-        envelope = MessageEnvelope(serving.model_id, body.max_tokens)
+        envelope = MessageEnvelope(pipeline.model_id, body.max_tokens)
         stops = body.stop_sequences or []
         if body.stream:
             return event_stream(self._events(envelope, chat, stops, generations), {"request-id": envelope.id})
-        completions = await serving._completed(http, envelope, generations)
+        completions = await pipeline.completed(http, envelope, generations)
         if completions is None:
             return Response(status_code=CLIENT_GONE)
         (completion,) = completions
@@ -71,11 +78,11 @@ class Messages:
         return JSONResponse(message, headers={"request-id": envelope.id})
 
     async def count_tokens(self, http: HttpRequest) -> Response:
-        body = await self.serving._body(http, CountTokensRequest)
+        body = await self.pipeline.body(http, CountTokensRequest)
         inputs = body.chat_inputs()
-        await self.serving._with_media_fetched(inputs.messages)
+        await self.pipeline.media_fetched(inputs.messages)
         try:
-            chat = await asyncio.to_thread(self.serving._rendered_chat, *inputs)
+            chat = await asyncio.to_thread(self.pipeline.render, *inputs)
         except ContextLengthExceeded as error:  # too long to answer, not to count
             counted: InputTokens = {"input_tokens": error.n_prompt_tokens}
         else:
@@ -87,11 +94,11 @@ class Messages:
     ) -> MessageObject:
         """The message of ``reply`` (the chat's parsed reply, OpenAI's message)."""
         return envelope.finished(
-            content_blocks(reply), completion, _matched_stop(self.serving.model, completion, stops)
+            content_blocks(reply), completion, _matched_stop(self.pipeline.model, completion, stops)
         )
 
     async def _events(
-        self, envelope: MessageEnvelope, chat: PreparedChat, stops: Sequence[str], generations: list[_Generation]
+        self, envelope: MessageEnvelope, chat: PreparedChat, stops: Sequence[str], generations: list[Generation]
     ) -> AsyncIterator[str]:
         """Anthropic's stream: the message started; its reasoning and its text as generated,
         each in a block opened by its first piece (a thinking block, then a text block; a reply
@@ -102,11 +109,11 @@ class Messages:
         blocks = _OpenBlocks()
         try:
             yield event("message_start", message=envelope.started(chat.n_tokens))
-            async for _, (text, _logprobs) in _merged(generations):
+            async for _, (text, _logprobs) in merged(generations):
                 for line in blocks.pieces(stream.feed(text)):
                     yield line
             completions = [await generation.request for generation in generations]
-            await self.serving._finished(envelope, generations, completions)
+            await self.pipeline.finished(envelope, generations, completions)
             (completion,) = completions
             reply = chat.reply(completion.text)
             message = self._message(envelope, reply, stops, completion)

@@ -1,6 +1,6 @@
-"""The ASGI application: OpenAI's and Anthropic's routes on ``Serving``'s handlers, the API key
-and the request metrics around them, and every failure as OpenAI's error object with its status
-(Anthropic's on Anthropic's routes)."""
+"""The ASGI application: each protocol's routes (``PROTOCOLS``, each on the one pipeline), the API
+key and the request metrics around them, and every failure as the error object of the protocol
+whose route it reached (OpenAI's elsewhere)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llamactx._engine import Engine
@@ -23,11 +24,12 @@ from llamactx._llamactx import LlamaContext
 from llamactx._media import MediaBudget
 from llamactx._reasoning import Reasoning
 from llamactx.server._anthropic import Messages
-from llamactx.server._anthropic_protocol import anthropic_error
+from llamactx.server._api import KEY_HEADERS, Api
+from llamactx.server._errors import CLIENT_GONE, ApiError
 from llamactx.server._media_urls import MediaUrlPolicy, MediaUrls
-from llamactx.server._protocol import ApiError
+from llamactx.server._openai import OpenAi
+from llamactx.server._pipeline import Pipeline
 from llamactx.server._responses import Responses
-from llamactx.server._serving import CLIENT_GONE, Serving
 
 __all__ = ["create_app"]
 
@@ -37,48 +39,67 @@ logger = logging.getLogger("llamactx.server")
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 #: The one route open without the API key.
 HEALTH = "/health"
-#: Where OpenAI's routes are served: under ``/v1``, and at the root for clients whose base URL
-#: has no ``/v1`` (as llama-server serves them).
-OPENAI_PREFIXES = ("/v1", "")
-#: Anthropic's Messages API: its errors have Anthropic's shape, and its API key may also come as
-#: ``x-api-key`` (as Anthropic's clients send it).
-ANTHROPIC_ROUTES = "/v1/messages"
+#: The protocols the app serves, each made on the pipeline: a new one is its module and a line here.
+PROTOCOLS: tuple[Callable[[Pipeline], Any], ...] = (OpenAi, Responses, Messages)
 
 
-def _routes(serving: Serving) -> list[Route]:
-    responses = Responses(serving)
-    openai_routes = [
-        ("/models", serving.list_models, "GET"),
-        ("/models/{model:path}", serving.get_model, "GET"),
-        ("/completions", serving.completions, "POST"),
-        ("/chat/completions", serving.chat, "POST"),
-        ("/embeddings", serving.embeddings_route, "POST"),
-        ("/responses", responses.create, "POST"),
-        ("/responses/{response_id}", responses.retrieve, "GET"),
-        ("/responses/{response_id}", responses.delete, "DELETE"),
-    ]
-    messages = Messages(serving)
+def _service(pipeline: Pipeline) -> Api:
+    """``/health`` and ``/metrics`` (Prometheus), with OpenAI's error objects."""
+
+    async def health(http: HttpRequest) -> Response:
+        if pipeline.engine.closed:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(http: HttpRequest) -> Response:
+        return Response(generate_latest(pipeline.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Api([("GET", HEALTH, health), ("GET", "/metrics", metrics)])
+
+
+def _routes(apis: Sequence[Api]) -> list[tuple[Route, Api]]:
+    """Every route of ``apis``, under each of its API's prefixes, with its API."""
     return [
-        Route(HEALTH, serving.health, methods=["GET"]),
-        Route("/metrics", serving.metrics_text, methods=["GET"]),
-        Route(ANTHROPIC_ROUTES, messages.create, methods=["POST"]),
-        Route(f"{ANTHROPIC_ROUTES}/count_tokens", messages.count_tokens, methods=["POST"]),
-        *(
-            Route(prefix + path, handler, methods=[method])
-            for prefix in OPENAI_PREFIXES
-            for path, handler, method in openai_routes
-        ),
+        (Route(prefix + path, handler, methods=[method]), api)
+        for api in apis
+        for prefix in api.prefixes
+        for method, path, handler in api.routes
     ]
+
+
+class _Protocols:
+    """Which API a request reached: that of the route it matches (its path, whatever the
+    method), else that whose namespace holds its path, else the first (OpenAI's)."""
+
+    def __init__(self, routes: list[tuple[Route, Api]]) -> None:
+        self.routes = routes
+
+    def of(self, scope: Scope) -> Api:
+        path = _route_path(scope)
+        routed = {**scope, "path": path, "root_path": ""}
+        for route, api in self.routes:
+            if route.matches(routed)[0] != Match.NONE:
+                return api
+        for _, api in self.routes:
+            if api.namespace is not None and path.startswith(f"{api.namespace}/"):
+                return api
+        return self.routes[0][1]
+
+    def error(self, error: ApiError, scope: Scope) -> JSONResponse:
+        body = self.of(scope).error_body(error)
+        return JSONResponse(body, status_code=error.status, headers=error.headers())
 
 
 class _Guard:
-    """ASGI middleware: the API key (except for ``/health``), and the request's metrics, by
-    route: the fixed paths of ``routes``, any other as "other" (a bounded set of labels)."""
+    """ASGI middleware: the API key (except for ``/health``), in the headers the request's API
+    takes it in, and the request's metrics, by route: the fixed paths of the routes, any other
+    as "other" (a bounded set of labels)."""
 
-    def __init__(self, app: ASGIApp, serving: Serving, routes: list[Route]) -> None:
+    def __init__(self, app: ASGIApp, pipeline: Pipeline, protocols: _Protocols) -> None:
         self.app = app
-        self.serving = serving
-        self.names = frozenset(route.path for route in routes if not route.param_convertors)
+        self.pipeline = pipeline
+        self.protocols = protocols
+        self.names = frozenset(route.path for route, _ in protocols.routes if not route.param_convertors)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,24 +117,24 @@ class _Guard:
             await send(message)
 
         try:
-            if route != HEALTH and not self._authorized(scope, path):
-                how = "x-api-key: KEY or Authorization: Bearer KEY" if _anthropic(path) else "Authorization: Bearer KEY"
+            api = self.protocols.of(scope)
+            if route != HEALTH and not self._authorized(scope, api):
+                forms = (KEY_HEADERS[name] for name in api.key_headers)
+                how = " or ".join(f"{shown}: {value.format('KEY')}" for value, shown in forms)
                 error = ApiError(401, f"a valid API key is required ({how})", code="invalid_api_key")
-                await _error_response(error, scope)(scope, receive, tracked)
+                await self.protocols.error(error, scope)(scope, receive, tracked)
             else:
                 await self.app(scope, receive, tracked)
         finally:
-            metrics = self.serving.metrics
+            metrics = self.pipeline.metrics
             metrics.requests.labels(route, str(status or CLIENT_GONE)).inc()
             metrics.duration.labels(route).observe(time.perf_counter() - started)
 
-    def _authorized(self, scope: Scope, path: str) -> bool:
-        key = self.serving.api_key
+    def _authorized(self, scope: Scope, api: Api) -> bool:
+        key = self.pipeline.api_key
         if key is None:
             return True
-        accepted = {b"authorization": b"Bearer " + key.encode()}
-        if _anthropic(path):
-            accepted[b"x-api-key"] = key.encode()
+        accepted = {name.encode(): KEY_HEADERS[name][0].format(key).encode() for name in api.key_headers}
         return any(hmac.compare_digest(value, accepted[name]) for name, value in scope["headers"] if name in accepted)
 
 
@@ -121,30 +142,28 @@ def _route_path(scope: Scope) -> str:
     return str(scope["path"]).removeprefix(scope.get("root_path", ""))  # as mounted in another app
 
 
-def _anthropic(path: str) -> bool:
-    return path == ANTHROPIC_ROUTES or path.startswith(f"{ANTHROPIC_ROUTES}/")
+def _error_handlers(
+    protocols: _Protocols,
+) -> dict[Any, Callable[[HttpRequest, Exception], Awaitable[Response]]]:
+    """Every failure as the error object of the API whose route it reached."""
 
+    async def api_error(http: HttpRequest, error: Exception) -> Response:
+        assert isinstance(error, ApiError)
+        return protocols.error(error, http.scope)
 
-def _error_response(error: ApiError, scope: Scope) -> JSONResponse:
-    body = anthropic_error(error) if _anthropic(_route_path(scope)) else error.body()
-    return JSONResponse(body, status_code=error.status, headers=error.headers())
+    async def http_error(http: HttpRequest, error: Exception) -> Response:
+        assert isinstance(error, HTTPException)
+        if error.status_code == 404:
+            return protocols.error(
+                ApiError(404, f"no route {http.method} {http.url.path}", code="not_found"), http.scope
+            )
+        return protocols.error(ApiError(error.status_code, str(error.detail)), http.scope)
 
+    async def unexpected(http: HttpRequest, error: Exception) -> Response:
+        logger.exception("unexpected failure in %s %s", http.method, http.url.path)
+        return protocols.error(ApiError(500, f"internal error: {type(error).__name__}"), http.scope)
 
-async def _api_error(http: HttpRequest, error: Exception) -> Response:
-    assert isinstance(error, ApiError)
-    return _error_response(error, http.scope)
-
-
-async def _http_error(http: HttpRequest, error: Exception) -> Response:
-    assert isinstance(error, HTTPException)
-    if error.status_code == 404:
-        return _error_response(ApiError(404, f"no route {http.method} {http.url.path}", code="not_found"), http.scope)
-    return _error_response(ApiError(error.status_code, str(error.detail)), http.scope)
-
-
-async def _unexpected(http: HttpRequest, error: Exception) -> Response:
-    logger.exception("unexpected failure in %s %s", http.method, http.url.path)
-    return _error_response(ApiError(500, f"internal error: {type(error).__name__}"), http.scope)
+    return {ApiError: api_error, HTTPException: http_error, Exception: unexpected}
 
 
 def create_app(
@@ -196,7 +215,7 @@ def create_app(
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     if media_urls is not None and (engine.mtmd is None or not engine.mtmd.supports_vision()):
         raise ValueError("media_urls fetches images: the engine needs a projector that reads images (mtmd)")
-    serving = Serving(
+    pipeline = Pipeline(
         engine,
         model_id or _default_model_id(engine),
         model_aliases,
@@ -209,14 +228,10 @@ def create_app(
         chat_template_kwargs,
         reasoning,
     )
-    routes = _routes(serving)
-    handlers: dict[Any, Callable[[HttpRequest, Exception], Awaitable[Response]]] = {
-        ApiError: _api_error,
-        HTTPException: _http_error,
-        Exception: _unexpected,
-    }
-    app = Starlette(routes=routes, exception_handlers=handlers)
-    app.add_middleware(_Guard, serving=serving, routes=routes)
+    routes = _routes([*(protocol(pipeline).api() for protocol in PROTOCOLS), _service(pipeline)])
+    protocols = _Protocols(routes)
+    app = Starlette(routes=[route for route, _ in routes], exception_handlers=_error_handlers(protocols))
+    app.add_middleware(_Guard, pipeline=pipeline, protocols=protocols)
     return app
 
 

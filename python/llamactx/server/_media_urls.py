@@ -40,7 +40,8 @@ from typing import Any, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 from llamactx._media import MAX_IMAGE_BYTES, MEDIA_URL_MAX_BYTES, MEDIA_URL_TIMEOUT
-from llamactx.server._protocol import ApiError
+from llamactx.server._addresses import Address, Network, carried_ipv4, literal, public, unmapped
+from llamactx.server._errors import ApiError
 
 __all__ = ["MAX_REDIRECTS", "MediaUrlPolicy", "MediaUrls", "refuse_media_urls"]
 
@@ -54,33 +55,7 @@ _FETCH_THREADS = threading.BoundedSemaphore(MAX_FETCH_THREADS)
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK = 64 * 1024
 _IMAGE_TYPE = re.compile(r"image/[a-z0-9.+-]+", re.IGNORECASE)
-_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 _T = TypeVar("_T")
-#: IPv6 ranges whose last 32 bits are an IPv4 address that a packet to them reaches.
-_IPV4_IN_LAST_32_BITS = tuple(
-    ipaddress.IPv6Network(network)
-    for network in (
-        "::/96",  # IPv4-compatible (RFC 4291, deprecated; Linux's sit0 still tunnels them to the IPv4 host)
-        "::ffff:0:0:0/96",  # SIIT, IPv4-translated (RFC 2765)
-        "64:ff9b::/96",  # NAT64, the well-known prefix (RFC 6052)
-    )
-)
-#: IPv6 ranges that translators and tunnels carry to IPv4 hosts, or that route inside a site:
-#: not the internet's own, though Python calls several of them global. Refused unless an allowed
-#: network holds the address.
-_TRANSLATED = (
-    *_IPV4_IN_LAST_32_BITS,
-    *(
-        ipaddress.IPv6Network(network)
-        for network in (
-            "64:ff9b:1::/48",  # NAT64, local use (RFC 8215): where the IPv4 address sits is the site's choice
-            "2001::/32",  # Teredo (RFC 4380)
-            "2002::/16",  # 6to4 (RFC 3056)
-            "fec0::/10",  # site-local (RFC 3879, deprecated, yet routed where still configured)
-        )
-    ),
-)
 
 
 @dataclass(frozen=True)
@@ -131,7 +106,7 @@ class MediaUrls:
 
     def __init__(self, policy: MediaUrlPolicy) -> None:
         self.policy = policy
-        self.networks: tuple[_Network, ...] = tuple(ipaddress.ip_network(net) for net in policy.allowed_networks)
+        self.networks: tuple[Network, ...] = tuple(ipaddress.ip_network(net) for net in policy.allowed_networks)
         self.ssl_context = policy.ssl_context or ssl.create_default_context()
 
     async def inline(self, messages: Sequence[MutableMapping[str, Any]]) -> None:
@@ -198,13 +173,13 @@ class MediaUrls:
                 raise _refused(url, f"not fetched within {self.policy.timeout:g} s") from None
             raise _refused(url, f"it could not be fetched: {type(error).__name__}: {str(error)[:200]}") from None
 
-    def refusal(self, address: _Address) -> str | None:
+    def refusal(self, address: Address) -> str | None:
         """Why this fetcher may not connect to ``address``, or None where it may: the address and
-        every IPv4 address it carries (``_carried_ipv4``) must each be public (``_public``) or in an
+        every IPv4 address it carries (``carried_ipv4``) must each be public (``public``) or in an
         allowed network. The one judge of every address, a URL's own or a host name's."""
-        address = _unmapped(address)
-        for judged in (address, *_carried_ipv4(address)):
-            if not _public(judged) and not any(judged in network for network in self.networks):
+        address = unmapped(address)
+        for judged in (address, *carried_ipv4(address)):
+            if not public(judged) and not any(judged in network for network in self.networks):
                 carried = "" if judged == address else f" (it carries {judged})"
                 return f"{address}, which is not a public address{carried}"
         return None
@@ -212,7 +187,7 @@ class MediaUrls:
     def _vetted_addresses(self, url: str, host: str, port: int, deadline: float) -> list[str]:
         """The addresses to connect to for ``host``, in the resolver's order (by ``deadline``):
         every one must pass ``refusal``."""
-        addresses = _literal(host)
+        addresses = literal(host)
         if addresses is None:
             try:
                 addresses = _resolved(host, port, deadline)
@@ -221,7 +196,7 @@ class MediaUrls:
         for address in addresses:
             if (why := self.refusal(address)) is not None:
                 raise _refused(url, f"its host resolves to {why}")
-        return list(dict.fromkeys(str(_unmapped(address)) for address in addresses))
+        return list(dict.fromkeys(str(unmapped(address)) for address in addresses))
 
 
 def _http_image_urls(messages: Iterable[Mapping[str, Any]]) -> Iterator[tuple[MutableMapping[str, Any], str]]:
@@ -253,20 +228,7 @@ def _parts(url: str) -> tuple[str, int, str, bool]:
     return host, split.port or (443 if secure else 80), path, secure
 
 
-def _literal(host: str) -> list[_Address] | None:
-    """The address ``host`` spells, in any form the system's resolver reads as one (``::1``,
-    ``127.0.0.1``, ``2130706433``, ``0x7f.1``); None for a host name."""
-    try:
-        return [ipaddress.ip_address(host.split("%")[0])]
-    except ValueError:
-        pass
-    try:
-        return [ipaddress.IPv4Address(socket.inet_aton(host))]
-    except OSError:
-        return None
-
-
-def _resolved(host: str, port: int, deadline: float) -> list[_Address]:
+def _resolved(host: str, port: int, deadline: float) -> list[Address]:
     """The addresses the system's resolver gives ``host``, by ``deadline`` (``TimeoutError``
     past it). A resolution cannot be interrupted, so it runs on a thread of its own: one that
     outlives the deadline keeps that thread until the resolver gives up (resolv.conf's timeouts),
@@ -298,37 +260,6 @@ def _on_a_thread_of_its_own(work: Callable[[], _T]) -> Future[_T]:
 
     threading.Thread(target=run, name="llamactx-media-url", daemon=True).start()
     return outcome
-
-
-def _unmapped(address: _Address) -> _Address:
-    """The IPv4 address an IPv4-mapped IPv6 address (``::ffff:a.b.c.d``) is: sockets connect to it."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
-
-
-def _carried_ipv4(address: _Address) -> tuple[ipaddress.IPv4Address, ...]:
-    """The IPv4 addresses that a packet to ``address`` reaches through a translator or tunnel:
-    the last 32 bits of a compatible, SIIT or NAT64 address, a 6to4 address's bits 16-47, a Teredo
-    address's server (bits 32-63) and client (the last 32 bits, inverted)."""
-    if isinstance(address, ipaddress.IPv4Address):
-        return ()
-    if any(address in network for network in _IPV4_IN_LAST_32_BITS):
-        return (ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF),)
-    if address.sixtofour is not None:
-        return (address.sixtofour,)
-    return address.teredo or ()
-
-
-def _public(address: _Address) -> bool:
-    """Whether ``address`` is the internet's own: global, unicast, allocated, and in no range of
-    translators or tunnels (``_TRANSLATED``)."""
-    return (
-        address.is_global
-        and not address.is_multicast
-        and not address.is_reserved
-        and not any(address in network for network in _TRANSLATED)
-    )
 
 
 def _cut_at(sock: socket.socket | None, deadline: float) -> threading.Timer:

@@ -1,6 +1,7 @@
-"""OpenAI's Responses API (``/v1/responses``) on ``Serving``: a request's input items become the
-chat that ``Engine.prepare_chat`` renders, and its reply becomes output items, whole or as the
-Responses stream of events, through the chat endpoint's submission, error table and metrics.
+"""OpenAI's Responses API (``/v1/responses``) on the pipeline (``_pipeline``): a request's input
+items become the chat that ``Engine.prepare_chat`` renders, and its reply becomes output items,
+whole or as the Responses stream of events, through the pipeline's submission, error table and
+metrics.
 Responses are kept, bounded, in memory, so that a follow-up names its predecessor
 (``previous_response_id``) instead of sending the conversation again."""
 
@@ -18,7 +19,9 @@ from starlette.responses import JSONResponse, Response
 
 from llamactx._llamactx import Completion
 from llamactx._render import PreparedChat
-from llamactx.server._protocol import ApiError
+from llamactx.server._api import OPENAI_PREFIXES, Api
+from llamactx.server._errors import CLIENT_GONE, ApiError, openai_error
+from llamactx.server._pipeline import UNLIMITED, Generation, Pipeline, event_stream, merged
 from llamactx.server._responses_output import (
     ItemIds,
     OutputItem,
@@ -31,7 +34,6 @@ from llamactx.server._responses_output import (
     text_item,
 )
 from llamactx.server._responses_protocol import InputItem, ResponseRequest, chat_messages
-from llamactx.server._serving import CLIENT_GONE, UNLIMITED, Serving, _Generation, _merged, event_stream, openai_error
 
 __all__ = ["MAX_STORED_BYTES", "MAX_STORED_RESPONSES", "ResponseStore", "Responses", "StoredResponse"]
 
@@ -97,21 +99,30 @@ class ResponseStore:
 
 
 class Responses:
-    """The handlers of ``/v1/responses``, on ``serving``'s engine and checks, with ``store``."""
+    """The handlers of ``/v1/responses``, on ``pipeline``'s engine and checks, with ``store``."""
 
-    def __init__(self, serving: Serving, store: ResponseStore | None = None) -> None:
-        self.serving = serving
+    def __init__(self, pipeline: Pipeline, store: ResponseStore | None = None) -> None:
+        self.pipeline = pipeline
         self.store = ResponseStore() if store is None else store
 
+    def api(self) -> Api:
+        """The Responses API's routes, where OpenAI's are."""
+        routes = [
+            ("POST", "/responses", self.create),
+            ("GET", "/responses/{response_id}", self.retrieve),
+            ("DELETE", "/responses/{response_id}", self.delete),
+        ]
+        return Api(routes, prefixes=OPENAI_PREFIXES)
+
     async def create(self, http: HttpRequest) -> Response:
-        serving = self.serving
-        body = await serving._body(http, ResponseRequest)
+        pipeline = self.pipeline
+        body = await pipeline.body(http, ResponseRequest)
         conversation = [*self._continued(body.previous_response_id), *body.input_items()]
         sampling = body.sampling()
-        messages = await serving._with_media_fetched(chat_messages(body.instructions, conversation), "input")
+        messages = await pipeline.media_fetched(chat_messages(body.instructions, conversation), "input")
 
-        def submit() -> tuple[PreparedChat, list[_Generation]]:
-            chat = serving._rendered_chat(
+        def submit() -> tuple[PreparedChat, list[Generation]]:
+            chat = pipeline.render(
                 messages,
                 body.chat_tools(),
                 body.chat_tool_choice(),
@@ -119,10 +130,10 @@ class Responses:
                 messages_param="input",
                 template_kwargs=body.template_kwargs(),
             )
-            generations = serving._submitted(
+            generations = pipeline.submit(
                 sampling,
                 [chat],
-                serving.engine.submit_prepared,
+                pipeline.engine.submit_prepared,
                 max_tokens=UNLIMITED if body.max_output_tokens is None else body.max_output_tokens,
                 logprobs=0,
                 constraint_param="tools" if chat.with_tools else "text.format",
@@ -131,10 +142,10 @@ class Responses:
 
         # Rendering the template and compiling constraints take time the event loop cannot give.
         chat, generations = await asyncio.to_thread(submit)
-        envelope = ResponseEnvelope(body, sampling, serving.model_id)
+        envelope = ResponseEnvelope(body, sampling, pipeline.model_id)
         if body.stream:
             return event_stream(self._events(envelope, chat, generations, conversation), {"X-Request-Id": envelope.id})
-        completions = await serving._completed(http, envelope, generations)
+        completions = await pipeline.completed(http, envelope, generations)
         if completions is None:
             return Response(status_code=CLIENT_GONE)
         (completion,) = completions
@@ -182,7 +193,7 @@ class Responses:
     ) -> ResponseObject:
         """The finished response, kept unless the request said ``store: false``."""
         reasoning = "".join(part["text"] for item in output if item["type"] == "reasoning" for part in item["content"])
-        reasoning_tokens = len(self.serving.model.str_to_token(reasoning, False)) if reasoning else 0
+        reasoning_tokens = len(self.pipeline.model.str_to_token(reasoning, False)) if reasoning else 0
         response = envelope.finished(output, completion, reasoning_tokens)
         if envelope.body.store is not False:
             self.store.put(StoredResponse(response, (*conversation, *conversation_items(output))))
@@ -192,7 +203,7 @@ class Responses:
         self,
         envelope: ResponseEnvelope,
         chat: PreparedChat,
-        generations: list[_Generation],
+        generations: list[Generation],
         conversation: list[InputItem],
     ) -> AsyncIterator[str]:
         """The Responses stream: the response created and in progress, its output items as
@@ -207,11 +218,11 @@ class Responses:
             started = envelope.snapshot("in_progress", [])
             yield events.event("response.created", response=started)
             yield events.event("response.in_progress", response=started)
-            async for _, (text, _logprobs) in _merged(generations):
+            async for _, (text, _logprobs) in merged(generations):
                 for line in items.pieces(stream.feed(text)):
                     yield line
             completions = [await generation.request for generation in generations]
-            await self.serving._finished(envelope, generations, completions)
+            await self.pipeline.finished(envelope, generations, completions)
             (completion,) = completions
             status = _message_status(completion)
             reply = chat.reply(completion.text)

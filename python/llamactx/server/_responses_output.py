@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from llamactx._llamactx import Completion
-from llamactx.server._protocol import ApiError, SamplingBody
+from llamactx.server._errors import ApiError
+from llamactx.server._openai_protocol import SamplingBody
 from llamactx.server._responses_protocol import (
     FunctionCallItem,
     InputItem,

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from llamactx._tools import ToolChoice
-from llamactx.server._protocol import (
-    ApiError,
+from llamactx.server._errors import ApiError
+from llamactx.server._openai_protocol import (
     Function,
     JsonSchemaFormat,
     Probability,

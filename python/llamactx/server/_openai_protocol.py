@@ -1,55 +1,33 @@
-"""OpenAI's protocol as this server speaks it: the request bodies it accepts (OpenAI's parameters
-where llama.cpp can honour them, and llama-server's extras: ``top_k``, ``min_p``,
-``repeat_penalty``, ``grammar``), and the shapes of what it answers. A body is parsed and
-checked once, by its pydantic model: anything else, a wrong type or an out-of-range number is
-refused with 400 naming the parameter before it reaches the engine. Answers are ``TypedDict``s,
-plain dicts for speed: each streamed token is one."""
+"""OpenAI's requests as this server reads them: the bodies it accepts (OpenAI's parameters where
+llama.cpp can honour them, and llama-server's extras: ``top_k``, ``min_p``, ``repeat_penalty``,
+``grammar``). A body is parsed and checked once, by its pydantic model: anything else, a wrong
+type or an out-of-range number is refused with 400 naming the parameter before it reaches the
+engine. What goes back is ``_openai_replies``'s; errors are ``_errors``'."""
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal, TypedDict, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
-from llamactx import __version__
 from llamactx._limits import INT32_MAX
-from llamactx._llamactx import Completion, LlamaModel
 from llamactx._sampling import SAMPLING_DEFAULTS
+from llamactx.server._errors import ApiError
 
 __all__ = [
     "PENALTY_WINDOW_MAX",
-    "ApiError",
-    "ChatChoice",
-    "ChatChunkChoice",
-    "ChatLogprobs",
     "ChatRequest",
-    "CompletionChoice",
-    "CompletionLogprobs",
     "CompletionRequest",
-    "ContextLengthExceeded",
-    "EmbeddingList",
     "EmbeddingRequest",
-    "Envelope",
-    "ErrorBody",
     "Message",
-    "ModelCard",
     "SamplingBody",
-    "Usage",
-    "chat_logprobs",
-    "completion_logprobs",
     "parsed",
-    "total_usage",
 ]
 
 #: The longest penalty window the engine takes.
 PENALTY_WINDOW_MAX = 2**20
 # OpenAI takes a 64-bit seed; llama.cpp's generator takes 32 bits (the server uses seed mod 2**32).
 SEED_RANGE = {"ge": -(2**63), "lt": 2**64}
-SYSTEM_FINGERPRINT = f"llamactx-{__version__}"
 #: The most choices one request may ask for (prompts times ``n``), as OpenAI bounds ``n``: each is
 #: an engine request holding a sequence's worth of work.
 MAX_CHOICES = 128
@@ -337,302 +315,3 @@ def _invalid(error: ValidationError) -> ApiError:
     if problem["type"] == "missing":
         return ApiError(400, f"missing required parameter: {param}", param=param)
     return ApiError(400, f"invalid value for {param}: {problem['msg']}", param=param)
-
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-}
-
-
-class ErrorDetail(TypedDict):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ContextLengthDetail(ErrorDetail):
-    """The error object of ``context_length_exceeded``, with llama-server's numbers."""
-
-    n_prompt_tokens: int
-    n_ctx: int
-
-
-class ErrorBody(TypedDict):
-    """OpenAI's error object."""
-
-    error: ErrorDetail
-
-
-class ApiError(Exception):
-    """A failure the client should see as ``{"error": {...}}`` with ``status`` (the error's
-    ``type`` follows from it), naming the parameter at fault and OpenAI's ``code`` when there is
-    one; ``retry_after`` seconds, when set, go out as ``Retry-After``."""
-
-    def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None, retry_after: int = 0
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.retry_after = retry_after
-
-    def body(self) -> ErrorBody:
-        kind = _ERROR_TYPES.get(self.status, "server_error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after)} if self.retry_after else {}
-
-
-class ContextLengthExceeded(ApiError):
-    """A prompt of ``n_prompt_tokens`` that cannot fit the ``n_ctx`` tokens a request holds
-    (prompt and completion): OpenAI's code, and llama-server's numbers in the error object for
-    clients that trim the prompt to fit."""
-
-    def __init__(self, n_prompt_tokens: int, n_ctx: int) -> None:
-        super().__init__(
-            400,
-            f"the prompt has {n_prompt_tokens} tokens; a request of this server holds at most {n_ctx} "
-            "(prompt and completion)",
-            code="context_length_exceeded",
-        )
-        self.n_prompt_tokens = n_prompt_tokens
-        self.n_ctx = n_ctx
-
-    def body(self) -> ErrorBody:
-        detail: ContextLengthDetail = {
-            **super().body()["error"],
-            "n_prompt_tokens": self.n_prompt_tokens,
-            "n_ctx": self.n_ctx,
-        }
-        return {"error": detail}
-
-
-class ModelCard(TypedDict):
-    """``GET /v1/models/{id}``, and each of ``GET /v1/models``."""
-
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-
-
-class PromptTokensDetails(TypedDict):
-    cached_tokens: int
-
-
-class Usage(TypedDict):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-
-class TokenLogprob(TypedDict):
-    token: str
-    logprob: float
-    bytes: list[int]
-
-
-class ContentLogprob(TokenLogprob):
-    top_logprobs: list[TokenLogprob]
-
-
-class ChatLogprobs(TypedDict):
-    """``choices[].logprobs`` of a chat completion or chunk."""
-
-    content: list[ContentLogprob]
-    refusal: None
-
-
-class CompletionLogprobs(TypedDict):
-    """``choices[].logprobs`` of a legacy completion or chunk."""
-
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
-    text_offset: list[int]
-
-
-class CompletionChoice(TypedDict):
-    """A choice of ``text_completion``, whole or as a chunk."""
-
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None
-    finish_reason: str | None
-
-
-class ChatChoice(TypedDict):
-    """A choice of ``chat.completion``: the assistant message (OpenAI's, as the chat's parser
-    returns it)."""
-
-    index: int
-    message: dict[str, Any]
-    logprobs: ChatLogprobs | None
-    finish_reason: str
-
-
-class ChatChunkChoice(TypedDict):
-    """A choice of ``chat.completion.chunk``: what its message gained."""
-
-    index: int
-    delta: dict[str, Any]
-    logprobs: ChatLogprobs | None
-    finish_reason: str | None
-
-
-Choice = CompletionChoice | ChatChoice | ChatChunkChoice
-
-
-class Chunk(TypedDict):
-    """One server-sent event's object."""
-
-    id: str
-    object: str
-    created: int
-    model: str
-    system_fingerprint: str
-    choices: Sequence[Choice]
-
-
-class UsageChunk(Chunk):
-    """A chunk of a stream with ``include_usage``: None but in the last."""
-
-    usage: Usage | None
-
-
-class Reply(Chunk):
-    """A whole ``chat.completion`` or ``text_completion``."""
-
-    usage: Usage
-
-
-class Embedding(TypedDict):
-    object: Literal["embedding"]
-    index: int
-    embedding: list[float] | str
-
-
-class EmbeddingUsage(TypedDict):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class EmbeddingList(TypedDict):
-    """``POST /v1/embeddings``."""
-
-    object: Literal["list"]
-    data: list[Embedding]
-    model: str
-    usage: EmbeddingUsage
-
-
-class Envelope:
-    """What every object of one response shares: its id, object type, model and creation time;
-    and whether its stream ends with usage."""
-
-    def __init__(self, prefix: str, object_type: str, model_id: str, stream_options: StreamOptions | None) -> None:
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
-        self.object = object_type
-        self.chunk_object = "chat.completion.chunk" if object_type == "chat.completion" else object_type
-        self.model_id = model_id
-        self.created = int(time.time())
-        self.include_usage = bool(stream_options and stream_options.include_usage)
-
-    def whole(self, choices: Sequence[Choice], usage: Usage) -> Reply:
-        return {**self._chunk(choices, self.object), "usage": usage}
-
-    def event(self, choices: Sequence[Choice], usage: Usage | None = None) -> str:
-        """A server-sent event of ``choices`` (and, with ``include_usage``, ``usage``)."""
-        chunk = self._chunk(choices, self.chunk_object)
-        if self.include_usage:
-            with_usage: UsageChunk = {**chunk, "usage": usage}
-            return event(with_usage)
-        return event(chunk)
-
-    def _chunk(self, choices: Sequence[Choice], object_type: str) -> Chunk:
-        return {
-            "id": self.id,
-            "object": object_type,
-            "created": self.created,
-            "model": self.model_id,
-            "system_fingerprint": SYSTEM_FINGERPRINT,
-            "choices": choices,
-        }
-
-
-def event(value: Chunk | ErrorBody) -> str:
-    """``value`` as a server-sent event."""
-    return f"data: {json.dumps(value, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
-def usage(prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Usage:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-def total_usage(prompts: Sequence[Completion], completions: Sequence[Completion]) -> Usage:
-    """Usage of a response: each prompt counted once (``n`` choices share it), every choice's
-    generated tokens."""
-    return usage(
-        sum(c.prompt_tokens for c in prompts),
-        sum(c.cached_tokens for c in prompts),
-        sum(c.completion_tokens for c in completions),
-    )
-
-
-def _top(entry: Sequence[tuple[int, float]], count: int) -> list[tuple[int, float]]:
-    """The ``count`` most likely tokens: the engine gives the chosen token, then the most
-    likely others."""
-    return sorted(entry, key=lambda pair: -pair[1])[:count]
-
-
-def _text(model: LlamaModel, token: int) -> tuple[str, list[int]]:
-    raw = model.token_to_bytes(token, True)
-    return raw.decode("utf-8", errors="replace"), list(raw)
-
-
-def chat_logprobs(model: LlamaModel, logprobs: Sequence[Sequence[tuple[int, float]]], top: int) -> ChatLogprobs:
-    """``choices[].logprobs`` of a chat completion (or of one streamed chunk)."""
-
-    def described(token: int, logprob: float) -> TokenLogprob:
-        text, raw = _text(model, token)
-        return {"token": text, "logprob": logprob, "bytes": raw}
-
-    content: list[ContentLogprob] = [
-        {**described(*entry[0]), "top_logprobs": [described(*pair) for pair in _top(entry, top)]} for entry in logprobs
-    ]
-    return {"content": content, "refusal": None}
-
-
-def completion_logprobs(
-    model: LlamaModel, logprobs: Sequence[Sequence[tuple[int, float]]], top: int, text_offset: int
-) -> CompletionLogprobs:
-    """``choices[].logprobs`` of a legacy completion: tokens, their log-probabilities, the
-    ``top`` most likely per position and where each token's text starts."""
-    tokens, offsets = [], []
-    for entry in logprobs:
-        text, _ = _text(model, entry[0][0])
-        tokens.append(text)
-        offsets.append(text_offset)
-        text_offset += len(text)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [entry[0][1] for entry in logprobs],
-        "top_logprobs": [{_text(model, token)[0]: lp for token, lp in _top(entry, top)} for entry in logprobs],
-        "text_offset": offsets,
-    }
