@@ -55,6 +55,7 @@ bench: build model bench-peers wheel-venv ## llamactx vs llama.cpp's tools (buil
 	$(PY) benches/structured.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/speculative.py
 	$(PY) benches/media.py
+	$(PY) benches/kv_cache_types.py
 	$(PEERS_VENV)/bin/python benches/forged_turns.py "$$($(PY) -c 'import llamactx; print(llamactx.default_model_path())')"
 	$(PY) benches/rpc.py
 	$(PY) tests/support/loopback_only.py benches/ray_data.py  # Ray listens on every interface: loopback only here
