@@ -279,6 +279,15 @@ impl PyChatApplied {
     }
 }
 
+/// The check `apply` makes of `kwargs` (JSON text), alone: the renderer makes it first, so that
+/// what it refuses is known to be the template variables' fault. `ValueError` as `apply`'s.
+#[pyfunction]
+#[pyo3(name = "_check_template_variables")]
+pub fn check_template_variables(kwargs: &str) -> PyResult<()> {
+    template_variables(kwargs)?;
+    Ok(())
+}
+
 /// `kwargs` (`chat_template_kwargs`, which must be a JSON object) as the crate's shim takes
 /// them, and whether they leave thinking on (their `enable_thinking`, a boolean; else true, as
 /// in llama.cpp). The shim hands a string value to llama.cpp as the JSON text of the value, which

@@ -65,6 +65,7 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prompt_checks::check_prompt, m)?)?;
     m.add_function(wrap_pyfunction!(engine::speculative_options::check_speculative, m)?)?;
     m.add_function(wrap_pyfunction!(chat_format::check_reasoning, m)?)?;
+    m.add_function(wrap_pyfunction!(chat_format::check_template_variables, m)?)?;
     m.add_function(wrap_pyfunction!(backend::gpu_devices, m)?)?;
     m.add("_MAX_NGRAM", engine::speculative_options::MAX_NGRAM)?;
     m.add("_MAX_DRAFT", engine::speculative_options::MAX_DRAFT)?;

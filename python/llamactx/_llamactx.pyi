@@ -82,6 +82,7 @@ __all__ = [
     "_check_prompt",
     "_check_reasoning",
     "_check_speculative",
+    "_check_template_variables",
     "_gpu_devices",
     "cpu_features",
     "serve_rpc",
@@ -1243,6 +1244,11 @@ def _check_speculative(speculative: object) -> None:
 def _gpu_devices() -> int:
     """How many GPUs (discrete or integrated) the build's backends found: 0 on a CPU build, where
     `n_gpu_layers` and `main_gpu` change nothing. RPC servers are not counted.
+    """
+
+def _check_template_variables(kwargs: str) -> None:
+    """The check `apply` makes of `kwargs` (JSON text), alone: the renderer makes it first, so that
+    what it refuses is known to be the template variables' fault. `ValueError` as `apply`'s.
     """
 
 def _check_reasoning(format: str, budget: int | None) -> None:

@@ -22,6 +22,7 @@ from llamactx._llamactx import (
     MtmdInputChunks,
     _ChatApplied,
     _ChatTemplates,
+    _check_template_variables,
 )
 from llamactx._media import MediaBudget, MediaPrompt, media_marker, with_media_markers
 from llamactx._reasoning import Reasoning, ReplyStream
@@ -120,7 +121,7 @@ class ChatRenderer:
         ``reasoning`` says how a reply's reasoning is handled, for a template whose replies
         reason; a reply constrained by the JSON reply protocol (tools the template cannot
         format) is JSON from its first token, and does not reason."""
-        kwargs = None if template_kwargs is None else json.dumps(dict(template_kwargs))
+        kwargs = None if template_kwargs is None else _template_variables(template_kwargs)
         marker = media_marker()
         messages, media = with_media_markers(checked_messages(messages), marker, mtmd, media_budget)
         templates = self._parsed()
@@ -142,7 +143,8 @@ class ChatRenderer:
                 reasoned = partial(_reasoned_reply, applied, reply)
                 return PreparedChat(tokens, None, None, [], reasoned, prompt, *_reasoned(applied, reasoning))
         elif kwargs is not None:
-            raise ValueError("this model's chat template cannot be parsed, so it takes no chat_template_kwargs")
+            unparsed = "this model's chat template cannot be parsed, so it takes no chat_template_kwargs"
+            raise ChatInputError("chat_template_kwargs", unparsed)
         elif media:
             raise ValueError("this model's chat template cannot be parsed, so llamactx cannot place images in it")
         else:
@@ -194,6 +196,17 @@ def _native(
         prompt,
         *_reasoned(applied, reasoning),
     )
+
+
+def _template_variables(template_kwargs: Mapping[str, Any]) -> str:
+    """``template_kwargs`` as the JSON text the template takes, checked as rendering checks it:
+    ``ChatInputError`` naming ``chat_template_kwargs`` for what it refuses."""
+    kwargs = json.dumps(dict(template_kwargs))
+    try:
+        _check_template_variables(kwargs)
+    except ValueError as error:
+        raise ChatInputError("chat_template_kwargs", str(error)) from None
+    return kwargs
 
 
 def _reasoned(

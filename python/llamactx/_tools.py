@@ -45,8 +45,9 @@ _INSTRUCTIONS = {
 
 
 class ChatInputError(ValueError):
-    """A malformed message, tool or ``tool_choice``: ``param`` says which of the three
-    (``"messages"``, ``"tools"`` or ``"tool_choice"``), for the server's error object."""
+    """A malformed message, tool, ``tool_choice`` or template variable: ``param`` says which
+    (``"messages"``, ``"tools"``, ``"tool_choice"`` or ``"chat_template_kwargs"``), for the
+    server's error object."""
 
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)

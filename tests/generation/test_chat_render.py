@@ -15,6 +15,7 @@ from support.prompts import CHATML_WITH_VARIABLES, PLAIN_CHATML, TOOL_TEMPLATE
 import llamactx
 from llamactx import _render
 from llamactx._llamactx import _ChatTemplates
+from llamactx._tools import ChatInputError
 
 SYSTEM = "You answer in one word."
 CONVERSATION: list[dict[str, Any]] = [
@@ -180,5 +181,6 @@ def test_chat_template_kwargs_are_variables_of_the_template_on_every_chat_path(
         ctx, messages, max_tokens=8, chat_template=CHATML_WITH_VARIABLES, chat_template_kwargs=kwargs
     )
     assert chatted == expected
-    with pytest.raises(ValueError, match="enable_thinking must be true or false"):
+    with pytest.raises(ChatInputError, match="enable_thinking must be true or false") as refused:
         renderer.prepare(messages, template_kwargs={"enable_thinking": "no"})
+    assert refused.value.param == "chat_template_kwargs"  # the server's 400 names it from this

@@ -234,8 +234,6 @@ class Pipeline:
             )
         except Exception as error:
             param = "tools" if isinstance(error, (SchemaError, SamplerInitError)) else messages_param
-            if "chat_template_kwargs" in str(error):
-                param = "chat_template_kwargs"
             failure = openai_error(error, "the chat cannot be rendered", param)
             if isinstance(failure, ApiError) and failure.param == "messages":
                 failure.param = messages_param  # as the engine names them
