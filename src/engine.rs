@@ -32,6 +32,7 @@ use crate::batch::BatchState;
 use crate::context::{ContextOptions, OpenContext};
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
+use crate::lora::PyLlamaLoraAdapter;
 use crate::media::{PyMtmdContext, PyMtmdInputChunks};
 use crate::model::PyLlamaModel;
 use crate::prompt_checks::{self, PromptShape};
@@ -214,7 +215,8 @@ impl PyEngineCore {
 #[pymethods]
 impl PyEngineCore {
     #[new]
-    #[pyo3(signature = (model, max_waiting, prefix_cache, *, speculative=None, mtmd=None, **options))]
+    #[pyo3(signature = (model, max_waiting, prefix_cache, *, speculative=None, mtmd=None, lora=None, **options))]
+    #[allow(clippy::too_many_arguments)] // Python's keywords, each its own
     fn new(
         py: Python<'_>,
         model: &Bound<'_, PyLlamaModel>,
@@ -222,6 +224,7 @@ impl PyEngineCore {
         prefix_cache: bool,
         speculative: Option<&Bound<'_, PyAny>>,
         mtmd: Option<Py<PyMtmdContext>>,
+        lora: Option<(Py<PyLlamaLoraAdapter>, f32)>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let options = ContextOptions::from_kwargs(options)?;
@@ -258,9 +261,12 @@ impl PyEngineCore {
         }
         let learned_positions = model.get().learned_positions();
         let (native, draft) = detached(py, || {
-            let native = OpenContext::open(Arc::clone(&native_model), &options, learned_positions)?;
+            let mut native = OpenContext::open(Arc::clone(&native_model), &options, learned_positions)?;
             // Generation keeps each sequence in the KV cache between steps.
             native.require_memory()?;
+            if let Some((adapter, scale)) = lora {
+                native.set_lora(adapter, scale)?;
+            }
             let draft = match draft {
                 Some(((draft_model, draft_positions), n_draft_max, p_min)) => {
                     let draft_options = draft_options(&native, &options);

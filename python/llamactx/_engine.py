@@ -15,6 +15,7 @@ from typing import Any
 from llamactx._constraints import JsonSchema, constraint
 from llamactx._llamactx import (
     Completion,
+    LlamaLoraAdapter,
     LlamaModel,
     LlamaSampler,
     MtmdContext,
@@ -209,6 +210,10 @@ class Engine:
     submit, in the submitting thread, while the engine keeps stepping; its
     embeddings are decoded in a step entry of their own, and the prefix cache recognises the
     same image in a later request (a conversation's next turn reads only what follows).
+    With ``lora_adapter`` (a ``LlamaLoraAdapter`` loaded for ``model``), every request is
+    generated with it applied at ``lora_scale`` (llama-server's ``--lora``/``--lora-scaled``), as
+    ``LlamaContext.lora_adapter_set`` applies it; ``ValueError`` for an adapter of another model or
+    a scale that is not finite, ``LlamaLoraAdapterSetError`` when llama.cpp refuses it.
     ``close()`` (or leaving a ``with`` block, or the interpreter's exit) ends every request
     still waiting or running as "cancelled".
     """
@@ -222,6 +227,8 @@ class Engine:
         chat_template: str | None = None,
         speculative: Speculative | None = None,
         mtmd: MtmdContext | None = None,
+        lora_adapter: LlamaLoraAdapter | None = None,
+        lora_scale: float = 1.0,
         **options: Any,
     ) -> None:
         if max_waiting < 0:
@@ -229,7 +236,10 @@ class Engine:
         options.setdefault("n_ctx", 4096)
         options.setdefault("n_seq_max", 8)
         self.model = model
-        self._core = _EngineCore(model, max_waiting, prefix_cache, speculative=speculative, mtmd=mtmd, **options)
+        lora = None if lora_adapter is None else (lora_adapter, lora_scale)
+        self._core = _EngineCore(
+            model, max_waiting, prefix_cache, speculative=speculative, mtmd=mtmd, lora=lora, **options
+        )
         self._renderer = ChatRenderer(model, chat_template)
         self.mtmd = mtmd
         # Python joins non-daemon threads before it runs `atexit` handlers: a thread waiting

@@ -1206,6 +1206,7 @@ class _EngineCore:
         *,
         speculative: NgramDraft | DraftModel | None = None,
         mtmd: MtmdContext | None = None,
+        lora: tuple[LlamaLoraAdapter, float] | None = None,
         **options: Any,
     ) -> _EngineCore: ...
     def submit(

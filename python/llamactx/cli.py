@@ -257,6 +257,11 @@ def _serve(arguments: argparse.Namespace) -> int:
     except (ValueError, OverflowError) as error:
         print(f"llamactx serve: --reasoning-budget takes -1 (unbounded) or more: {error}", file=sys.stderr)
         return 2
+    try:
+        adapter = _adapter(arguments)
+    except ValueError as error:
+        print(f"llamactx serve: {error}", file=sys.stderr)
+        return 2
     model = _load_model(arguments, **gpu)
     try:
         speculative = _speculative(arguments)
@@ -264,7 +269,24 @@ def _serve(arguments: argparse.Namespace) -> int:
         print(f"llamactx serve: {error}", file=sys.stderr)
         return 2
     embeddings = embedding_context(model, 8, 512, arguments.threads) if arguments.embeddings else None
-    return serve(model, arguments, embeddings, speculative, reasoning)
+    return serve(model, arguments, embeddings, speculative, reasoning, adapter)
+
+
+def _adapter(arguments: argparse.Namespace) -> tuple[str, float] | None:
+    """The LoRA adapter of ``--lora FILE`` (scale 1) or ``--lora-scaled FILE:SCALE``, as
+    llama-server writes them (a comma between several): one at most, which is all a context of
+    llama-cpp-4 takes; ``ValueError`` otherwise."""
+    given = [(path, 1.0) for paths in arguments.lora for path in paths.split(",")]
+    for pairs in arguments.lora_scaled:
+        for pair in pairs.split(","):
+            path, _, scale = pair.rpartition(":")
+            try:
+                given.append((path, float(scale)))
+            except ValueError:
+                raise ValueError(f"--lora-scaled takes FILE:SCALE, got {pair!r}") from None
+    if len(given) > 1:
+        raise ValueError(f"llamactx serve applies one LoRA adapter (llama-cpp-4's context takes one), got {len(given)}")
+    return given[0] if given else None
 
 
 def _speculative(arguments: argparse.Namespace) -> Speculative | None:
@@ -459,6 +481,21 @@ def _add_reasoning_options(command: argparse.ArgumentParser) -> None:
         default="",
         metavar="MESSAGE",
         help="text forced before the closing tag when the budget ends a reply's reasoning",
+    )
+
+
+def _add_adapter_options(command: argparse.ArgumentParser) -> None:
+    """llama-server's LoRA options, for one adapter applied to every request."""
+    adapters = command.add_argument_group("LoRA adapter (llama-server's names; one adapter)")
+    adapters.add_argument(
+        "--lora", action="append", default=[], metavar="FILE", help="apply this LoRA adapter (GGUF) at scale 1"
+    )
+    adapters.add_argument(
+        "--lora-scaled",
+        action="append",
+        default=[],
+        metavar="FILE:SCALE",
+        help="apply this LoRA adapter at SCALE",
     )
 
 
@@ -783,6 +820,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_memory_options(serve)
     _add_reasoning_options(serve)
     _add_gpu_options(serve)
+    _add_adapter_options(serve)
     _add_always_on_options(serve)
     serve.set_defaults(run=_serve)
 

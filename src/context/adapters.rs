@@ -5,8 +5,8 @@ use std::sync::Arc;
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 
-use super::PyLlamaContext;
-use crate::errors::{Error, ExcClass};
+use super::{OpenContext, PyLlamaContext};
+use crate::errors::{Error, ExcClass, Result};
 use crate::lora::{AdapterLease, PyLlamaLoraAdapter};
 
 /// A control vector as one flat float32 buffer (any array-like: 2-D `(n_layer - 1, n_embd)`
@@ -22,29 +22,36 @@ fn control_vector(data: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<f32>>>
     Ok((!values.is_empty()).then_some(values))
 }
 
+impl OpenContext {
+    /// Applies `adapter` with weight `scale` (`lora_adapter_set`, and an engine's adapter),
+    /// keeping it alive while set. `ValueError` for a scale that is not finite or an adapter of
+    /// another model.
+    pub(crate) fn set_lora(&mut self, adapter: Py<PyLlamaLoraAdapter>, scale: f32) -> Result<()> {
+        if !scale.is_finite() {
+            return Err(Error::value(format!("scale must be finite, got {scale}")));
+        }
+        if !Arc::ptr_eq(adapter.get().model(), self.model()) {
+            return Err(Error::value("this adapter was loaded for another model"));
+        }
+        // Leased before use, so `close()` refuses from here on.
+        let lease = AdapterLease::new(adapter);
+        {
+            let mut guard = lease.adapter().lock()?;
+            let raw = guard.as_mut().ok_or_else(|| Error::closed("LlamaLoraAdapter"))?;
+            self.with_mut(|context| context.lora_adapter_set(&mut raw.0, scale))?;
+        }
+        self.lora = Some(lease);
+        Ok(())
+    }
+}
+
 #[pymethods]
 impl PyLlamaContext {
     /// Applies `adapter` with weight `scale` (0 leaves the model unchanged). Replaces any
     /// adapter set before, as the crate does; the context keeps the adapter alive while set.
     /// `ValueError` for an adapter of another model; `LlamaLoraAdapterSetError` on failure.
     fn lora_adapter_set(&self, py: Python<'_>, adapter: Py<PyLlamaLoraAdapter>, scale: f32) -> PyResult<()> {
-        if !scale.is_finite() {
-            return Err(Error::value(format!("scale must be finite, got {scale}")).into());
-        }
-        self.run(py, |native| {
-            if !Arc::ptr_eq(adapter.get().model(), native.model()) {
-                return Err(Error::value("this adapter was loaded for another model"));
-            }
-            // Leased before use, so `close()` refuses from here on.
-            let lease = AdapterLease::new(adapter);
-            {
-                let mut guard = lease.adapter().lock()?;
-                let raw = guard.as_mut().ok_or_else(|| Error::closed("LlamaLoraAdapter"))?;
-                native.with_mut(|context| context.lora_adapter_set(&mut raw.0, scale))?;
-            }
-            native.lora = Some(lease);
-            Ok(())
-        })
+        self.run(py, |native| native.set_lora(adapter, scale))
     }
 
     /// Removes the adapter set on this context (the crate clears every adapter).

@@ -16,7 +16,7 @@ import pytest
 from support.processes import load_script
 
 from llamactx._llamactx import _gpu_devices
-from llamactx.cli import _parser
+from llamactx.cli import _adapter, _parser
 from llamactx.server._serve import _template_kwargs as template_kwargs
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "flags.md"
@@ -127,3 +127,18 @@ def test_gpu_options_are_taken_and_a_build_without_a_gpu_says_they_change_nothin
     finished = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert finished.returncode == 2
     assert ("this build has no GPU: -ngl and -mg change nothing" in finished.stderr) == (_gpu_devices() == 0)
+
+
+def test_one_lora_adapter_is_taken_as_llama_server_writes_it() -> None:
+    def adapter(*line: str) -> tuple[str, float] | None:
+        return _adapter(_parser().parse_args(["serve", *line]))
+
+    assert adapter() is None
+    assert adapter("--lora", "a.gguf") == ("a.gguf", 1.0)
+    assert adapter("--lora-scaled", "dir:x/a.gguf:0.5") == ("dir:x/a.gguf", 0.5)
+    with pytest.raises(ValueError, match="one LoRA adapter"):
+        adapter("--lora", "a.gguf,b.gguf")
+    with pytest.raises(ValueError, match="one LoRA adapter"):
+        adapter("--lora", "a.gguf", "--lora-scaled", "b.gguf:2")
+    with pytest.raises(ValueError, match="FILE:SCALE"):
+        adapter("--lora-scaled", "a.gguf")

@@ -943,6 +943,24 @@ def test_a_requests_chat_template_kwargs_reach_the_template(model_path: Path, mo
             assert refused.value.body["param"] == "chat_template_kwargs"  # type: ignore[index]
 
 
+def test_a_lora_adapter_given_at_start_applies_to_every_request(
+    model_path: Path, model: llamactx.LlamaModel, lora_path: Path
+) -> None:
+    messages: list[Any] = [{"role": "user", "content": "Name a colour."}]
+    adapter = model.lora_adapter_init(lora_path)
+    with llamactx.Engine(model, lora_adapter=adapter, lora_scale=0.5, **ENGINE_OPTIONS) as engine:
+        expected = engine.submit_chat(messages, max_tokens=12).result().text
+    with llamactx.Engine(model, **ENGINE_OPTIONS) as engine:
+        plain = engine.submit_chat(messages, max_tokens=12).result().text
+    assert expected != plain
+    with (
+        running_server(model_path, "--no-prefix-cache", "--lora-scaled", f"{lora_path}:0.5") as server,
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused") as client,
+    ):
+        reply = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=12, temperature=0)
+    assert reply.choices[0].message.content == expected
+
+
 def test_kv_cache_types_and_batch_sizes_are_the_engines_context_options(
     model_path: Path, model: llamactx.LlamaModel
 ) -> None:

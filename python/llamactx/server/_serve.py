@@ -16,7 +16,15 @@ from typing import Any
 import uvicorn
 
 from llamactx._engine import Engine
-from llamactx._llamactx import ChatTemplateError, LlamaContext, LlamaModel, MtmdContext, MtmdError
+from llamactx._llamactx import (
+    ChatTemplateError,
+    LlamaContext,
+    LlamaLoraAdapterInitError,
+    LlamaLoraAdapterSetError,
+    LlamaModel,
+    MtmdContext,
+    MtmdError,
+)
 from llamactx._media import MediaBudget
 from llamactx._reasoning import Reasoning
 from llamactx._speculative import Speculative
@@ -67,9 +75,11 @@ def serve(
     embeddings: LlamaContext | None,
     speculative: Speculative | None = None,
     reasoning: Reasoning = Reasoning(),
+    adapter: tuple[str, float] | None = None,
 ) -> int:
     """Serves until Ctrl-C or SIGTERM; the engine is closed on the way out, within
-    ``CLOSE_SECONDS`` of the open streams' end. Status 2 for options the engine refuses."""
+    ``CLOSE_SECONDS`` of the open streams' end; ``adapter`` is a LoRA adapter's file and scale,
+    applied to every request. Status 2 for options the engine refuses."""
     done = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -98,6 +108,7 @@ def serve(
     with sock:
         try:
             mtmd = MtmdContext(model, arguments.mmproj, n_threads=arguments.threads) if arguments.mmproj else None
+            lora = None if adapter is None else model.lora_adapter_init(adapter[0])
             engine = Engine(
                 model,
                 max_waiting=arguments.max_waiting,
@@ -105,11 +116,14 @@ def serve(
                 chat_template=arguments.chat_template,
                 speculative=speculative,
                 mtmd=mtmd,
+                lora_adapter=lora,
+                lora_scale=1.0 if adapter is None else adapter[1],
                 n_ctx=arguments.ctx,
                 n_seq_max=arguments.parallel,
                 **options,
             )
-        except (ValueError, MtmdError, OSError) as error:  # e.g. a draft model of another vocabulary, no projector
+        # e.g. a draft model of another vocabulary, no projector, an adapter llama.cpp refuses
+        except (ValueError, MtmdError, OSError, LlamaLoraAdapterInitError, LlamaLoraAdapterSetError) as error:
             print(f"llamactx serve: {error}", file=sys.stderr)
             return 2
         try:
