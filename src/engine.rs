@@ -17,6 +17,7 @@ mod scheduler;
 #[cfg(test)]
 mod scripted;
 pub mod speculative_options;
+pub mod stats;
 pub mod waker;
 
 use std::collections::VecDeque;
@@ -48,6 +49,7 @@ use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
 use scheduler::{Job, Scheduler};
 use speculative_options::{DraftKind, SpeculativeOptions};
+pub use stats::PyEngineStats;
 
 /// Requests that wait for a sequence slot, and whether the engine is closing.
 #[derive(Default)]
@@ -393,25 +395,11 @@ impl PyEngineCore {
         Ok(PyRequestCore { shared: request })
     }
 
-    /// Counts of now: running and waiting requests, KV cells used by running requests, kept
-    /// for prefix reuse and in total, prefix cache hits, tokens generated, speculative tokens
-    /// drafted and accepted, and generated tokens per second of engine work.
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// The engine's counts now (`EngineStats`).
+    fn stats(&self) -> PyEngineStats {
         let waiting = self.shared.inbox().waiting.len();
         let counters = *self.shared.counters();
-        let stats = PyDict::new(py);
-        stats.set_item("running", counters.running)?;
-        stats.set_item("waiting", waiting)?;
-        stats.set_item("kv_cells_used", counters.kv_cells_used)?;
-        stats.set_item("kv_cells_cached", counters.kv_cells_cached)?;
-        stats.set_item("kv_cells_total", self.n_ctx)?;
-        stats.set_item("n_seq_max", self.n_seq_max)?;
-        stats.set_item("prefix_cache_hits", counters.prefix_cache_hits)?;
-        stats.set_item("tokens_generated", counters.tokens_generated)?;
-        stats.set_item("prompt_tokens_computed", counters.prompt_tokens_computed)?;
-        stats.set_item("drafted_tokens", counters.drafted_tokens)?;
-        stats.set_item("accepted_tokens", counters.accepted_tokens)?;
-        let per_second = if counters.busy_seconds > 0.0 {
+        let tokens_per_second = if counters.busy_seconds > 0.0 {
             // A rate for display: the precision lost past 2**52 tokens does not matter.
             #[allow(clippy::cast_precision_loss)]
             let tokens = counters.tokens_generated as f64;
@@ -419,8 +407,20 @@ impl PyEngineCore {
         } else {
             0.0
         };
-        stats.set_item("tokens_per_second", per_second)?;
-        Ok(stats)
+        PyEngineStats {
+            running: counters.running,
+            waiting,
+            kv_cells_used: counters.kv_cells_used,
+            kv_cells_cached: counters.kv_cells_cached,
+            kv_cells_total: self.n_ctx,
+            n_seq_max: self.n_seq_max,
+            prefix_cache_hits: counters.prefix_cache_hits,
+            tokens_generated: counters.tokens_generated,
+            prompt_tokens_computed: counters.prompt_tokens_computed,
+            drafted_tokens: counters.drafted_tokens,
+            accepted_tokens: counters.accepted_tokens,
+            tokens_per_second,
+        }
     }
 
     /// Stops the engine: requests still waiting or running end as "cancelled"; returns once

@@ -49,6 +49,7 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sampler::params::PySamplingParams>()?;
     m.add_class::<engine::PyCompletion>()?;
     m.add_class::<engine::PyEngineCore>()?;
+    m.add_class::<engine::PyEngineStats>()?;
     m.add_class::<engine::PyRequestCore>()?;
     m.add_class::<engine::waker::PyWaker>()?;
     m.add_class::<engine::PyDrafter>()?;

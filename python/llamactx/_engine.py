@@ -15,6 +15,7 @@ from typing import Any
 from llamactx._constraints import JsonSchema, constraint
 from llamactx._llamactx import (
     Completion,
+    EngineStats,
     LlamaLoraAdapter,
     LlamaModel,
     LlamaSampler,
@@ -412,10 +413,11 @@ class Engine:
         request ends with "length" when its sequence is full."""
         return self._core.n_ctx_seq
 
-    def stats(self) -> dict[str, float]:
-        """Running and waiting requests, KV cells used by running requests, kept for reuse and in
-        total, prefix-cache hits, tokens generated and prompt tokens computed, speculative
-        tokens drafted and accepted, and generated tokens per second of engine work."""
+    def stats(self) -> EngineStats:
+        """The engine's counts now (``EngineStats``): running and waiting requests, KV cells
+        used by running requests, kept for reuse and in total, prefix-cache hits, tokens
+        generated and prompt tokens computed, speculative tokens drafted and accepted, and
+        generated tokens per second of engine work."""
         return self._core.stats()
 
     def close(self) -> None:
@@ -435,7 +437,7 @@ class Engine:
 
     def __repr__(self) -> str:
         stats = self.stats()
-        state = "closed" if self.closed else f"running={stats['running']} waiting={stats['waiting']}"
+        state = "closed" if self.closed else f"running={stats.running} waiting={stats.waiting}"
         return f"<Engine {state}>"
 
 

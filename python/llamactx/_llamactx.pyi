@@ -36,6 +36,7 @@ __all__ = [
     "EmbeddingsError",
     "EncodeError",
     "EngineBusy",
+    "EngineStats",
     "ImageError",
     "KvCacheConversionError",
     "LlamaBatch",
@@ -1083,6 +1084,51 @@ class SamplingParams:
         """The random generator's seed; None draws one."""
 
 @final
+class EngineStats:
+    """An engine's counts at one moment (`Engine.stats()`): requests running and waiting, KV cells
+    used by running requests, kept for prefix reuse and in total, the sequences, prefix-cache
+    hits, tokens generated and prompt tokens computed, speculative tokens drafted and accepted,
+    and generated tokens per second of engine work.
+    """
+
+    @property
+    def running(self) -> int:
+        """Requests generating now."""
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a sequence."""
+    @property
+    def kv_cells_used(self) -> int:
+        """KV cells the running requests hold."""
+    @property
+    def kv_cells_cached(self) -> int:
+        """KV cells kept for prefix reuse (no request holds them)."""
+    @property
+    def kv_cells_total(self) -> int:
+        """The context's KV cells (`n_ctx`)."""
+    @property
+    def n_seq_max(self) -> int:
+        """Sequences: requests that can run at once."""
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Requests that reused cached prompt tokens."""
+    @property
+    def tokens_generated(self) -> int:
+        """Tokens generated."""
+    @property
+    def prompt_tokens_computed(self) -> int:
+        """Prompt tokens decoded (not reused)."""
+    @property
+    def drafted_tokens(self) -> int:
+        """Tokens proposed by speculative drafts and verified."""
+    @property
+    def accepted_tokens(self) -> int:
+        """Drafted tokens the model accepted."""
+    @property
+    def tokens_per_second(self) -> float:
+        """Tokens generated per second of engine work (0 before any)."""
+
+@final
 class Completion:
     """A finished request: its text and tokens, why it ended, what it cost."""
 
@@ -1223,11 +1269,8 @@ class _EngineCore:
         from the engine's projector, to go before text token `at`) spliced in. `ValueError` for
         a prompt that can never run, `EngineBusy` when `max_waiting` requests already wait.
         """
-    def stats(self) -> dict[str, float]:
-        """Counts of now: running and waiting requests, KV cells used by running requests, kept
-        for prefix reuse and in total, prefix cache hits, tokens generated, speculative tokens
-        drafted and accepted, and generated tokens per second of engine work.
-        """
+    def stats(self) -> EngineStats:
+        """The engine's counts now (`EngineStats`)."""
     def close(self) -> None:
         """Stops the engine: requests still waiting or running end as "cancelled"; returns once
         the engine thread has ended (after the step it is computing).

@@ -48,7 +48,7 @@ def test_a_model_drafting_for_itself_has_nearly_every_draft_accepted(
     # turns a near-tie.
     assert drafted.drafted_tokens > drafted.completion_tokens // 2
     assert drafted.accepted_tokens >= 0.95 * drafted.drafted_tokens
-    assert (stats["drafted_tokens"], stats["accepted_tokens"]) == (drafted.drafted_tokens, drafted.accepted_tokens)
+    assert (stats.drafted_tokens, stats.accepted_tokens) == (drafted.drafted_tokens, drafted.accepted_tokens)
 
 
 def top_probabilities(ctx: llamactx.LlamaContext, tokens: list[int]) -> dict[int, float]:

@@ -77,7 +77,7 @@ def engine(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:
     # Without prefix reuse, every request must equal `generate` token for token.
     with llamactx.Engine(model, n_ctx=N_CTX, n_seq_max=N_SEQ, n_batch=N_BATCH, prefix_cache=False) as engine:
         yield engine
-    assert engine.stats()["running"] == 0
+    assert engine.stats().running == 0
 
 
 def wait_for(condition: Callable[[], bool], seconds: float = 60) -> None:
@@ -109,8 +109,8 @@ def test_32_requests_from_8_threads_equal_each_alone(
         assert results[n].prompt_tokens == len(engine.model.str_to_token(prompt(n), True))
     assert len({text for text, _ in references}) > 8
     stats = engine.stats()
-    assert (stats["running"], stats["waiting"], stats["kv_cells_used"]) == (0, 0, 0)
-    assert stats["tokens_generated"] == sum(c.completion_tokens for c in results.values())
+    assert (stats.running, stats.waiting, stats.kv_cells_used) == (0, 0, 0)
+    assert stats.tokens_generated == sum(c.completion_tokens for c in results.values())
 
 
 def test_32_requests_from_asyncio_equal_each_alone(
@@ -223,8 +223,8 @@ def test_cancelling_frees_the_sequence(engine: llamactx.Engine) -> None:
     completion = request.result(timeout=60)
     assert completion.finish_reason == "cancelled"
     assert 0 < len(completion.tokens) < 500
-    wait_for(lambda: engine.stats()["running"] == 0)
-    assert engine.stats()["kv_cells_used"] == 0
+    wait_for(lambda: engine.stats().running == 0)
+    assert engine.stats().kv_cells_used == 0
 
 
 def test_cancelling_the_asyncio_task_cancels_the_request(engine: llamactx.Engine) -> None:
@@ -249,11 +249,11 @@ def test_cancelling_the_asyncio_task_cancels_the_request(engine: llamactx.Engine
 def test_a_full_queue_raises_engine_busy_and_running_requests_go_on(model: llamactx.LlamaModel) -> None:
     with llamactx.Engine(model, n_ctx=512, n_seq_max=1, max_waiting=2) as engine:
         running = engine.submit("Count: one, two, three,", max_tokens=200)
-        wait_for(lambda: engine.stats()["running"] == 1)
+        wait_for(lambda: engine.stats().running == 1)
         waiting = [engine.submit("One, two,", max_tokens=4) for _ in range(2)]
         with pytest.raises(llamactx.EngineBusy, match="max_waiting"):
             engine.submit("One, two,", max_tokens=4)
-        assert engine.stats()["waiting"] == 2
+        assert engine.stats().waiting == 2
         assert running.result(timeout=120).finish_reason == "length"
         assert [request.result(timeout=60).finish_reason for request in waiting] == ["length", "length"]
 
@@ -269,7 +269,7 @@ def test_requests_that_cannot_run_are_refused_at_submit(engine: llamactx.Engine,
         engine.submit("Hi", max_tokens=-1)
     with pytest.raises(ValueError, match="logit_bias"):
         engine.submit("Hi", sampling=llamactx.SamplingParams(logit_bias={model.n_vocab(): 1.0}))
-    assert engine.stats()["waiting"] == 0
+    assert engine.stats().waiting == 0
 
 
 def test_sampling_params_pickle() -> None:
@@ -301,7 +301,7 @@ def test_sampling_params_refuse_bad_values(arguments: dict[str, object], message
 def test_close_ends_every_request_in_flight(model: llamactx.LlamaModel) -> None:
     engine = llamactx.Engine(model, n_ctx=1024, n_seq_max=2)
     requests = [engine.submit("Count: one, two, three,", max_tokens=400) for _ in range(5)]
-    wait_for(lambda: engine.stats()["running"] == 2)
+    wait_for(lambda: engine.stats().running == 2)
     engine.close()
     assert {request.result(timeout=10).finish_reason for request in requests} == {"cancelled"}
     assert all(request.done for request in requests)
@@ -333,7 +333,7 @@ def test_1000_submit_cancel_cycles_from_4_threads_leave_nothing_behind(model: ll
             thread.join(timeout=600)
         grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
         stats = engine.stats()
-        assert (stats["running"], stats["waiting"], stats["kv_cells_used"]) == (0, 0, 0)
+        assert (stats.running, stats.waiting, stats.kv_cells_used) == (0, 0, 0)
         assert grown_mb < 20
 
 
@@ -371,9 +371,9 @@ def test_a_shared_prompt_start_is_read_once(model: llamactx.LlamaModel) -> None:
         second = engine.submit(second_prompt, max_tokens=12).result()
         stats = engine.stats()
     assert (first.cached_tokens, second.cached_tokens) == (0, shared)
-    assert stats["prefix_cache_hits"] == 1
-    assert stats["kv_cells_cached"] > 0
-    assert stats["prompt_tokens_computed"] == len(first_prompt) + len(second_prompt) - shared
+    assert stats.prefix_cache_hits == 1
+    assert stats.kv_cells_cached > 0
+    assert stats.prompt_tokens_computed == len(first_prompt) + len(second_prompt) - shared
     # The same cells, computed by hand: the first prompt in the engine's chunks, cut back to the
     # shared start, then the rest of the second prompt.
     with model.new_context(n_ctx=1024, n_seq_max=2, n_batch=N_BATCH) as ctx:

@@ -226,7 +226,7 @@ def test_a_cancelled_request_leaves_no_drafted_cells_behind(
         assert full.text.startswith(cancelled.text)
     # The next request in the freed sequence decodes as on a clean one.
     agrees(speculative.submit(RECORDS, max_tokens=30).result(), RECORDS, max_tokens=30)
-    assert speculative.stats()["kv_cells_used"] == 0
+    assert speculative.stats().kv_cells_used == 0
 
 
 def test_drafts_never_pass_the_end_of_a_sequence(
@@ -274,8 +274,8 @@ def test_the_prefix_cache_reuses_cells_of_verified_drafts(
         same_output(drafted[0], alone[0])
         assert drafted[1].cached_tokens == alone[1].cached_tokens
         same_greedy_output(model, prompts[1], drafted[1], alone[1])
-    assert stats["drafted_tokens"] == sum(completion.drafted_tokens for completion in drafted)
-    assert stats["accepted_tokens"] == sum(completion.accepted_tokens for completion in drafted) > 0
+    assert stats.drafted_tokens == sum(completion.drafted_tokens for completion in drafted)
+    assert stats.accepted_tokens == sum(completion.accepted_tokens for completion in drafted) > 0
 
 
 def test_speculative_options_are_checked(model: llamactx.LlamaModel, tmp_path: Path) -> None:

@@ -482,16 +482,16 @@ def test_a_conversation_about_an_image_reads_it_once(model: llamactx.LlamaModel,
     ):
         first_turn = [image_message("Describe the image.", picture(40))]
         reply = engine.submit_chat(first_turn, max_tokens=8).result().text
-        computed = engine.stats()["prompt_tokens_computed"]
+        computed = engine.stats().prompt_tokens_computed
         second_turn = [*first_turn, {"role": "assistant", "content": reply}, {"role": "user", "content": "More?"}]
         engine.submit_chat(second_turn, max_tokens=8).result()
         first_length = len(engine.prepare_chat(first_turn).tokens) + PROJECTOR_TOKENS
         second_length = len(engine.prepare_chat(second_turn).tokens) + PROJECTOR_TOKENS
         stats = engine.stats()
-        assert stats["prefix_cache_hits"] == 1
+        assert stats.prefix_cache_hits == 1
         # Only what follows the first turn's prompt (image included) was read: the reply's 8
         # tokens at most, and the new turn.
-        assert stats["prompt_tokens_computed"] - computed <= second_length - first_length + 8
+        assert stats.prompt_tokens_computed - computed <= second_length - first_length + 8
         assert projector.n_encodes() == 1
         # Another image in the same place is no cache hit for its positions: it is encoded.
         engine.submit_chat([image_message("Describe the image.", picture(41))], max_tokens=4).result()

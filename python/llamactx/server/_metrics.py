@@ -41,9 +41,9 @@ class _EngineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         stats = self._engine.stats()
         for name, help_text in _ENGINE_GAUGES.items():
-            yield GaugeMetricFamily(f"llamactx_engine_{name}", help_text, value=stats[name])
+            yield GaugeMetricFamily(f"llamactx_engine_{name}", help_text, value=getattr(stats, name))
         for name, help_text in _ENGINE_COUNTERS.items():
-            yield CounterMetricFamily(f"llamactx_engine_{name}", help_text, value=stats[name])
+            yield CounterMetricFamily(f"llamactx_engine_{name}", help_text, value=getattr(stats, name))
 
 
 class ServerMetrics:
