@@ -5,6 +5,7 @@
 //! model, declared after the adapter so that it drops last. Contexts that set the adapter
 //! hold a lease on it, and `close()` refuses while any lease exists.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -27,14 +28,16 @@ pub struct PyLlamaLoraAdapter {
     /// Dropped after `adapter` (field order): the adapter must not outlive its model.
     model: Arc<LlamaModel>,
     leases: AtomicUsize,
+    path: PathBuf,
 }
 
 impl PyLlamaLoraAdapter {
-    pub fn new(adapter: LlamaLoraAdapter, model: Arc<LlamaModel>) -> Self {
+    pub fn new(adapter: LlamaLoraAdapter, model: Arc<LlamaModel>, path: PathBuf) -> Self {
         Self {
             adapter: Mutex::new(Some(SendAdapter(adapter))),
             model,
             leases: AtomicUsize::new(0),
+            path,
         }
     }
 
@@ -79,6 +82,12 @@ impl Drop for AdapterLease {
 
 #[pymethods]
 impl PyLlamaLoraAdapter {
+    /// Path of the GGUF file it was loaded from.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
     /// Whether a context has this adapter set now.
     #[getter]
     fn in_use(&self) -> bool {

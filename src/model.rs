@@ -512,7 +512,7 @@ impl PyLlamaModel {
         detached(py, move || {
             metadata::check_adapter_file(&path)?;
             let adapter = explained(|| model.lora_adapter_init(&path))?;
-            Ok(PyLlamaLoraAdapter::new(adapter, model))
+            Ok(PyLlamaLoraAdapter::new(adapter, model, path))
         })
     }
 

@@ -237,6 +237,9 @@ class Engine:
         options.setdefault("n_ctx", 4096)
         options.setdefault("n_seq_max", 8)
         self.model = model
+        #: The adapter every request is generated with, and its scale (``GET /lora-adapters``).
+        self.lora_adapter = lora_adapter
+        self.lora_scale = lora_scale
         lora = None if lora_adapter is None else (lora_adapter, lora_scale)
         self._core = _EngineCore(
             model, max_waiting, prefix_cache, speculative=speculative, mtmd=mtmd, lora=lora, **options

@@ -809,6 +809,9 @@ class LlamaLoraAdapter:
     """A LoRA adapter for one model; set it on a context with `LlamaContext.lora_adapter_set`."""
 
     @property
+    def path(self) -> Path:
+        """Path of the GGUF file it was loaded from."""
+    @property
     def in_use(self) -> bool:
         """Whether a context has this adapter set now."""
     def close(self) -> None:

@@ -958,7 +958,11 @@ def test_a_lora_adapter_given_at_start_applies_to_every_request(
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused") as client,
     ):
         reply = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=12, temperature=0)
+        listed = httpx.get(f"{server.url}/lora-adapters").json()
+        changed = httpx.post(f"{server.url}/lora-adapters", json=[{"id": 0, "scale": 1.0}])
     assert reply.choices[0].message.content == expected
+    assert listed == [{"id": 0, "path": str(lora_path), "scale": 0.5}]  # llama-server's shape
+    assert changed.status_code == 405  # a scale is set at start only
 
 
 def test_kv_cache_types_and_batch_sizes_are_the_engines_context_options(

@@ -72,8 +72,17 @@ class OpenAi:
             ("POST", "/completions", self.completions),
             ("POST", "/chat/completions", self.chat),
             ("POST", "/embeddings", self.embeddings_route),
+            ("GET", "/lora-adapters", self.lora_adapters),
         ]
         return Api(routes, prefixes=OPENAI_PREFIXES)
+
+    async def lora_adapters(self, http: HttpRequest) -> Response:
+        """llama-server's list of the adapters loaded: the engine's one adapter (id 0) with its
+        file and scale, or none. Changing a scale (llama-server's ``POST``) is not served."""
+        engine = self.pipeline.engine
+        if engine.lora_adapter is None:
+            return JSONResponse([])
+        return JSONResponse([{"id": 0, "path": str(engine.lora_adapter.path), "scale": engine.lora_scale}])
 
     async def list_models(self, http: HttpRequest) -> Response:
         return JSONResponse({"object": "list", "data": [self._model_card(name) for name in self.pipeline.model_names]})

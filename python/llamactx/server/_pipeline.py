@@ -130,6 +130,7 @@ async def gather(requests: list[Request]) -> list[Completion]:
 
 
 def seed_of(seed: int | None, choice: int) -> int | None:
+    """The seed of choice ``choice`` of a request seeded ``seed`` (None: a random draw)."""
     if seed is None or (seed := (seed + choice) % 2**32) == RANDOM_SEED:
         return None
     return seed
