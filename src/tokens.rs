@@ -31,6 +31,16 @@ pub fn extract_token_ids(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<i32>> {
     Ok(ids)
 }
 
+/// `tokens` (any sequence of ints, or a 1-D integer array) as ids of `model`'s vocabulary: the
+/// one check every path makes, for Python's (`embed`'s ids). `ValueError` for one outside it.
+#[pyfunction]
+#[pyo3(name = "_vocabulary_ids")]
+pub fn vocabulary_ids(model: &Bound<'_, crate::model::PyLlamaModel>, tokens: &Bound<'_, PyAny>) -> PyResult<Vec<i32>> {
+    let ids = extract_token_ids(tokens)?;
+    check_vocab(&ids, model.get().vocabulary()?.n_vocab())?;
+    Ok(ids)
+}
+
 /// Checks that every id lies in `[0, n_vocab)`.
 pub fn check_vocab(ids: &[i32], n_vocab: i32) -> Result<()> {
     match ids.iter().find(|&&id| id < 0 || id >= n_vocab) {

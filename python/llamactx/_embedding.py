@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from llamactx._enums import LlamaPoolingType
-from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel
+from llamactx._llamactx import LlamaBatch, LlamaContext, LlamaModel, _vocabulary_ids
 
 if TYPE_CHECKING:
     import numpy as np
@@ -80,12 +80,7 @@ def input_tokens(model: LlamaModel, text: str | Sequence[int]) -> list[int]:
     """The tokens ``embed`` decodes for one input: a text's with BOS, or the ids given."""
     if isinstance(text, str):
         return model.str_to_token(text, True)
-    tokens = [int(token) for token in text]
-    n_vocab = model.n_vocab()
-    outside = next((token for token in tokens if not 0 <= token < n_vocab), None)
-    if outside is not None:
-        raise ValueError(f"token id {outside} is outside the vocabulary (0..{n_vocab - 1})")
-    return tokens
+    return _vocabulary_ids(model, text)
 
 
 def embedding_context(model: LlamaModel, n_seq: int, n_ubatch: int, threads: int | None) -> LlamaContext:

@@ -85,6 +85,7 @@ __all__ = [
     "_check_speculative",
     "_check_template_variables",
     "_gpu_devices",
+    "_vocabulary_ids",
     "cpu_features",
     "serve_rpc",
 ]
@@ -1287,6 +1288,11 @@ class _EngineCore:
 
 def _check_speculative(speculative: object) -> None:
     """Checks `NgramDraft`'s and `DraftModel`'s values when they are made."""
+
+def _vocabulary_ids(model: LlamaModel, tokens: _Tokens) -> list[int]:
+    """`tokens` (any sequence of ints, or a 1-D integer array) as ids of `model`'s vocabulary: the
+    one check every path makes, for Python's (`embed`'s ids). `ValueError` for one outside it.
+    """
 
 def _gpu_devices() -> int:
     """How many GPUs (discrete or integrated) the build's backends found: 0 on a CPU build, where
