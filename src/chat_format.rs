@@ -98,6 +98,7 @@ impl PyChatTemplates {
             let templates = Arc::clone(&self.templates);
             let params = work_limit::limited(input_bytes, move || templates.apply(&request).map_err(chat_value_error))?;
             Ok(PyChatApplied {
+                end_tags: end_tags(&params),
                 params,
                 model: Arc::clone(&self.model),
             })
@@ -110,6 +111,8 @@ impl PyChatTemplates {
 pub struct PyChatApplied {
     params: ChatParams,
     model: Arc<LlamaModel>,
+    /// The tags that close a reasoning block, as llama.cpp lists them (none: no reasoning).
+    end_tags: Vec<String>,
 }
 
 #[pymethods]
@@ -209,7 +212,7 @@ impl PyChatApplied {
     /// parser then splits it out, and `reasoning_budget` can bound it).
     #[getter]
     fn reasons(&self) -> bool {
-        self.params.supports_thinking && !self.params.thinking_start_tag.is_empty() && !self.end_tags().is_empty()
+        self.params.supports_thinking && !self.params.thinking_start_tag.is_empty() && !self.end_tags.is_empty()
     }
 
     /// llama.cpp's reasoning-budget sampler stage for this reply (None where the template does
@@ -228,9 +231,8 @@ impl PyChatApplied {
                     .model
                     .str_to_token_with_special(text, AddBos::Never, Special::Tokenize)?)
             };
-            let end_tags = self.end_tags();
-            let ends: Vec<Vec<LlamaToken>> = end_tags.iter().map(|tag| tokens(tag)).collect::<Result<_>>()?;
-            let first_end = end_tags.first().map_or("", String::as_str);
+            let ends: Vec<Vec<LlamaToken>> = self.end_tags.iter().map(|tag| tokens(tag)).collect::<Result<_>>()?;
+            let first_end = self.end_tags.first().map_or("", String::as_str);
             let forced = tokens(&format!("{message}{first_end}"))?;
             let starts = [tokens(&self.params.thinking_start_tag)?];
             // Told, not fed the prompt's tokens: fed them, the sampler would count (or, for a
@@ -257,17 +259,8 @@ impl PyChatApplied {
             .rfind(self.params.thinking_start_tag.as_str())
             .is_some_and(|start| {
                 let after = &prompt[start + self.params.thinking_start_tag.len()..];
-                !self.end_tags().iter().any(|tag| after.contains(tag.as_str()))
+                !self.end_tags.iter().any(|tag| after.contains(tag.as_str()))
             })
-    }
-
-    /// The tags that close a reasoning block, as llama.cpp lists them.
-    fn end_tags(&self) -> Vec<String> {
-        serde_json::from_str::<Vec<String>>(&self.params.thinking_end_tags_json)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|tag| !tag.is_empty())
-            .collect()
     }
 
     /// The eager grammar, past the generation prompt: llama.cpp's tool-call grammars match
@@ -277,6 +270,15 @@ impl PyChatApplied {
         grammar.advance(self.params.generation_prompt().as_bytes())?;
         Ok(into_sampler(Box::new(grammar)))
     }
+}
+
+/// The tags that close a reasoning block in `params`, as llama.cpp lists them.
+fn end_tags(params: &ChatParams) -> Vec<String> {
+    serde_json::from_str::<Vec<String>>(&params.thinking_end_tags_json)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|tag| !tag.is_empty())
+        .collect()
 }
 
 /// The check `apply` makes of `kwargs` (JSON text), alone: the renderer makes it first, so that
@@ -313,18 +315,30 @@ fn template_variables(kwargs: &str) -> Result<(bool, String)> {
 }
 
 /// llama-server's `--reasoning-format` choices, by name.
+const REASONING_FORMATS: [(&str, ReasoningFormat); 4] = [
+    ("none", ReasoningFormat::None),
+    ("auto", ReasoningFormat::Auto),
+    ("deepseek", ReasoningFormat::DeepSeek),
+    ("deepseek-legacy", ReasoningFormat::DeepSeekLegacy),
+];
+
+/// The names of `REASONING_FORMATS`, for Python.
+pub fn reasoning_format_names() -> Vec<&'static str> {
+    REASONING_FORMATS.iter().map(|(name, _)| *name).collect()
+}
+
+/// The format named `name` (`REASONING_FORMATS`).
 fn reasoning_format_named(name: &str) -> Result<ReasoningFormat> {
-    Ok(match name {
-        "none" => ReasoningFormat::None,
-        "auto" => ReasoningFormat::Auto,
-        "deepseek" => ReasoningFormat::DeepSeek,
-        "deepseek-legacy" => ReasoningFormat::DeepSeekLegacy,
-        other => {
-            return Err(Error::value(format!(
-                "reasoning_format must be one of {REASONING_FORMATS:?}, got {other:?}"
-            )))
-        }
-    })
+    REASONING_FORMATS
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map(|(_, format)| *format)
+        .ok_or_else(|| {
+            Error::value(format!(
+                "reasoning_format must be one of {:?}, got {name:?}",
+                reasoning_format_names()
+            ))
+        })
 }
 
 /// The checks of `llamactx.Reasoning`'s `format` and `budget`, which `apply` and
@@ -339,17 +353,14 @@ pub fn check_reasoning(format: &str, budget: Option<i32>) -> PyResult<()> {
     Ok(())
 }
 
-fn checked_budget(budget: i32) -> Result<i32> {
+fn checked_budget(budget: i32) -> Result<()> {
     if budget < 0 {
         return Err(Error::value(format!(
             "a reasoning budget must be at least 0 tokens, got {budget}"
         )));
     }
-    Ok(budget)
+    Ok(())
 }
-
-/// The names `reasoning_format_named` takes.
-pub const REASONING_FORMATS: [&str; 4] = ["none", "auto", "deepseek", "deepseek-legacy"];
 
 fn template_error(err: impl std::fmt::Display) -> Error {
     Error::llama(ExcClass::ChatTemplateError, "Init", None, err.to_string())
@@ -361,12 +372,16 @@ fn chat_value_error(err: impl std::fmt::Display) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{checked_budget, reasoning_format_named, template_variables, REASONING_FORMATS};
+    use super::{checked_budget, reasoning_format_named, reasoning_format_names, template_variables};
     use llama_cpp_4::chat::ReasoningFormat;
 
     #[test]
     fn reasoning_formats_are_llama_servers_names() {
-        let formats: Vec<ReasoningFormat> = REASONING_FORMATS
+        assert_eq!(
+            reasoning_format_names(),
+            ["none", "auto", "deepseek", "deepseek-legacy"]
+        );
+        let formats: Vec<ReasoningFormat> = reasoning_format_names()
             .iter()
             .map(|name| reasoning_format_named(name).unwrap())
             .collect();
@@ -380,7 +395,7 @@ mod tests {
             ]
         );
         assert!(reasoning_format_named("deepseek_legacy").is_err());
-        assert_eq!(checked_budget(0).unwrap(), 0);
+        assert!(checked_budget(0).is_ok());
         assert!(checked_budget(-1).is_err());
     }
 

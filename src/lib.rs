@@ -71,6 +71,6 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tokens::vocabulary_ids, m)?)?;
     m.add("_MAX_NGRAM", engine::speculative_options::MAX_NGRAM)?;
     m.add("_MAX_DRAFT", engine::speculative_options::MAX_DRAFT)?;
-    m.add("_REASONING_FORMATS", chat_format::REASONING_FORMATS.to_vec())?;
+    m.add("_REASONING_FORMATS", chat_format::reasoning_format_names())?;
     Ok(())
 }

@@ -136,22 +136,22 @@ impl Trigger {
 }
 
 /// The longest stretch of `text` that is UTF-8 and ends where it ends (or before a character it
-/// has only begun), and where it starts.
+/// has only begun), and where it starts: one pass over `text`, however many bytes are not UTF-8.
 fn utf8_tail(text: &[u8]) -> (usize, &str) {
-    let mut start = 0;
-    loop {
-        match std::str::from_utf8(&text[start..]) {
-            Ok(valid) => return (start, valid),
-            Err(err) => match err.error_len() {
-                // A character cut short at the end: what precedes it.
-                None => {
-                    let end = start + err.valid_up_to();
-                    return (start, std::str::from_utf8(&text[start..end]).unwrap_or_default());
-                }
-                Some(len) => start += err.valid_up_to() + len,
-            },
-        }
+    let (mut start, mut tail, mut at) = (0, "", 0);
+    for chunk in text.utf8_chunks() {
+        let (valid, invalid) = (chunk.valid(), chunk.invalid());
+        at += valid.len() + invalid.len();
+        // Bytes that can never be UTF-8 end the stretch; a character cut short at the very end
+        // (whose bytes may still become one) only shortens it.
+        let cut_short = at == text.len() && std::str::from_utf8(invalid).is_err_and(|err| err.error_len().is_none());
+        (start, tail) = if invalid.is_empty() || cut_short {
+            (at - valid.len() - invalid.len(), valid)
+        } else {
+            (at, "")
+        };
     }
+    (start, tail)
 }
 
 /// Where the first of `patterns` found in `text` (within its last `SEARCH_WINDOW` bytes) makes
@@ -321,6 +321,17 @@ mod tests {
         let anchored = [compile(r"^(?!a)tool").unwrap()];
         let long = [b"x".repeat(SEARCH_WINDOW * 2), b"tool".to_vec()].concat();
         assert_eq!(trigger_start(&anchored, &long).unwrap(), None);
+    }
+
+    #[test]
+    fn the_utf8_tail_starts_after_the_last_byte_that_is_not_utf8() {
+        assert_eq!(utf8_tail(b"ab\xffcd"), (3, "cd"));
+        assert_eq!(utf8_tail(b"ab\xe2\x82"), (0, "ab")); // a character cut short
+        assert_eq!(utf8_tail(b"ab\xff"), (3, ""));
+        assert_eq!(utf8_tail(b"\xe2\x82ab"), (2, "ab")); // cut short, but not at the end
+                                                         // One pass, however many invalid bytes: a hundred thousand of them.
+        let text = [b"\xff".repeat(100_000), b">>>f".to_vec()].concat();
+        assert_eq!(utf8_tail(&text), (100_000, ">>>f"));
     }
 
     #[test]
