@@ -243,7 +243,11 @@ def flipped_state(at: int, bits: int) -> bytes:
 
 
 GRAMMARS = ['root ::= "a"', 'root ::= [a-z]+ "."', 'root ::= "yes" | "no"']
-PATTERN_PIECES = st.sampled_from(["(", ")", "[", "]", "a", "\\", "*", "+", "?", "|", "^", "$", ".", "{2}", "\\s"])
+#: Look-around openings among them reach the bounded backtracking engine; a back-reference is refused.
+LOOK_AROUND = ["(?=", "(?!", "(?<=", "(?<!", "\\1"]
+PATTERN_PIECES = st.sampled_from(
+    ["(", ")", "[", "]", "a", "\\", "*", "+", "?", "|", "^", "$", ".", "{2}", "\\s", *LOOK_AROUND]
+)
 patterns = st.lists(PATTERN_PIECES, max_size=24).map("".join)
 
 # JSON Schemas: small ones of every keyword llguidance reads, nested, plus hostile texts.
@@ -412,18 +416,31 @@ def prepared_chat(tool_list: list[Any], choice: Any, messages: list[Any], choice
 
 
 def template_chat(
-    template: str, messages: list[Any], tool_list: list[Any], choice: str, parallel: bool, variables: str | None
+    template: str,
+    messages: list[Any],
+    tool_list: list[Any],
+    choice: str,
+    parallel: bool,
+    variables: str | None,
+    reasoning_format: str,
+    budget: int,
 ) -> None:
-    """A Jinja chat template of any text, applied with any messages, tools and variables
-    (``chat_template_kwargs``, any JSON text), then parsed."""
+    """A Jinja chat template of any text, applied with any messages, tools, variables
+    (``chat_template_kwargs``, any JSON text) and reasoning format, then parsed whole and as a
+    stream's partial text, with a reasoning budget of any size."""
     applied = llamactx._llamactx._ChatTemplates(model, template).apply(
-        json.dumps(messages), json.dumps(tool_list), choice, parallel, variables
+        json.dumps(messages), json.dumps(tool_list), choice, parallel, variables, reasoning_format
     )
     applied.tokens()
     sampler = applied.sampler()
     if sampler is not None:
         sampler.accept(0)
-    applied.parse('<tool_call>\n{"name": "get_weather", "arguments": {')
+    reply = '<think>a</th<tool_call>\n{"name": "get_weather", "arguments": {'
+    applied.parse(reply)
+    applied.parse(reply, True)
+    stage = applied.reasoning_budget(budget, "x")
+    if stage is not None:
+        stage.accept(0)
 
 
 # One stage of a sampler chain, in any order (the chain may select nothing, or mask everything).
@@ -825,6 +842,8 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
             st.sampled_from(["auto", "none", "required", "x"]),
             st.booleans(),
             template_variables,
+            st.sampled_from([*llamactx.REASONING_FORMATS, "x"]),
+            st.integers(-2, 2**31 - 1),
         ),
     ),
     "prepared_chat": (
