@@ -20,6 +20,7 @@ mod paths;
 mod perf;
 mod prompt_checks;
 mod regex_search;
+mod rerank;
 mod rpc;
 mod sampler;
 mod shared_pool;
@@ -69,6 +70,7 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(chat_format::check_template_variables, m)?)?;
     m.add_function(wrap_pyfunction!(backend::gpu_devices, m)?)?;
     m.add_function(wrap_pyfunction!(tokens::vocabulary_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(rerank::rerank_prompt, m)?)?;
     m.add("_MAX_NGRAM", engine::speculative_options::MAX_NGRAM)?;
     m.add("_MAX_DRAFT", engine::speculative_options::MAX_DRAFT)?;
     m.add("_REASONING_FORMATS", chat_format::reasoning_format_names())?;

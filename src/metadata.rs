@@ -475,20 +475,32 @@ pub fn all(model: &LlamaModel, path: &Path) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
-/// The default chat template (read through a pointer, so no buffer can be too small).
-pub fn chat_template(model: &LlamaModel) -> Result<String> {
-    match model.chat_template(None) {
+/// The chat template named `name` (`tokenizer.chat_template.NAME`), or the default one (read
+/// through a pointer, so no buffer can be too small).
+pub fn chat_template(model: &LlamaModel, name: Option<&str>) -> Result<String> {
+    match model.chat_template(name) {
         Ok(template) => Ok(template.to_owned()),
         // The crate words this as "no meta val", which names no fix.
-        Err(StringFromModelError::ReturnedError(code)) => Err(Error::llama(
-            ExcClass::ChatTemplateError,
-            "MissingTemplate",
-            Some(i64::from(code)),
-            "the model has no chat template (no tokenizer.chat_template in its GGUF): give one, as Jinja \
-             source or a llama.cpp format's name such as \"chatml\" (apply_chat_template's tmpl, chat_template= \
-             of chat, ChatSession and Engine, --chat-template or --chat-template-file of the CLI and the server); \
-             chats without one are rendered as ChatML, as llama.cpp renders them",
-        )),
+        Err(StringFromModelError::ReturnedError(code)) => {
+            let message = match name {
+                Some(name) => {
+                    format!(
+                        "the model has no chat template named {name:?} (no tokenizer.chat_template.{name} in its GGUF)"
+                    )
+                }
+                None => "the model has no chat template (no tokenizer.chat_template in its GGUF): give one, as Jinja \
+                         source or a llama.cpp format's name such as \"chatml\" (apply_chat_template's tmpl, \
+                         chat_template= of chat, ChatSession and Engine, --chat-template or --chat-template-file of \
+                         the CLI and the server); chats without one are rendered as ChatML, as llama.cpp renders them"
+                    .to_owned(),
+            };
+            Err(Error::llama(
+                ExcClass::ChatTemplateError,
+                "MissingTemplate",
+                Some(i64::from(code)),
+                message,
+            ))
+        }
         Err(StringFromModelError::Utf8Error(err)) => Err(ChatTemplateError::Utf8Error(err).into()),
     }
 }

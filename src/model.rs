@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 use llama_cpp_4::model::params::{LlamaLoadMode, LlamaModelParams};
 use llama_cpp_4::model::{AddBos, LlamaChatMessage, LlamaModel, Special};
 use llama_cpp_4::token::LlamaToken;
-use llama_cpp_4::{ApplyChatTemplateError, TokenToStringError};
+use llama_cpp_4::{ApplyChatTemplateError, StringFromModelError, TokenToStringError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyType};
 
@@ -448,9 +448,30 @@ impl PyLlamaModel {
         self.with_model(|model| Ok(model.desc(256)?))
     }
 
-    /// The model's chat template (a Jinja string); `ChatTemplateError` when it has none.
-    fn get_chat_template(&self) -> PyResult<String> {
-        self.with_model(metadata::chat_template)
+    /// The model's chat template (a Jinja string), or its template named `name` (GGUF's
+    /// `tokenizer.chat_template.NAME`, e.g. a reranker's "rerank"); `ChatTemplateError` when it
+    /// has none.
+    #[pyo3(signature = (name=None))]
+    fn get_chat_template(&self, name: Option<&str>) -> PyResult<String> {
+        self.with_model(|model| metadata::chat_template(model, name))
+    }
+
+    /// Number of outputs of the model's classification head (a reranker's scores per sequence
+    /// under `LlamaPoolingType.RANK`); 1 for a model without one.
+    fn n_cls_out(&self) -> PyResult<u32> {
+        self.with_model(|model| Ok(model.n_cls_out()))
+    }
+
+    /// The label of output `index` of the classification head; `IndexError` when the model
+    /// names none there.
+    fn cls_label(&self, index: u32) -> PyResult<String> {
+        self.with_model(|model| match model.cls_label(index) {
+            Ok(label) => Ok(label.to_owned()),
+            Err(StringFromModelError::ReturnedError(_)) => {
+                Err(Error::index(format!("the model has no classifier label {index}")))
+            }
+            Err(err) => Err(err.into()),
+        })
     }
 
     /// Formats `messages` (a sequence of `(role, content)` pairs or of dicts with `role` and
@@ -482,7 +503,7 @@ impl PyLlamaModel {
         self.with_model(|model| {
             let template = match tmpl {
                 Some(template) => template,
-                None => metadata::chat_template(model)?,
+                None => metadata::chat_template(model, None)?,
             };
             model
                 .apply_chat_template(Some(&template), &chat, add_ass)

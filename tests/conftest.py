@@ -12,7 +12,7 @@ import pytest
 from support import no_network, synthetic
 from support.cpus import threads
 from support.decoding import decode_prompt
-from support.prompts import PARIS_PROMPT, TOOL_TEMPLATE
+from support.prompts import PARIS_PROMPT, RERANK_TEMPLATE, TOOL_TEMPLATE
 
 import llamactx
 
@@ -105,6 +105,19 @@ def tiny_bert_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def lora_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthetic.write_lora_for_smollm2(tmp_path_factory.mktemp("adapters") / "lora.gguf")
+
+
+@pytest.fixture(scope="session")
+def reranker_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Qwen3-architecture reranker made of SmolLM2's first layers, with ``RERANK_TEMPLATE``
+    (``synthetic.write_qwen3_reranker``)."""
+    path = tmp_path_factory.mktemp("reranker") / "reranker.gguf"
+    return synthetic.write_qwen3_reranker(model_path, path, rerank_template=RERANK_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def reranker(reranker_path: Path) -> llamactx.LlamaModel:
+    return llamactx.LlamaModel.load_from_file(reranker_path)
 
 
 #: The draft model's layers, of SmolLM2's 30: it agrees with SmolLM2 on about half the tokens

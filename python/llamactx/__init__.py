@@ -72,6 +72,7 @@ from llamactx._media import MediaBudget
 from llamactx._models import default_model_path
 from llamactx._reasoning import REASONING_FORMATS, Reasoning
 from llamactx._render import PreparedChat
+from llamactx._rerank import rerank
 from llamactx._speculative import DraftModel, NgramDraft
 from llamactx._structured import generate_json
 
@@ -150,6 +151,7 @@ __all__ = [
     "generate_batch",
     "generate_json",
     "prefill",
+    "rerank",
     "serve_rpc",
     "set_verbose",
     "stream",

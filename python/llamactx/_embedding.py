@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["embed", "embedding_context", "input_tokens"]
+__all__ = ["embed", "embedding_context", "input_tokens", "pooled_outputs"]
 
 
 def _pack(lengths: list[int], max_tokens: int, max_sequences: int) -> list[list[int]]:
@@ -39,21 +39,39 @@ def embed(
     model's pooled vector is used; without one (``LlamaPoolingType.NONE``) the token vectors
     are averaged. Texts are packed several per decode, each in its own sequence, up to
     ``n_ubatch`` tokens and ``n_seq_max`` sequences per decode (a text longer than ``n_ubatch``
-    raises ``ValueError``). The KV cache of ``ctx`` is cleared. ``normalize`` scales each row
+    raises ``ValueError``; so does a context pooled by RANK, whose outputs are a reranker's
+    scores: see ``rerank``). The KV cache of ``ctx`` is cleared. ``normalize`` scales each row
     to unit length.
     """
+    if ctx.pooling_type() == LlamaPoolingType.RANK:
+        raise ValueError("this context pools by RANK, into a reranker's scores: rerank() reads them, embed() cannot")
+    model = ctx.model
+    out = pooled_outputs(ctx, [input_tokens(model, text) for text in texts], texts, model.n_embd())
+    if normalize:
+        import numpy as np
+
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        out /= np.where(norms == 0, 1, norms)
+    return out
+
+
+def pooled_outputs(
+    ctx: LlamaContext, token_lists: list[list[int]], inputs: Sequence[object], width: int
+) -> npt.NDArray[np.float32]:
+    """The first ``width`` values of each token list's pooled output (a float32 array of shape
+    ``(len(token_lists), width)``), or, for a context that does not pool, of the mean of its
+    token vectors: each list decoded in a sequence of its own, several per decode (see ``embed``).
+    ``inputs`` name the lists in errors. The KV cache of ``ctx`` is cleared."""
     import numpy as np  # here: importing numpy takes longer than importing llamactx without it
 
-    model = ctx.model
     pooled = ctx.pooling_type() not in (LlamaPoolingType.NONE, LlamaPoolingType.UNSPECIFIED)
-    token_lists = [input_tokens(model, text) for text in texts]
     n_ubatch = ctx.n_ubatch()
-    for text, tokens in zip(texts, token_lists, strict=True):
+    for text, tokens in zip(inputs, token_lists, strict=True):
         if not tokens:
             raise ValueError(f"input {text!r} has no tokens")
         if len(tokens) > n_ubatch:
             raise ValueError(f"a text has {len(tokens)} tokens, more than n_ubatch ({n_ubatch})")
-    out = np.empty((len(texts), model.n_embd()), dtype=np.float32)
+    out = np.empty((len(token_lists), width), dtype=np.float32)
     for group in _pack([len(t) for t in token_lists], n_ubatch, ctx.n_seq_max()):
         ctx.clear_kv_cache()
         batch = LlamaBatch(sum(len(token_lists[i]) for i in group), 1)
@@ -66,13 +84,10 @@ def embed(
         ctx.decode(batch)
         for seq_id, (index, first, end) in enumerate(rows):
             if pooled:
-                out[index] = ctx.embeddings_seq_ith(seq_id)
+                out[index] = ctx.embeddings_seq_ith(seq_id)[:width]
             else:
-                out[index] = np.mean([ctx.embeddings_ith(row) for row in range(first, end)], axis=0)
+                out[index] = np.mean([ctx.embeddings_ith(row)[:width] for row in range(first, end)], axis=0)
     ctx.clear_kv_cache()
-    if normalize:
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        out /= np.where(norms == 0, 1, norms)
     return out
 
 
@@ -83,9 +98,16 @@ def input_tokens(model: LlamaModel, text: str | Sequence[int]) -> list[int]:
     return _vocabulary_ids(model, text)
 
 
-def embedding_context(model: LlamaModel, n_seq: int, n_ubatch: int, threads: int | None) -> LlamaContext:
-    """A context for ``embed`` (the command line's and Ray's): ``n_seq`` texts of up to
-    ``n_ubatch`` tokens per decode, pooled by their mean."""
+def embedding_context(
+    model: LlamaModel,
+    n_seq: int,
+    n_ubatch: int,
+    threads: int | None,
+    pooling: LlamaPoolingType = LlamaPoolingType.MEAN,
+) -> LlamaContext:
+    """A context for ``embed`` (the command line's, the server's and Ray's): ``n_seq`` texts of
+    up to ``n_ubatch`` tokens per decode, pooled by their mean; with ``pooling`` RANK, a
+    reranker's for ``rerank``."""
     n_ubatch_used = n_ubatch - n_ubatch % n_seq or n_seq
     return model.new_context(
         n_ctx=max(n_ubatch, 256) * n_seq,
@@ -93,7 +115,7 @@ def embedding_context(model: LlamaModel, n_seq: int, n_ubatch: int, threads: int
         n_ubatch=n_ubatch_used,
         n_seq_max=n_seq,
         embeddings=True,
-        pooling_type=LlamaPoolingType.MEAN,
+        pooling_type=pooling,
         n_threads=threads,
         n_threads_batch=threads,
     )

@@ -85,6 +85,7 @@ __all__ = [
     "_check_speculative",
     "_check_template_variables",
     "_gpu_devices",
+    "_rerank_prompt",
     "_vocabulary_ids",
     "cpu_features",
     "serve_rpc",
@@ -331,8 +332,19 @@ class LlamaModel:
         """All metadata as a `dict` of text values."""
     def desc(self) -> str:
         """A short description of the model (architecture, size, quantization)."""
-    def get_chat_template(self) -> str:
-        """The model's chat template (a Jinja string); `ChatTemplateError` when it has none."""
+    def get_chat_template(self, name: str | None = None) -> str:
+        """The model's chat template (a Jinja string), or its template named `name` (GGUF's
+        `tokenizer.chat_template.NAME`, e.g. a reranker's "rerank"); `ChatTemplateError` when it
+        has none.
+        """
+    def n_cls_out(self) -> int:
+        """Number of outputs of the model's classification head (a reranker's scores per sequence
+        under `LlamaPoolingType.RANK`); 1 for a model without one.
+        """
+    def cls_label(self, index: int) -> str:
+        """The label of output `index` of the classification head; `IndexError` when the model
+        names none there.
+        """
     def lora_adapter_init(self, path: _Path) -> LlamaLoraAdapter:
         """Loads a LoRA adapter (GGUF) made for this model. Releases the GIL.
         `LlamaLoraAdapterInitError` when llama.cpp refuses the file, and for tensors of a type no
@@ -1293,6 +1305,9 @@ def _vocabulary_ids(model: LlamaModel, tokens: _Tokens) -> list[int]:
     """`tokens` (any sequence of ints, or a 1-D integer array) as ids of `model`'s vocabulary: the
     one check every path makes, for Python's (`embed`'s ids). `ValueError` for one outside it.
     """
+
+def _rerank_prompt(model: LlamaModel, query: str, document: str) -> list[int]:
+    """The tokens of a reranker's prompt for `query` and `document` (see the module's docs)."""
 
 def _gpu_devices() -> int:
     """How many GPUs (discrete or integrated) the build's backends found: 0 on a CPU build, where

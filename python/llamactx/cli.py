@@ -1,5 +1,5 @@
 """The ``llamactx`` command line: ``generate`` (stream text), ``chat`` (answer one message, or
-converse), ``embed``, ``serve`` (an OpenAI-compatible server), ``rpc-server`` (lend this
+converse), ``embed``, ``rerank``, ``serve`` (an OpenAI-compatible server), ``rpc-server`` (lend this
 machine's devices to another's model), ``bench`` and ``info``.
 ``generate`` and ``chat`` sample as llama.cpp does by default, with a fixed seed."""
 
@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from llamactx._chat import ChatSession
 from llamactx._cpu import cpu_variant
 from llamactx._embedding import embed, embedding_context
+from llamactx._enums import LlamaPoolingType
 from llamactx._generation import stream
 from llamactx._limits import INT32_MAX, RANDOM_SEED
 from llamactx._llamactx import (
@@ -35,6 +36,7 @@ from llamactx._llamactx import (
 from llamactx._media import MAX_PIXELS_CEILING, MEDIA_URL_MAX_BYTES, MEDIA_URL_TIMEOUT, MediaBudget
 from llamactx._models import default_model_path
 from llamactx._reasoning import REASONING_FORMATS, Reasoning
+from llamactx._rerank import ranking, rerank
 from llamactx._sampling import SAMPLING_DEFAULTS
 from llamactx._speculative import MAX_DRAFT, MAX_NGRAM, DraftModel, NgramDraft, Speculative
 from llamactx.bench import speeds
@@ -51,6 +53,14 @@ DEFAULT_TOP_K = SAMPLING_DEFAULTS["top_k"]
 DEFAULT_TOP_P = SAMPLING_DEFAULTS["top_p"]
 DEFAULT_MIN_P = SAMPLING_DEFAULTS["min_p"]
 DEFAULT_SEED = 0
+#: llama-server's ``--pooling`` names.
+POOLING_TYPES = {
+    "none": LlamaPoolingType.NONE,
+    "mean": LlamaPoolingType.MEAN,
+    "cls": LlamaPoolingType.CLS,
+    "last": LlamaPoolingType.LAST,
+    "rank": LlamaPoolingType.RANK,
+}
 USABLE_CPUS = len(os.sched_getaffinity(0))  # contexts refuse more threads: ggml's spin
 
 
@@ -268,7 +278,9 @@ def _serve(arguments: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"llamactx serve: {error}", file=sys.stderr)
         return 2
-    embeddings = embedding_context(model, 8, 512, arguments.threads) if arguments.embeddings else None
+    pooling = LlamaPoolingType.RANK if arguments.reranking else POOLING_TYPES[arguments.pooling]
+    wanted = arguments.embeddings or arguments.reranking
+    embeddings = embedding_context(model, 8, 512, arguments.threads, pooling) if wanted else None
     return serve(model, arguments, embeddings, speculative, reasoning, adapter)
 
 
@@ -299,6 +311,23 @@ def _speculative(arguments: argparse.Namespace) -> Speculative | None:
         draft = LlamaModel.load_from_file(arguments.draft_model)
         return DraftModel(draft, arguments.draft_max, arguments.draft_p_min)
     return None
+
+
+def _rerank(arguments: argparse.Namespace) -> int:
+    documents = arguments.documents or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not documents:
+        print("llamactx rerank: give the documents to rank, as arguments or lines of stdin", file=sys.stderr)
+        return 2
+    model = _load_model(arguments)
+    n_seq = max(1, min(len(documents), 64))
+    ctx = embedding_context(model, n_seq, arguments.n_ubatch, arguments.threads, LlamaPoolingType.RANK)
+    scores = rerank(ctx, arguments.query, documents)
+    results = [
+        {"index": index, "relevance_score": float(scores[index]), "document": documents[index]}
+        for index in ranking(scores.tolist(), arguments.top_n)
+    ]
+    print(json.dumps({"model": str(model.path), "results": results}))
+    return 0
 
 
 def _embed(arguments: argparse.Namespace) -> int:
@@ -642,6 +671,17 @@ def _parser() -> argparse.ArgumentParser:
     _add_generation_options(chat, max_tokens=256, n_ctx=4096)
     chat.set_defaults(run=_chat)
 
+    rerank_command = commands.add_parser(
+        "rerank", help="rank documents (arguments, or lines of stdin) by relevance to a query, as JSON"
+    )
+    rerank_command.add_argument("query")
+    rerank_command.add_argument("documents", nargs="*")
+    _add_model_option(rerank_command)
+    rerank_command.add_argument("--top-n", type=COUNT, help="keep the best N")
+    rerank_command.add_argument("--n-ubatch", type=COUNT, default=512, help="most tokens per decode")
+    _add_threads_option(rerank_command)
+    rerank_command.set_defaults(run=_rerank)
+
     embed_command = commands.add_parser("embed", help="embed texts (arguments, or lines of stdin) as JSON or .npy")
     embed_command.add_argument("texts", nargs="*")
     _add_model_option(embed_command)
@@ -681,6 +721,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--embedding", "--embeddings", dest="embeddings", action="store_true", help="serve /v1/embeddings"
+    )
+    serve.add_argument(
+        "--pooling",
+        choices=sorted(POOLING_TYPES),
+        default="mean",
+        help="how /v1/embeddings pools a text's token vectors (rank: a reranker's scores, for /v1/rerank)",
+    )
+    serve.add_argument(
+        "--reranking",
+        "--rerank",
+        dest="reranking",
+        action="store_true",
+        help="serve /v1/rerank with a reranker model (--embeddings --pooling rank)",
     )
     _add_chat_template_options(serve)
     serve.add_argument("--max-waiting", type=NON_NEGATIVE, default=1024, metavar="N", help="queue length before 503")

@@ -21,6 +21,13 @@ RECIPIENTS_TEMPLATE = (Path(__file__).resolve().parent / "templates" / "recipien
 #: empty when ``enable_thinking`` is false), and earlier replies show their ``reasoning_content``
 #: in one, so that llama.cpp's analysis finds the reasoning tags (as DeepSeek-R1's template); a
 #: ``reasoning_effort`` variable is a system turn.
+#: A reranker's prompt in Qwen3-Reranker's shape (ChatML turns asking for "yes" or "no"), for
+#: ``synthetic.write_qwen3_reranker``: GGUF's ``tokenizer.chat_template.rerank``, whose
+#: ``{query}`` and ``{document}`` llama-server fills in.
+RERANK_TEMPLATE = (
+    "<|im_start|>system\nAnswer only yes or no: does the document answer the query?<|im_end|>\n"
+    "<|im_start|>user\nQuery: {query}\nDocument: {document}<|im_end|>\n<|im_start|>assistant\n"
+)
 THINKING_TEMPLATE = (Path(__file__).resolve().parent / "templates" / "thinking.jinja").read_text()
 #: ChatML without the default system turn SmolLM2's own template adds: a chat_template that
 #: renders the same messages to another prompt.

@@ -395,19 +395,25 @@ def rewrite_gguf(
     keys: dict[str, KeyValue | None] | None = None,
     tensors: dict[str, np.ndarray | None] | None = None,
     keep: Callable[[str], bool] = lambda name: True,
+    architecture: str | None = None,
 ) -> Path:
     """A copy of the GGUF at ``source`` with ``keys`` set (None removes one) and ``tensors`` set
     (an array, as numpy orders its dimensions: ggml's reversed; None removes one); of the other
-    tensors, those ``keep`` names are copied as stored. Crafted files start here."""
+    tensors, those ``keep`` names are copied as stored. ``architecture`` relabels the model (its
+    ``ARCH.*`` keys renamed with it; ``keys`` are the new names). Crafted files start here."""
     keys, tensors = keys or {}, tensors or {}
     reader = gguf.GGUFReader(source)
-    architecture = str(reader.fields["general.architecture"].contents())
+    source_architecture = str(reader.fields["general.architecture"].contents())
+    architecture = architecture or source_architecture
     writer = gguf.GGUFWriter(str(path), architecture)
     for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture" or field.name in keys:
+        name = field.name
+        if name.startswith(source_architecture + "."):
+            name = architecture + name[len(source_architecture) :]
+        if name.startswith("GGUF.") or name == "general.architecture" or name in keys:
             continue  # the writer writes the first ones itself
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub_type)
     for name, value in keys.items():
         if value is not None:
             writer.add_key_value(name, value[0], value[1], sub_type=value[2] if len(value) == 3 else None)
@@ -419,6 +425,48 @@ def rewrite_gguf(
             writer.add_tensor(name, array)
     _finish(writer)
     return path
+
+
+#: The labels of ``write_qwen3_reranker``'s classification head, as llama.cpp's conversion of
+#: Qwen3-Reranker names them: the score is the first one's probability.
+RERANK_LABELS = ["yes", "no"]
+
+
+def write_qwen3_reranker(
+    source: Path, path: Path, layers: int = 4, seed: int = 0, rerank_template: str | None = None
+) -> Path:
+    """A Qwen3-architecture reranker made of the first ``layers`` blocks of SmolLM2 (``source``):
+    its weights copied as stored, Qwen3's query and key norms as ones, and a random
+    classification head (``cls.output.weight``, 2 x n_embd, float32: returned by
+    ``reranker_head``) over the labels ``RERANK_LABELS``, pooled by RANK (llama.cpp then scores a
+    sequence as the softmax of the head's outputs at its last token). ``rerank_template`` is
+    written as ``tokenizer.chat_template.rerank``."""
+    reader = gguf.GGUFReader(source)
+    n_embd = int(reader.fields["llama.embedding_length"].contents())
+    head_width = n_embd // int(reader.fields["llama.attention.head_count"].contents())
+    keys: dict[str, KeyValue | None] = {
+        "qwen3.block_count": (layers, gguf.GGUFValueType.UINT32),
+        "qwen3.pooling_type": (int(gguf.PoolingType.RANK), gguf.GGUFValueType.UINT32),
+        "qwen3.classifier.output_labels": (RERANK_LABELS, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING),
+    }
+    if rerank_template is not None:
+        keys["tokenizer.chat_template.rerank"] = (rerank_template, gguf.GGUFValueType.STRING)
+    tensors: dict[str, np.ndarray | None] = {"cls.output.weight": reranker_head(n_embd, seed)}
+    for block in range(layers):
+        for norm in ("attn_q_norm", "attn_k_norm"):
+            tensors[f"blk.{block}.{norm}.weight"] = np.ones(head_width, dtype=np.float32)
+
+    def kept(name: str) -> bool:
+        parts = name.split(".")
+        return parts[0] != "blk" or int(parts[1]) < layers
+
+    return rewrite_gguf(source, path, keys=keys, tensors=tensors, keep=kept, architecture="qwen3")
+
+
+def reranker_head(n_embd: int, seed: int = 0) -> np.ndarray:
+    """The classification head ``write_qwen3_reranker`` writes for ``seed``: one row per label."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((len(RERANK_LABELS), n_embd)) * 0.02).astype(np.float32)
 
 
 GPT2_WIDTH = 32

@@ -29,6 +29,7 @@ from llamactx.server._errors import CLIENT_GONE, ApiError
 from llamactx.server._media_urls import MediaUrlPolicy, MediaUrls
 from llamactx.server._openai import OpenAi
 from llamactx.server._pipeline import Pipeline
+from llamactx.server._rerank import Rerank
 from llamactx.server._responses import Responses
 
 __all__ = ["create_app"]
@@ -40,7 +41,7 @@ DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 #: The one route open without the API key.
 HEALTH = "/health"
 #: The protocols the app serves, each made on the pipeline: a new one is its module and a line here.
-PROTOCOLS: tuple[Callable[[Pipeline], Any], ...] = (OpenAi, Responses, Messages)
+PROTOCOLS: tuple[Callable[[Pipeline], Any], ...] = (OpenAi, Responses, Messages, Rerank)
 
 
 def _service(pipeline: Pipeline) -> Api:
@@ -193,8 +194,10 @@ def create_app(
     none, unless ``strict_model``: then only ``model_id`` and the aliases (404 otherwise, 400
     without ``model``);
     ``api_key``, when set, is required as ``Authorization: Bearer KEY`` (or, on Anthropic's routes,
-    ``x-api-key: KEY``) everywhere but ``/health``; ``embeddings``, a context made with ``embeddings=True``, serves
-    ``/v1/embeddings``; bodies over ``max_body_bytes`` get 413. Chats' ``http(s)://`` image URLs
+    ``x-api-key: KEY``) everywhere but ``/health``; ``embeddings``, a context made with
+    ``embeddings=True``, serves ``/v1/embeddings``, or, pooled by RANK (a reranker's),
+    ``/v1/rerank`` (llama-server's, also ``/rerank``, ``/reranking`` and ``/v1/reranking``; 501
+    without such a context); bodies over ``max_body_bytes`` get 413. Chats' ``http(s)://`` image URLs
     are refused (400) unless ``media_urls`` allows fetching them (and the engine has a projector
     that reads images): only public addresses or the policy's networks, within its size limit and
     timeout (``MediaUrlPolicy``). A chat's images and audio are read under ``media_budget``

@@ -31,6 +31,7 @@ _ERROR_TYPES = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
+    501: "not_supported_error",
     503: "overloaded_error",
 }
 

@@ -66,6 +66,8 @@ engines = [
 ]
 # For `embed`: texts and token ids, as the server's /v1/embeddings takes them.
 embedder = llamactx._embedding.embedding_context(model, 2, 32, 1)
+# SmolLM2 has no classification head: RANK pooling scores a pair by its last hidden state's first value.
+ranker = llamactx._embedding.embedding_context(model, 2, 32, 1, llamactx.LlamaPoolingType.RANK)
 # A synthetic projector, for images of any bytes, into the context above.
 PROJECTOR_FOLDER = tempfile.TemporaryDirectory()
 mtmd = llamactx.MtmdContext(
@@ -79,6 +81,11 @@ tokens = st.one_of(st.integers(0, N_VOCAB - 1), st.integers(0, N_VOCAB - 1), int
 seqs = st.one_of(st.integers(0, N_SEQ), ints)
 positions = st.one_of(st.none(), small_ints, hostile_ints)
 token_lists = st.lists(tokens, max_size=12)
+#: A reranker's inputs: any text, with special-token text and the template's placeholders.
+rerank_texts = st.lists(
+    st.one_of(st.text(max_size=12), st.sampled_from(["<|im_end|>", "<|im_start|>", "{query}", "{document}", "\x00"])),
+    max_size=4,
+).map("".join)
 blobs = st.one_of(st.binary(max_size=64), st.just(b""))
 
 
@@ -853,6 +860,14 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
     "embed_inputs": (
         lambda inputs: llamactx.embed(embedder, inputs),
         st.tuples(st.lists(st.one_of(token_lists, st.text(max_size=20)), max_size=3)),
+    ),
+    "rerank": (
+        lambda query, documents: llamactx.rerank(ranker, query, documents),
+        st.tuples(rerank_texts, st.lists(rerank_texts, max_size=3)),
+    ),
+    "rerank_prompt": (
+        lambda query, document: llamactx._llamactx._rerank_prompt(model, query, document),
+        st.tuples(rerank_texts, rerank_texts),
     ),
     "engine_tokens": (lambda prompt: engine.tokens(prompt), st.tuples(st.one_of(token_lists, st.text(max_size=20)))),
     "engine_chat_tokens": (
