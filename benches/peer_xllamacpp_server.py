@@ -6,7 +6,8 @@
 Settings are llama-server's for `-m M --port N -t T -tb T -np P -c C` (C split across the P slots, continuous
 batching, n_batch 2048 / n_ubatch 512, prompt cache and slot reuse left at their defaults); `--embeddings` adds
 `--embeddings --pooling mean` (llama-server then serves embeddings only, pooled as `llamactx serve --embeddings`
-pools them). Prints `listening http://127.0.0.1:N` once `GET /health` answers 200, then serves until SIGTERM,
+pools them), `--reranking` its `--reranking` (`/v1/rerank` only).
+Prints `listening http://127.0.0.1:N` once `GET /health` answers 200, then serves until SIGTERM,
 SIGINT or the end of stdin (so it stops when its parent dies: give it a pipe, not /dev/null), shuts the server
 down and exits 0. llama.cpp logs to stderr.
 """
@@ -36,6 +37,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--parallel", type=int, required=True)
     parser.add_argument("--ctx", type=int, required=True, help="total context, split across the parallel slots")
     parser.add_argument("--embeddings", action="store_true", help="serve embeddings (only), mean-pooled")
+    parser.add_argument("--reranking", action="store_true", help="serve /v1/rerank (llama-server's --reranking)")
     parser.add_argument(
         "--spec-ngram",
         nargs=2,
@@ -73,6 +75,9 @@ def server_params(args: argparse.Namespace) -> xllamacpp.CommonParams:
     if args.embeddings:
         params.embedding = True
         params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
+    if args.reranking:
+        params.embedding = True
+        params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_RANK
     return params
 
 
