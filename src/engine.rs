@@ -16,6 +16,7 @@ mod request;
 mod scheduler;
 #[cfg(test)]
 mod scripted;
+mod slots;
 pub mod speculative_options;
 pub mod stats;
 pub mod waker;
@@ -48,13 +49,15 @@ use media_prompt::{assemble, MediaInput, MediaPrompt};
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
 use scheduler::{Job, Scheduler};
+use slots::SlotChore;
 use speculative_options::{DraftKind, SpeculativeOptions};
 pub use stats::PyEngineStats;
 
-/// Requests that wait for a sequence slot, and whether the engine is closing.
+/// Requests that wait for a sequence slot, chores on slots, and whether the engine is closing.
 #[derive(Default)]
 struct Inbox {
     waiting: VecDeque<Job>,
+    chores: VecDeque<SlotChore>,
     closed: bool,
 }
 
@@ -192,6 +195,15 @@ impl PyEngineCore {
             .collect();
         let mtmd = mtmd.get();
         detached(py, || assemble(mtmd, &self.model, &tokens, &inputs)).map_err(Error::Python)
+    }
+
+    /// Whether the engine thread has ended (or was never started in this process).
+    fn thread_ended(&self) -> bool {
+        std::process::id() != self.pid
+            || self
+                .thread
+                .lock()
+                .map_or(true, |thread| thread.as_ref().is_none_or(JoinHandle::is_finished))
     }
 
     fn stop(&self) -> Result<()> {

@@ -5,13 +5,16 @@ this module only turns prompts into tokens and waits for pieces."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import accumulate
+from pathlib import Path
 from typing import Any
 
+from llamactx import _prompt_cache as prompt_cache
 from llamactx._constraints import JsonSchema, constraint
 from llamactx._llamactx import (
     Completion,
@@ -246,6 +249,7 @@ class Engine:
         )
         self._renderer = ChatRenderer(model, chat_template)
         self.mtmd = mtmd
+        self._kv_options = {name: options[name] for name in prompt_cache.KV_OPTIONS if name in options}
         # Python joins non-daemon threads before it runs `atexit` handlers: a thread waiting
         # on a request would keep the interpreter from exiting. This hook runs before that.
         _close_at_exit(self._core)
@@ -422,6 +426,50 @@ class Engine:
         generated and prompt tokens computed, speculative tokens drafted and accepted, and
         generated tokens per second of engine work."""
         return self._core.stats()
+
+    def save_slots(self, seq: int | None = None) -> list[bytes]:
+        """The cached KV cells of slot ``seq`` (a sequence; ``None``: of every free slot that
+        holds some), each as llama.cpp's sequence state file, naming the tokens the prefix cache
+        keeps for it (what llama-server's ``/slots/{id}?action=save`` writes). A slot a request
+        holds is saved once the request ends. ``IndexError`` for a slot the engine does not have."""
+        return [bytes(file) for file in self._core.save_slots(seq)]
+
+    def restore_slot(self, file: bytes, seq: int | None = None) -> tuple[int, int]:
+        """Restores a sequence state file (``save_slots``', or llama.cpp's
+        ``llama_state_seq_save_file``'s) into slot ``seq`` once no request holds it, or into the
+        free slot whose cache is worth least (``None``), for the prefix cache to reuse: a request
+        whose prompt starts with its tokens reads only the rest. Returns the slot and its token
+        count. ``StateError`` for a file the context refuses (another model's cells, a corrupt
+        state; the slot is then empty), ``ValueError`` without a prefix cache."""
+        return self._core.restore_slot(file, seq)
+
+    def erase_slot(self, seq: int) -> int:
+        """Empties slot ``seq`` (once no request holds it); returns the tokens it held."""
+        return self._core.erase_slot(seq)
+
+    def save_prompt_cache(
+        self, directory: str | os.PathLike[str], *, max_bytes: int = prompt_cache.DEFAULT_MAX_BYTES
+    ) -> int:
+        """Writes every cached slot (``save_slots``) to ``directory`` (made if missing), one
+        file each, checked on load by a hash and by this engine's identity: its model file,
+        adapter and KV settings. The directory keeps at most ``max_bytes`` of them, the oldest
+        removed first. Returns the files written."""
+        return prompt_cache.save(self.save_slots(), Path(directory), self._identity(), max_bytes)
+
+    def load_prompt_cache(
+        self, directory: str | os.PathLike[str], *, max_bytes: int = prompt_cache.DEFAULT_MAX_BYTES
+    ) -> int:
+        """Restores ``save_prompt_cache``'s newest files (as many as the engine has slots, at
+        most ``max_bytes`` in all) into the prefix cache, so that a prompt they start reads only
+        what follows. A file another model, adapter or KV setting made, or whose bytes changed,
+        is refused (logged on the ``llamactx`` logger), as is a state the context refuses.
+        Returns the files restored."""
+        n_slots = self.stats().n_seq_max
+        return prompt_cache.load(self.restore_slot, Path(directory), self._identity(), max_bytes, n_slots)
+
+    def _identity(self) -> str:
+        adapter = None if self.lora_adapter is None else (self.lora_adapter.path, self.lora_scale)
+        return prompt_cache.identity(self.model.path, adapter, self._kv_options)
 
     def close(self) -> None:
         """Ends every waiting or running request as "cancelled" and stops the engine thread."""

@@ -532,9 +532,6 @@ class LlamaContext:
     def state_seq_load_file(self, path: _Path, dest_seq_id: int, n_token_capacity: int) -> list[int]:
         """Restores a sequence state file into `dest_seq_id`; returns its tokens (at most
         `n_token_capacity`). No row has logits afterwards. `StateError` on failure.
-
-        The file is parsed here and its state handed to `state_seq_set_data`: llama.cpp's own
-        file loader asserts (aborts) on some truncated files, its buffer loader reports them.
         """
     def lora_adapter_set(self, adapter: LlamaLoraAdapter, scale: float) -> None:
         """Applies `adapter` with weight `scale` (0 leaves the model unchanged). Replaces any
@@ -1287,6 +1284,19 @@ class _EngineCore:
         """
     def stats(self) -> EngineStats:
         """The engine's counts now (`EngineStats`)."""
+    def save_slots(self, seq: int | None = None) -> list[bytes]:
+        """Slot `seq`'s cached tokens and cells as llama.cpp's sequence state file (what
+        llama-server's `/slots/{id}?action=save` writes), once no request holds it; with
+        `seq=None`, the file of every free slot that holds cached tokens.
+        """
+    def restore_slot(self, file: bytes, seq: int | None = None) -> tuple[int, int]:
+        """Restores a sequence state file into slot `seq` (once no request holds it), or into the
+        free slot whose cache is worth least (`seq=None`), for the prefix cache to reuse; returns
+        the slot and the number of tokens it holds. `StateError` for a file this context refuses
+        (the slot is then empty), `ValueError` on an engine without a prefix cache.
+        """
+    def erase_slot(self, seq: int) -> int:
+        """Empties slot `seq` (once no request holds it); returns the number of tokens it held."""
     def close(self) -> None:
         """Stops the engine: requests still waiting or running end as "cancelled"; returns once
         the engine thread has ended (after the step it is computing).

@@ -35,6 +35,7 @@ from llamactx._llamactx import (
 )
 from llamactx._media import MAX_PIXELS_CEILING, MEDIA_URL_MAX_BYTES, MEDIA_URL_TIMEOUT, MediaBudget
 from llamactx._models import default_model_path
+from llamactx._prompt_cache import DEFAULT_MAX_BYTES as DEFAULT_PROMPT_CACHE_BYTES
 from llamactx._reasoning import REASONING_FORMATS, Reasoning
 from llamactx._rerank import ranking, rerank
 from llamactx._sampling import SAMPLING_DEFAULTS
@@ -82,6 +83,7 @@ COUNT = _in_range(int, 1, INT32_MAX)
 #: A count of compute threads: at most the CPUs this process may use.
 THREADS = _in_range(int, 1, USABLE_CPUS)
 NON_NEGATIVE = _in_range(int, 0, INT32_MAX)
+COUNT_BYTES = _in_range(int, 1, 2**63 - 1)
 PROBABILITY = _in_range(float, 0.0, 1.0)
 
 
@@ -743,6 +745,23 @@ def _parser() -> argparse.ArgumentParser:
         dest="no_prefix_cache",
         action="store_true",
         help="do not reuse the KV of earlier prompts",
+    )
+    serve.add_argument(
+        "--prompt-cache-dir",
+        metavar="DIR",
+        help="keep the prefix cache here across restarts: restored at start, saved at shutdown",
+    )
+    serve.add_argument(
+        "--prompt-cache-bytes",
+        type=COUNT_BYTES,
+        default=DEFAULT_PROMPT_CACHE_BYTES,
+        metavar="N",
+        help="most bytes --prompt-cache-dir keeps (oldest removed first); the largest slot file a restore reads",
+    )
+    serve.add_argument(
+        "--slot-save-path",
+        metavar="DIR",
+        help="serve POST /slots/{id}?action=save|restore with files in this directory (llama-server's)",
     )
     serve.add_argument(
         "--spec-ngram",

@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -301,6 +302,61 @@ impl OpenContext {
         })
     }
 
+    /// Sequence `seq_id`'s cells as llama.cpp's sequence state file (`state_seq_save_file`'s
+    /// bytes, in memory), holding `tokens` as the file's token list.
+    pub(crate) fn seq_state_file(&mut self, seq_id: i32, tokens: &[LlamaToken]) -> Result<Vec<u8>> {
+        let state = self.seq_state_bytes(seq_id, 0)?;
+        // The file holds the in-memory state without its `io_magic` and sequence id.
+        let body = match state.get(..4).map(|word| word == SEQ_STATE_IO_MAGIC.to_le_bytes()) {
+            Some(true) => &state[8.min(state.len())..],
+            _ => {
+                return Err(Error::state(
+                    "SeqSaveFile",
+                    "llama.cpp wrote a sequence state of another layout",
+                ))
+            }
+        };
+        let count = u32::try_from(tokens.len()).map_err(|_| Error::value("too many tokens for a state file"))?;
+        let mut file = Vec::with_capacity(12 + 4 * tokens.len() + body.len());
+        for word in [
+            llama_cpp_sys_4::LLAMA_STATE_SEQ_MAGIC,
+            llama_cpp_sys_4::LLAMA_STATE_SEQ_VERSION,
+            count,
+        ] {
+            file.extend_from_slice(&word.to_le_bytes());
+        }
+        file.extend(tokens.iter().flat_map(|token| token.0.to_le_bytes()));
+        file.extend_from_slice(body);
+        Ok(file)
+    }
+
+    /// Restores a sequence state file (`seq_state_file`'s, or llama.cpp's) into `dest_seq_id`
+    /// and returns its tokens (at most `capacity`). The file is parsed here and its state handed
+    /// to `set_seq_state_bytes`: llama.cpp's own file loader asserts (aborts) on some truncated
+    /// files, its buffer loader reports them.
+    pub(crate) fn restore_seq_state_file(
+        &mut self,
+        file: &[u8],
+        dest_seq_id: i32,
+        capacity: usize,
+    ) -> Result<Vec<i32>> {
+        let (tokens, state) = parse_seq_state_file(file, capacity)?;
+        // The in-memory form is the file's state behind llama.cpp's `io_magic` and a sequence id
+        // (which the reader skips).
+        let mut buffer = Vec::with_capacity(state.len() + 8);
+        buffer.extend_from_slice(&SEQ_STATE_IO_MAGIC.to_le_bytes());
+        buffer.extend_from_slice(&dest_seq_id.to_le_bytes());
+        buffer.extend_from_slice(state);
+        let read = self.set_seq_state_bytes(&buffer, dest_seq_id, 0)?;
+        if read != buffer.len() {
+            return Err(Error::state(
+                "SeqLoadFile",
+                "the sequence state file has trailing bytes",
+            ));
+        }
+        Ok(tokens)
+    }
+
     fn set_seq_state_bytes(&mut self, src: &[u8], dest_seq_id: i32, flags: u32) -> Result<usize> {
         // After `io_magic` and the sequence id.
         const MEMORY_AT: usize = 8;
@@ -511,9 +567,6 @@ impl PyLlamaContext {
 
     /// Restores a sequence state file into `dest_seq_id`; returns its tokens (at most
     /// `n_token_capacity`). No row has logits afterwards. `StateError` on failure.
-    ///
-    /// The file is parsed here and its state handed to `state_seq_set_data`: llama.cpp's own
-    /// file loader asserts (aborts) on some truncated files, its buffer loader reports them.
     fn state_seq_load_file(
         &self,
         py: Python<'_>,
@@ -526,21 +579,7 @@ impl PyLlamaContext {
         self.run(py, |native| {
             let dest_seq_id = native.seq(dest_seq_id)?;
             let file = std::fs::read(&path).map_err(|err| Error::state("SeqLoadFile", err.to_string()))?;
-            let (tokens, state) = parse_seq_state_file(&file, capacity)?;
-            // The in-memory form is the file's state behind llama.cpp's `io_magic` and a
-            // sequence id (which the reader skips).
-            let mut buffer = Vec::with_capacity(state.len() + 8);
-            buffer.extend_from_slice(&SEQ_STATE_IO_MAGIC.to_le_bytes());
-            buffer.extend_from_slice(&dest_seq_id.to_le_bytes());
-            buffer.extend_from_slice(state);
-            let read = native.set_seq_state_bytes(&buffer, dest_seq_id, 0)?;
-            if read != buffer.len() {
-                return Err(Error::state(
-                    "SeqLoadFile",
-                    "the sequence state file has trailing bytes",
-                ));
-            }
-            Ok(tokens)
+            native.restore_seq_state_file(&file, dest_seq_id, capacity)
         })
     }
 }

@@ -1,5 +1,5 @@
 //! What the scheduler asks of a model and its context: decode a batch, read an output row,
-//! cut and copy a sequence's cells, and what a token is. The engine runs on llama.cpp's
+//! cut, copy, save and restore a sequence's cells, and what a token is. The engine runs on llama.cpp's
 //! context (`llama_backend.rs`); the scheduler's unit tests run on a scripted model
 //! (`scripted.rs`), so its decisions are tested without loading one.
 
@@ -51,6 +51,14 @@ pub trait Backend {
 
     /// Copies the cells of `source` into `dest`: those before `to`, or all of them.
     fn copy_cells(&mut self, source: i32, dest: i32, to: Option<usize>) -> Result<()>;
+
+    /// Sequence `seq`'s cells as llama.cpp's sequence state file, naming `tokens` as what they
+    /// hold.
+    fn save_seq(&mut self, seq: i32, tokens: &[LlamaToken]) -> Result<Vec<u8>>;
+
+    /// Replaces sequence `seq`'s cells with a sequence state file's and returns its tokens: the
+    /// cells are then exactly those tokens' positions, from 0. On failure `seq` is left empty.
+    fn restore_seq(&mut self, seq: i32, file: &[u8]) -> Result<Vec<LlamaToken>>;
 
     fn is_end_of_generation(&self, token: LlamaToken) -> bool;
 

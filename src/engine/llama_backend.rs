@@ -11,6 +11,7 @@ use crate::context::OpenContext;
 use crate::errors::{Error, Result};
 use crate::media::PyMtmdContext;
 use crate::steps::token_bytes;
+use crate::tokens::{check_vocab, to_llama_tokens};
 
 pub struct LlamaBackend {
     native: OpenContext,
@@ -88,6 +89,43 @@ impl Backend for LlamaBackend {
         };
         self.native
             .copy_seq(i64::from(source), i64::from(dest), range.0, range.1)
+    }
+
+    fn save_seq(&mut self, seq: i32, tokens: &[LlamaToken]) -> Result<Vec<u8>> {
+        self.native.seq_state_file(seq, tokens)
+    }
+
+    fn restore_seq(&mut self, seq: i32, file: &[u8]) -> Result<Vec<LlamaToken>> {
+        let restored = self
+            .native
+            .restore_seq_state_file(file, seq, self.sizes.n_ctx_seq)
+            .and_then(|ids| {
+                check_vocab(&ids, self.sizes.n_vocab)?;
+                // The cells must be the tokens' positions, from 0, for the prefix cache to
+                // reuse them as those tokens.
+                let span = self
+                    .native
+                    .with(|context| (context.memory_seq_pos_min(seq), context.kv_cache_seq_pos_max(seq)));
+                let expected = match i32::try_from(ids.len()) {
+                    Ok(0) => (-1, -1),
+                    Ok(count) => (0, count - 1),
+                    Err(_) => (0, i32::MAX),
+                };
+                if span != expected {
+                    return Err(Error::state(
+                        "SeqLoadFile",
+                        format!(
+                            "the state holds positions {span:?}, not those of its {} tokens",
+                            ids.len()
+                        ),
+                    ));
+                }
+                Ok(to_llama_tokens(&ids))
+            });
+        if restored.is_err() {
+            self.native.clear_seq(Some(i64::from(seq)), None, None)?;
+        }
+        restored
     }
 
     fn is_end_of_generation(&self, token: LlamaToken) -> bool {

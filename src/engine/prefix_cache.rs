@@ -42,6 +42,16 @@ impl PrefixCache {
         }
     }
 
+    /// The tokens free slot `seq` holds (none for a running one).
+    pub fn held(&self, seq: i32) -> &[LlamaToken] {
+        self.slot(seq)
+    }
+
+    /// The slot of `free` whose cached tokens are worth least (the fewest; the lowest id).
+    pub fn least_worth(&self, free: &[i32]) -> Option<i32> {
+        free.iter().copied().min_by_key(|&seq| (self.slot(seq).len(), seq))
+    }
+
     fn slot(&self, seq: i32) -> &[LlamaToken] {
         usize::try_from(seq)
             .ok()
@@ -70,7 +80,7 @@ impl PrefixCache {
         match from_running {
             Some((source, reused)) if reused > in_slot && reused >= MIN_COPY => {
                 // The free slot whose own tokens are worth least to others.
-                let seq = free.iter().copied().min_by_key(|&seq| (self.slot(seq).len(), seq))?;
+                let seq = self.least_worth(free)?;
                 Some(Placement {
                     seq,
                     reused,

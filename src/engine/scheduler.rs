@@ -277,8 +277,10 @@ impl<B: Backend> Scheduler<B> {
     /// Serves requests until the engine closes, then ends every request left.
     pub fn run(mut self) {
         while let Some(admitted) = self.next_jobs() {
+            self.do_chores();
             self.step_with(admitted);
         }
+        self.abandon_chores();
         for running in &mut self.running {
             if running.phase.is_live() {
                 running.phase = Phase::Ended(End::Cancelled);
@@ -316,7 +318,8 @@ impl<B: Backend> Scheduler<B> {
                 return None;
             }
             self.take_jobs(&mut inbox, &mut admitted, &mut cancelled);
-            if !admitted.is_empty() || !self.running.is_empty() || !cancelled.is_empty() {
+            let work = !admitted.is_empty() || !self.running.is_empty() || !cancelled.is_empty();
+            if work || !inbox.chores.is_empty() {
                 break;
             }
             inbox = self
@@ -790,6 +793,7 @@ fn finish_unstarted(jobs: Vec<Job>) {
 }
 
 mod media;
+mod slots;
 mod speculation;
 #[cfg(test)]
 mod tests;

@@ -143,6 +143,40 @@ impl Backend for Scripted {
         Ok(())
     }
 
+    /// The cells' tokens and the tokens named, as words: a restore checks they agree.
+    fn save_seq(&mut self, seq: i32, tokens: &[LlamaToken]) -> Result<Vec<u8>> {
+        let words = |tokens: &[LlamaToken]| {
+            tokens
+                .iter()
+                .flat_map(|token| token.0.to_le_bytes())
+                .collect::<Vec<u8>>()
+        };
+        let count = u32::try_from(tokens.len()).map_err(|_| Error::value("too many tokens"))?;
+        Ok([count.to_le_bytes().to_vec(), words(tokens), words(self.cells(seq))].concat())
+    }
+
+    fn restore_seq(&mut self, seq: i32, file: &[u8]) -> Result<Vec<LlamaToken>> {
+        self.cells.remove(&seq);
+        let words: Vec<i32> = file
+            .chunks_exact(4)
+            .map(|word| i32::from_le_bytes([word[0], word[1], word[2], word[3]]))
+            .collect();
+        let count = words
+            .first()
+            .and_then(|&count| usize::try_from(count).ok())
+            .unwrap_or(usize::MAX);
+        let (named, cells) = words
+            .get(1..)
+            .unwrap_or_default()
+            .split_at(count.min(words.len().saturating_sub(1)));
+        if !file.len().is_multiple_of(4) || named != cells {
+            return Err(Error::value("not a state this scripted model saved"));
+        }
+        let tokens: Vec<LlamaToken> = named.iter().copied().map(LlamaToken::new).collect();
+        self.cells.insert(seq, tokens.clone());
+        Ok(tokens)
+    }
+
     fn is_end_of_generation(&self, token: LlamaToken) -> bool {
         token.0 == END
     }

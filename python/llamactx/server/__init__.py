@@ -6,5 +6,6 @@
 
 from llamactx.server._app import create_app
 from llamactx.server._media_urls import MediaUrlPolicy
+from llamactx.server._slots import SlotFiles
 
-__all__ = ["MediaUrlPolicy", "create_app"]
+__all__ = ["MediaUrlPolicy", "SlotFiles", "create_app"]

@@ -31,6 +31,7 @@ from llamactx.server._openai import OpenAi
 from llamactx.server._pipeline import Pipeline
 from llamactx.server._rerank import Rerank
 from llamactx.server._responses import Responses
+from llamactx.server._slots import SlotFiles, Slots
 
 __all__ = ["create_app"]
 
@@ -41,7 +42,7 @@ DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 #: The one route open without the API key.
 HEALTH = "/health"
 #: The protocols the app serves, each made on the pipeline: a new one is its module and a line here.
-PROTOCOLS: tuple[Callable[[Pipeline], Any], ...] = (OpenAi, Responses, Messages, Rerank)
+PROTOCOLS: tuple[Callable[[Pipeline], Any], ...] = (OpenAi, Responses, Messages, Rerank, Slots)
 
 
 def _service(pipeline: Pipeline) -> Api:
@@ -180,6 +181,7 @@ def create_app(
     media_budget: MediaBudget = MediaBudget(),
     chat_template_kwargs: Mapping[str, Any] | None = None,
     reasoning: Reasoning = Reasoning(),
+    slot_files: SlotFiles | None = None,
 ) -> Starlette:
     """An ASGI application serving OpenAI's API with ``engine``: ``/v1/models``,
     ``/v1/completions``, ``/v1/chat/completions`` (streamed as server-sent events or not),
@@ -210,6 +212,8 @@ def create_app(
     split into the message's ``reasoning_content`` (streamed as deltas of their own), Anthropic's
     ``thinking`` blocks and the Responses API's ``reasoning`` items; a chat request's
     ``reasoning_format`` overrides its format, Anthropic's ``thinking.budget_tokens`` its budget.
+    ``slot_files`` (``SlotFiles``) serves llama-server's ``POST /slots/{id}?action=save|restore``
+    with files in its directory (``action=erase`` needs none; the others answer 501 without it).
     The app does not
     own the engine:
     close it when the app is done. Mount it in another Starlette or FastAPI app as any ASGI app.
@@ -230,6 +234,7 @@ def create_app(
         media_budget,
         chat_template_kwargs,
         reasoning,
+        slot_files,
     )
     routes = _routes([*(protocol(pipeline).api() for protocol in PROTOCOLS), _service(pipeline)])
     protocols = _Protocols(routes)

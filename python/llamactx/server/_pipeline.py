@@ -30,6 +30,7 @@ from llamactx.server._errors import ApiError, ContextLengthExceeded, openai_erro
 from llamactx.server._media_urls import MediaUrls, refuse_media_urls
 from llamactx.server._metrics import ServerMetrics
 from llamactx.server._openai_protocol import PENALTY_WINDOW_MAX, Body, SamplingBody, parsed
+from llamactx.server._slots import SlotFiles
 
 __all__ = ["UNLIMITED", "Generation", "Identified", "Pipeline", "event_stream", "merged"]
 
@@ -152,6 +153,7 @@ class Pipeline:
         media_budget: MediaBudget = MediaBudget(),
         chat_template_kwargs: Mapping[str, Any] | None = None,
         reasoning: Reasoning = Reasoning(),
+        slot_files: SlotFiles | None = None,
     ) -> None:
         self.engine = engine
         self.model = engine.model
@@ -170,6 +172,8 @@ class Pipeline:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         # Every chat's reasoning, whose format a chat request may change.
         self.reasoning = reasoning
+        # Where /slots/{id}?action=save|restore keep their files, if anywhere.
+        self.slot_files = slot_files
         self.metrics = ServerMetrics(engine)
 
     def check_fits(self, n_tokens: int) -> None:

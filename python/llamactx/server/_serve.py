@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -30,6 +31,7 @@ from llamactx._reasoning import Reasoning
 from llamactx._speculative import Speculative
 from llamactx.server._app import create_app
 from llamactx.server._media_urls import MediaUrlPolicy
+from llamactx.server._slots import SlotFiles
 
 __all__ = ["serve"]
 
@@ -132,10 +134,17 @@ def serve(
             engine.close()
             print(f"llamactx serve: the chat template: {error}", file=sys.stderr)
             return 2
+        cache = arguments.prompt_cache_dir
+        if cache is not None:
+            restored = engine.load_prompt_cache(cache, max_bytes=arguments.prompt_cache_bytes)
+            print(f"llamactx serve: {restored} cached prompts restored from {cache}", file=sys.stderr, flush=True)
         try:
             _serve_until_stopped(engine, sock, arguments, embeddings, reasoning)
         finally:
             _exit_unless(done, CLOSE_SECONDS)
+            if cache is not None:
+                saved = engine.save_prompt_cache(cache, max_bytes=arguments.prompt_cache_bytes)
+                print(f"llamactx serve: {saved} cached prompts saved to {cache}", file=sys.stderr, flush=True)
             engine.close()
             done.set()
     return 0
@@ -151,6 +160,13 @@ def _template_kwargs(arguments: argparse.Namespace) -> dict[str, Any]:
     if arguments.reasoning_effort != "default":
         kwargs["reasoning_effort"] = arguments.reasoning_effort
     return kwargs
+
+
+def _slot_files(arguments: argparse.Namespace) -> SlotFiles | None:
+    """Where ``--slot-save-path`` keeps slot files; None without it."""
+    if arguments.slot_save_path is None:
+        return None
+    return SlotFiles(Path(arguments.slot_save_path), arguments.prompt_cache_bytes)
 
 
 def _media_url_policy(arguments: argparse.Namespace) -> MediaUrlPolicy | None:
@@ -182,6 +198,7 @@ def _serve_until_stopped(
         media_budget=MediaBudget(arguments.max_media_parts, arguments.max_media_pixels, arguments.max_audio_seconds),
         chat_template_kwargs=_template_kwargs(arguments),
         reasoning=reasoning,
+        slot_files=_slot_files(arguments),
     )
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -2,12 +2,14 @@
 //! requests arriving mid-step, drafts and their verification, cancellation and failed decodes,
 //! checked through the decodes the scheduler asked for and what each request received.
 
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Condvar, Mutex};
 
 use super::*;
 use crate::engine::backend::Sizes;
 use crate::engine::draft::{DraftSource, NgramConfig};
 use crate::engine::scripted::{Scripted, FAILURE};
+use crate::engine::slots::SlotChore;
 
 /// Five tokens, 1 to 5, by position; in rounds 1, 8, 15, ... 6 takes the place of 5. N-gram
 /// drafts of the round are accepted, those that propose 5 there rejected: after a prompt of
@@ -105,10 +107,28 @@ impl Harness {
         completion(&request)
     }
 
-    /// One step, with the requests that fit admitted first (as `run` does).
+    /// One step, with the requests that fit admitted first and the slot chores done (as `run`
+    /// does).
     fn step(&mut self) {
         let admitted = self.scheduler.arrived_jobs();
+        self.scheduler.do_chores();
         self.scheduler.step_with(admitted);
+    }
+
+    /// Queues the chore `make` builds; its answer comes on the receiver.
+    fn chore<T>(&self, make: impl FnOnce(Sender<Result<T>>) -> SlotChore) -> Receiver<Result<T>> {
+        let (reply, answer) = channel();
+        self.shared.inbox().chores.push_back(make(reply));
+        answer
+    }
+
+    /// The answer to a chore done at the next step.
+    fn chore_now<T>(&mut self, make: impl FnOnce(Sender<Result<T>>) -> SlotChore) -> Result<T> {
+        let answer = self.chore(make);
+        self.step();
+        answer
+            .try_recv()
+            .unwrap_or_else(|_| panic!("the chore was not done at the step"))
     }
 
     /// Steps until nothing runs or waits.
@@ -599,4 +619,106 @@ fn a_stop_string_ends_the_reply_before_it_and_frees_its_sequence() {
     let next = engine.submit(&[3, 4], 3);
     engine.finish();
     assert_eq!(completion(&next).tokens, expected(2, 3));
+}
+
+#[test]
+fn a_saved_slot_restored_into_another_engine_is_reused_by_its_prefix_cache() {
+    let prompt: Vec<i32> = (0..12).map(|n| 7 + n % 4).collect();
+    let mut first = harness_of(Scripted::new(sizes(2), cycle), true, None);
+    let original = first.alone(job(&first.shared, &prompt, 4));
+    let files = first
+        .chore_now(|reply| SlotChore::Save { seq: None, reply })
+        .unwrap_or_else(|err| panic!("{err:?}"));
+    assert_eq!(files.len(), 1, "one slot holds cached tokens");
+    let mut second = harness_of(Scripted::new(sizes(2), cycle), true, None);
+    let file = files[0].clone();
+    let restored = second.chore_now(|reply| SlotChore::Restore { seq: None, file, reply });
+    // The prompt and the tokens generated after it but the last (never decoded).
+    assert_eq!(restored.ok(), Some((0, 12 + 3)));
+    assert_eq!(second.scheduler.counters.kv_cells_cached, 15);
+    let decodes_before = second.decodes().len();
+    let again = second.alone(job(&second.shared, &prompt, 4));
+    assert_eq!(again.tokens, original.tokens);
+    assert_eq!(
+        again.cached_tokens, 11,
+        "all of the prompt but the token read again for its logits"
+    );
+    assert_eq!(second.decodes()[decodes_before][0].position, 11);
+}
+
+#[test]
+fn a_chore_on_a_running_slot_waits_for_its_request_to_end() {
+    let mut engine = harness_of(Scripted::new(sizes(2), cycle), true, None);
+    let request = engine.submit(&[1, 2, 3], 6);
+    engine.step();
+    let running_seq = engine.scheduler.running[0].seq;
+    let saved = engine.chore(|reply| SlotChore::Save {
+        seq: Some(running_seq),
+        reply,
+    });
+    let other = engine.chore_now(|reply| SlotChore::Erase {
+        seq: 1 - running_seq,
+        reply,
+    });
+    assert_eq!(other.ok(), Some(0), "a chore on a free slot behind it is not held up");
+    assert!(saved.try_recv().is_err(), "saved while its request runs");
+    engine.finish();
+    engine.step();
+    let file = saved
+        .try_recv()
+        .ok()
+        .and_then(Result::ok)
+        .and_then(|files| files.into_iter().next())
+        .unwrap_or_default();
+    let held: Vec<i32> = [1, 2, 3]
+        .into_iter()
+        .chain(completion(&request).tokens[..5].iter().copied())
+        .collect();
+    let words: Vec<i32> = file
+        .chunks_exact(4)
+        .map(|word| i32::from_le_bytes([word[0], word[1], word[2], word[3]]))
+        .collect();
+    assert_eq!(words[0], 8);
+    assert_eq!(words[1..9], held[..]);
+}
+
+#[test]
+fn erasing_empties_a_slot_and_a_refused_file_leaves_it_empty() {
+    let mut engine = harness_of(Scripted::new(sizes(2), cycle), true, None);
+    engine.alone(job(&engine.shared, &[1, 2, 3, 4], 3));
+    assert_eq!(
+        engine.chore_now(|reply| SlotChore::Erase { seq: 0, reply }).ok(),
+        Some(6)
+    );
+    assert!(engine.scheduler.backend.cells(0).is_empty());
+    assert_eq!(engine.scheduler.counters.kv_cells_cached, 0);
+    engine.alone(job(&engine.shared, &[1, 2, 3, 4], 3));
+    let garbage = vec![1, 2, 3];
+    let refused = engine.chore_now(|reply| SlotChore::Restore {
+        seq: Some(0),
+        file: garbage,
+        reply,
+    });
+    assert!(refused.is_err());
+    assert!(engine.scheduler.backend.cells(0).is_empty());
+    assert!(engine.scheduler.cache.held(0).is_empty());
+}
+
+#[test]
+fn restores_need_a_prefix_cache_and_a_stopping_engine_answers_its_chores() {
+    let mut engine = harness(2, None);
+    let refused = engine.chore_now(|reply| SlotChore::Restore {
+        seq: None,
+        file: Vec::new(),
+        reply,
+    });
+    assert!(matches!(refused, Err(Error::Value(message)) if message.contains("no prefix cache")));
+    let request = engine.submit(&[1, 2, 3], 50);
+    engine.step();
+    let seq = engine.scheduler.running[0].seq;
+    let waiting = engine.chore(|reply| SlotChore::Erase { seq, reply });
+    engine.shared.inbox().closed = true;
+    engine.scheduler.run();
+    assert!(matches!(waiting.try_recv(), Ok(Err(Error::Value(message))) if message.contains("closed")));
+    assert_eq!(completion(&request).finish_reason, "cancelled");
 }

@@ -87,6 +87,17 @@ rerank_texts = st.lists(
     max_size=4,
 ).map("".join)
 blobs = st.one_of(st.binary(max_size=64), st.just(b""))
+engine.submit("Hello there", max_tokens=2).result()
+#: A slot file of the engine's, cut, extended and with a byte changed.
+SLOT_FILE = engine.save_slots()[0]
+slot_files = st.one_of(
+    blobs,
+    st.integers(0, len(SLOT_FILE)).map(lambda end: SLOT_FILE[:end]),
+    st.binary(max_size=16).map(lambda tail: SLOT_FILE + tail),
+    st.tuples(st.integers(0, len(SLOT_FILE) - 1), st.integers(1, 255)).map(
+        lambda change: SLOT_FILE[: change[0]] + bytes([SLOT_FILE[change[0]] ^ change[1]]) + SLOT_FILE[change[0] + 1 :]
+    ),
+)
 
 
 # Temperatures so small that dividing the logits by them overflows, too (issue 27).
@@ -861,6 +872,12 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
         lambda inputs: llamactx.embed(embedder, inputs),
         st.tuples(st.lists(st.one_of(token_lists, st.text(max_size=20)), max_size=3)),
     ),
+    "engine_restore_slot": (
+        lambda file, seq: engine.restore_slot(file, seq),
+        st.tuples(slot_files, st.one_of(st.none(), seqs)),
+    ),
+    "engine_save_slots": (lambda seq: engine.save_slots(seq), st.tuples(st.one_of(st.none(), seqs))),
+    "engine_erase_slot": (lambda seq: engine.erase_slot(seq), st.tuples(seqs)),
     "rerank": (
         lambda query, documents: llamactx.rerank(ranker, query, documents),
         st.tuples(rerank_texts, st.lists(rerank_texts, max_size=3)),
