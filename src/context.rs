@@ -5,7 +5,7 @@
 //! lifetime (close, context manager).
 
 mod abort;
-mod adapters;
+pub(crate) mod adapters;
 mod attachments;
 mod compute;
 mod introspection;

@@ -31,6 +31,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::batch::BatchState;
+use crate::context::adapters::check_scale;
 use crate::context::{ContextOptions, OpenContext};
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
@@ -124,6 +125,8 @@ pub struct PyEngineCore {
     mtmd: Option<Py<PyMtmdContext>>,
     /// Whether the engine drafts (prompts with images are not drafted for).
     drafts: bool,
+    /// The scale of the engine's LoRA adapter for requests that name none (None: no adapter).
+    lora_scale: Option<Mutex<f32>>,
 }
 
 /// `ValueError` unless `projector` was loaded for `model` and places media as the engine
@@ -195,6 +198,16 @@ impl PyEngineCore {
             .collect();
         let mtmd = mtmd.get();
         detached(py, || assemble(mtmd, &self.model, &tokens, &inputs)).map_err(Error::Python)
+    }
+
+    /// The adapter scale a request asking for `scale` is generated with.
+    fn request_scale(&self, scale: Option<f32>) -> Result<Option<f32>> {
+        match (&self.lora_scale, scale) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(Error::value("this engine has no LoRA adapter to scale")),
+            (Some(_), Some(scale)) => check_scale(scale).map(Some),
+            (Some(default), None) => Ok(Some(*default.lock().map_err(|_| Error::Poisoned("Engine"))?)),
+        }
     }
 
     /// Whether the engine thread has ended (or was never started in this process).
@@ -274,6 +287,7 @@ impl PyEngineCore {
             check_projector(projector.get(), &native_model)?;
         }
         let learned_positions = model.get().learned_positions();
+        let lora_scale = lora.as_ref().map(|(_, scale)| *scale);
         let (native, draft) = detached(py, || {
             let mut native = OpenContext::open(Arc::clone(&native_model), &options, learned_positions)?;
             // Generation keeps each sequence in the KV cache between steps.
@@ -315,7 +329,7 @@ impl PyEngineCore {
         let batch = BatchState::new(native.with(|context| context.n_batch()) as usize, 1)?;
         let scheduled = Arc::clone(&shared);
         let projector = mtmd.as_ref().map(|projector| projector.clone_ref(py));
-        let backend = LlamaBackend::new(native, batch, projector);
+        let backend = LlamaBackend::new(native, batch, projector, lora_scale);
         let thread = std::thread::Builder::new()
             .name("llamactx-engine".to_owned())
             .spawn(move || Scheduler::new(backend, scheduled, prefix_cache, speculation).run())
@@ -330,13 +344,16 @@ impl PyEngineCore {
             pid: std::process::id(),
             mtmd,
             drafts,
+            lora_scale: lora_scale.map(Mutex::new),
         })
     }
 
     /// Queues a request for `tokens`, with each of `media` (`(at, chunks)`: an image's chunks
-    /// from the engine's projector, to go before text token `at`) spliced in. `ValueError` for
-    /// a prompt that can never run, `EngineBusy` when `max_waiting` requests already wait.
-    #[pyo3(signature = (tokens, max_tokens, stop, sampling, logprobs, constraint, media=Vec::new()))]
+    /// from the engine's projector, to go before text token `at`) spliced in, generated with the
+    /// engine's LoRA adapter at `lora_scale` (None: the engine's scale). `ValueError` for a
+    /// prompt that can never run or a scale without an adapter, `EngineBusy` when `max_waiting`
+    /// requests already wait.
+    #[pyo3(signature = (tokens, max_tokens, stop, sampling, logprobs, constraint, media=Vec::new(), lora_scale=None))]
     #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
@@ -348,7 +365,9 @@ impl PyEngineCore {
         logprobs: usize,
         constraint: Option<&Bound<'_, PyAny>>,
         media: Vec<(usize, Bound<'_, PyMtmdInputChunks>)>,
+        lora_scale: Option<f32>,
     ) -> PyResult<PyRequestCore> {
+        let lora_scale = self.request_scale(lora_scale)?;
         if logprobs > logprobs::MAX_TOP {
             return Err(Error::value(format!("logprobs must be in 0..={}, got {logprobs}", logprobs::MAX_TOP)).into());
         }
@@ -383,6 +402,7 @@ impl PyEngineCore {
             logprobs,
             submitted: Instant::now(),
             media: prompt.media,
+            lora_scale,
         };
         {
             let mut inbox = self.shared.inbox();
@@ -451,6 +471,24 @@ impl PyEngineCore {
     #[getter]
     fn closed(&self) -> bool {
         self.shared.inbox().closed
+    }
+
+    /// The scale of the engine's LoRA adapter for requests that name none (None without an
+    /// adapter).
+    #[getter]
+    fn lora_scale(&self) -> Result<Option<f32>> {
+        self.request_scale(None)
+    }
+
+    /// Sets the scale of the engine's LoRA adapter for the requests submitted from now on that
+    /// name none (llama-server's `POST /lora-adapters`). `ValueError` without an adapter, or for
+    /// a scale that is not finite.
+    fn set_lora_scale(&self, scale: f32) -> Result<()> {
+        let Some(default) = &self.lora_scale else {
+            return Err(Error::value("this engine has no LoRA adapter to scale"));
+        };
+        *default.lock().map_err(|_| Error::Poisoned("Engine"))? = check_scale(scale)?;
+        Ok(())
     }
 }
 

@@ -240,9 +240,10 @@ class Engine:
         options.setdefault("n_ctx", 4096)
         options.setdefault("n_seq_max", 8)
         self.model = model
-        #: The adapter every request is generated with, and its scale (``GET /lora-adapters``).
+        #: The adapter every request is generated with (``GET /lora-adapters``).
         self.lora_adapter = lora_adapter
-        self.lora_scale = lora_scale
+        # The scale the engine started with: that of the cells its prompt cache keeps.
+        self._base_lora_scale = lora_scale
         lora = None if lora_adapter is None else (lora_adapter, lora_scale)
         self._core = _EngineCore(
             model, max_waiting, prefix_cache, speculative=speculative, mtmd=mtmd, lora=lora, **options
@@ -264,6 +265,7 @@ class Engine:
         logprobs: int = 0,
         json_schema: JsonSchema | None = None,
         grammar: str | LlamaSampler | None = None,
+        lora_scale: float | None = None,
     ) -> Request:
         """Queues a request to generate up to ``max_tokens`` tokens after ``prompt`` (text, or
         token ids) and returns at once. Greedy when ``sampling`` is None; ``logprobs`` (0..20)
@@ -274,8 +276,14 @@ class Engine:
         constrains the output; it ends with "stop" only where the constraint is complete.
         ``ValueError`` for a prompt that cannot fit a sequence, ``SchemaError`` for a schema
         llguidance cannot compile, ``SamplerInitError`` for GBNF llama.cpp cannot parse,
-        ``EngineBusy`` when ``max_waiting`` requests wait."""
-        return self._submit(self.tokens(prompt), max_tokens, stop, sampling, logprobs, json_schema, grammar)
+        ``EngineBusy`` when ``max_waiting`` requests wait. ``lora_scale`` generates this request
+        with the engine's LoRA adapter at that scale instead of ``lora_scale``'s (llama-server's
+        per-request ``lora``): requests of different scales are decoded in turns, each decode
+        under one scale, and reuse only cached cells computed under their own (``ValueError`` on
+        an engine without an adapter, or for a scale that is not finite)."""
+        return self._submit(
+            self.tokens(prompt), max_tokens, stop, sampling, logprobs, json_schema, grammar, lora_scale=lora_scale
+        )
 
     def _submit(
         self,
@@ -287,6 +295,7 @@ class Engine:
         json_schema: JsonSchema | None,
         grammar: str | LlamaSampler | None,
         media: MediaPrompt | None = None,
+        lora_scale: float | None = None,
     ) -> Request:
         stops = [stop] if isinstance(stop, str) else list(stop)
         spec, check = constraint(json_schema, grammar)
@@ -295,7 +304,8 @@ class Engine:
             # Each image goes after the text runs before it.
             starts = accumulate(len(run) for run in media.texts[:-1])
             images = list(zip(starts, media.chunks, strict=True))
-        return Request(self._core.submit(tokens, max_tokens, stops, sampling, logprobs, spec, images), check)
+        core = self._core.submit(tokens, max_tokens, stops, sampling, logprobs, spec, images, lora_scale)
+        return Request(core, check)
 
     def submit_chat(
         self,
@@ -313,6 +323,7 @@ class Engine:
         media_budget: MediaBudget = MediaBudget(),
         chat_template_kwargs: Mapping[str, Any] | None = None,
         reasoning: Reasoning = Reasoning(),
+        lora_scale: float | None = None,
     ) -> Request:
         """``submit`` for the assistant's reply to ``messages`` (``{"role", "content"}`` dicts or
         pairs, OpenAI's assistant ``tool_calls`` and ``tool`` results included), formatted with
@@ -347,6 +358,7 @@ class Engine:
             logprobs=logprobs,
             json_schema=json_schema,
             grammar=grammar,
+            lora_scale=lora_scale,
         )
 
     def prepare_chat(
@@ -381,6 +393,7 @@ class Engine:
         logprobs: int = 0,
         json_schema: JsonSchema | None = None,
         grammar: str | LlamaSampler | None = None,
+        lora_scale: float | None = None,
     ) -> Request:
         """``submit`` for a chat from ``prepare_chat``: its tokens, its stop strings after
         ``stop``, its tools' constraint (``ValueError`` when ``json_schema`` or ``grammar`` is
@@ -398,7 +411,15 @@ class Engine:
             stages = [chat.reasoning_budget] if chat.sampler is None else [chat.sampler, chat.reasoning_budget]
             constraint = LlamaSampler.chain(stages)
         request = self._submit(
-            chat.tokens, max_tokens, [*stops, *chat.stops], sampling, logprobs, json_schema, constraint, chat.media
+            chat.tokens,
+            max_tokens,
+            [*stops, *chat.stops],
+            sampling,
+            logprobs,
+            json_schema,
+            constraint,
+            chat.media,
+            lora_scale,
         )
         request._reply = chat.reply
         return request
@@ -467,8 +488,20 @@ class Engine:
         n_slots = self.stats().n_seq_max
         return prompt_cache.load(self.restore_slot, Path(directory), self._identity(), max_bytes, n_slots)
 
+    @property
+    def lora_scale(self) -> float:
+        """The scale of ``lora_adapter`` for requests that name none (``lora_adapter``'s, until
+        set: llama-server's ``POST /lora-adapters``); ``ValueError`` on setting it without an
+        adapter or to a scale that is not finite. Requests submitted from then on use it."""
+        scale = self._core.lora_scale
+        return self._base_lora_scale if scale is None else scale
+
+    @lora_scale.setter
+    def lora_scale(self, scale: float) -> None:
+        self._core.set_lora_scale(scale)
+
     def _identity(self) -> str:
-        adapter = None if self.lora_adapter is None else (self.lora_adapter.path, self.lora_scale)
+        adapter = None if self.lora_adapter is None else (self.lora_adapter.path, self._base_lora_scale)
         return prompt_cache.identity(self.model.path, adapter, self._kv_options)
 
     def close(self) -> None:

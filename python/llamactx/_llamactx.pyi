@@ -1277,10 +1277,13 @@ class _EngineCore:
         logprobs: int,
         constraint: tuple[str, str] | LlamaSampler | None,
         media: Sequence[tuple[int, MtmdInputChunks]] = ...,
+        lora_scale: float | None = None,
     ) -> _RequestCore:
         """Queues a request for `tokens`, with each of `media` (`(at, chunks)`: an image's chunks
-        from the engine's projector, to go before text token `at`) spliced in. `ValueError` for
-        a prompt that can never run, `EngineBusy` when `max_waiting` requests already wait.
+        from the engine's projector, to go before text token `at`) spliced in, generated with the
+        engine's LoRA adapter at `lora_scale` (None: the engine's scale). `ValueError` for a
+        prompt that can never run or a scale without an adapter, `EngineBusy` when `max_waiting`
+        requests already wait.
         """
     def stats(self) -> EngineStats:
         """The engine's counts now (`EngineStats`)."""
@@ -1307,6 +1310,16 @@ class _EngineCore:
     @property
     def closed(self) -> bool:
         """Whether `close()` was called."""
+    @property
+    def lora_scale(self) -> float | None:
+        """The scale of the engine's LoRA adapter for requests that name none (None without an
+        adapter).
+        """
+    def set_lora_scale(self, scale: float) -> None:
+        """Sets the scale of the engine's LoRA adapter for the requests submitted from now on that
+        name none (llama-server's `POST /lora-adapters`). `ValueError` without an adapter, or for
+        a scale that is not finite.
+        """
 
 def _check_speculative(speculative: object) -> None:
     """Checks `NgramDraft`'s and `DraftModel`'s values when they are made."""

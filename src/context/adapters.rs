@@ -22,14 +22,21 @@ fn control_vector(data: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<f32>>>
     Ok((!values.is_empty()).then_some(values))
 }
 
+/// `scale` when it is finite (an adapter's weight); `ValueError` otherwise.
+pub(crate) fn check_scale(scale: f32) -> Result<f32> {
+    if scale.is_finite() {
+        Ok(scale)
+    } else {
+        Err(Error::value(format!("scale must be finite, got {scale}")))
+    }
+}
+
 impl OpenContext {
     /// Applies `adapter` with weight `scale` (`lora_adapter_set`, and an engine's adapter),
     /// keeping it alive while set. `ValueError` for a scale that is not finite or an adapter of
     /// another model.
     pub(crate) fn set_lora(&mut self, adapter: Py<PyLlamaLoraAdapter>, scale: f32) -> Result<()> {
-        if !scale.is_finite() {
-            return Err(Error::value(format!("scale must be finite, got {scale}")));
-        }
+        check_scale(scale)?;
         if !Arc::ptr_eq(adapter.get().model(), self.model()) {
             return Err(Error::value("this adapter was loaded for another model"));
         }
@@ -42,6 +49,21 @@ impl OpenContext {
         }
         self.lora = Some(lease);
         Ok(())
+    }
+
+    /// Sets the adapter already set (`set_lora`) at `scale` instead. `ValueError` without one,
+    /// or for a scale that is not finite.
+    pub(crate) fn set_lora_scale(&mut self, scale: f32) -> Result<()> {
+        check_scale(scale)?;
+        let lease = self.lora.take().ok_or_else(|| Error::value("no LoRA adapter is set"))?;
+        let set = (|| {
+            let mut guard = lease.adapter().lock()?;
+            let raw = guard.as_mut().ok_or_else(|| Error::closed("LlamaLoraAdapter"))?;
+            self.with_mut(|context| context.lora_adapter_set(&mut raw.0, scale))?;
+            Ok(())
+        })();
+        self.lora = Some(lease);
+        set
     }
 }
 

@@ -5,6 +5,7 @@
 
 use llama_cpp_4::token::LlamaToken;
 
+use super::prefix_cache::Adapter;
 use super::scheduler::MediaSpan;
 use crate::errors::Result;
 
@@ -59,6 +60,12 @@ pub trait Backend {
     /// Replaces sequence `seq`'s cells with a sequence state file's and returns its tokens: the
     /// cells are then exactly those tokens' positions, from 0. On failure `seq` is left empty.
     fn restore_seq(&mut self, seq: i32, file: &[u8]) -> Result<Vec<LlamaToken>>;
+
+    /// The LoRA adapter's scale the context decodes with now (None: it has no adapter).
+    fn adapter(&self) -> Adapter;
+
+    /// Decodes with the context's adapter at `scale` from now on.
+    fn set_adapter_scale(&mut self, scale: f32) -> Result<()>;
 
     fn is_end_of_generation(&self, token: LlamaToken) -> bool;
 

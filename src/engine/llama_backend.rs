@@ -5,6 +5,7 @@ use llama_cpp_4::token::LlamaToken;
 use pyo3::Py;
 
 use super::backend::{Backend, Entry, Sizes};
+use super::prefix_cache::Adapter;
 use super::scheduler::MediaSpan;
 use crate::batch::BatchState;
 use crate::context::OpenContext;
@@ -19,11 +20,19 @@ pub struct LlamaBackend {
     sizes: Sizes,
     /// The projector whose embeddings media prompts decode, if the engine reads media.
     mtmd: Option<Py<PyMtmdContext>>,
+    /// The adapter's scale the context has now.
+    adapter: Adapter,
 }
 
 impl LlamaBackend {
-    /// Decodes go through `batch` (of `n_batch` tokens).
-    pub fn new(native: OpenContext, batch: BatchState, mtmd: Option<Py<PyMtmdContext>>) -> Self {
+    /// Decodes go through `batch` (of `n_batch` tokens); `adapter_scale` is that of the adapter
+    /// set on `native`, if any.
+    pub fn new(
+        native: OpenContext,
+        batch: BatchState,
+        mtmd: Option<Py<PyMtmdContext>>,
+        adapter_scale: Option<f32>,
+    ) -> Self {
         let (n_batch, n_ctx, n_seq_max) = native.with(|context| {
             (
                 context.n_batch() as usize,
@@ -44,6 +53,7 @@ impl LlamaBackend {
             batch,
             sizes,
             mtmd,
+            adapter: adapter_scale.map(f32::to_bits),
         }
     }
 }
@@ -126,6 +136,16 @@ impl Backend for LlamaBackend {
             self.native.clear_seq(Some(i64::from(seq)), None, None)?;
         }
         restored
+    }
+
+    fn adapter(&self) -> Adapter {
+        self.adapter
+    }
+
+    fn set_adapter_scale(&mut self, scale: f32) -> Result<()> {
+        self.native.set_lora_scale(scale)?;
+        self.adapter = Some(scale.to_bits());
+        Ok(())
     }
 
     fn is_end_of_generation(&self, token: LlamaToken) -> bool {

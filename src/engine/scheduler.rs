@@ -26,7 +26,7 @@ use super::draft::{DraftLength, Speculation};
 use super::draft_cost::DraftCosts;
 use super::logprobs::top_logprobs;
 use super::plan;
-use super::prefix_cache::{Placement, PrefixCache};
+use super::prefix_cache::{Adapter, Placement, PrefixCache};
 use super::request::{PyCompletion, RequestShared, TokenLogprobs};
 use super::{Counters, EngineShared, Inbox};
 use crate::backend::log_warning;
@@ -52,6 +52,9 @@ pub struct Job {
     /// The prompt's images, in order; each takes its positions in `prompt` with placeholder
     /// tokens (`media_prompt::placeholders`).
     pub media: Vec<MediaSpan>,
+    /// The scale of the engine's LoRA adapter this request is generated with (None: the engine
+    /// has no adapter).
+    pub lora_scale: Option<f32>,
 }
 
 /// An image (or audio clip) of a prompt, encoded at submit: its embeddings are decoded as a
@@ -98,6 +101,11 @@ impl Job {
             .iter()
             .find(|span| span.at < reused && reused < span.at + span.width)
             .map_or(reused, |span| span.at)
+    }
+
+    /// What its cells are computed under.
+    fn adapter(&self) -> Adapter {
+        self.lora_scale.map(f32::to_bits)
     }
 
     /// The KV cells the request may come to use.
@@ -157,6 +165,8 @@ struct Running {
     admitted: Instant,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+    /// Steps it has waited for its adapter scale's turn (see `Scheduler::take_turn`).
+    turns_waited: u32,
 }
 
 impl Running {
@@ -254,11 +264,16 @@ pub struct Scheduler<B: Backend> {
     costs: DraftCosts,
     /// Every counter `stats()` reports, counted here only.
     counters: Counters,
+    /// The adapter scale this step decodes with: only requests generated with it take part.
+    turn: Adapter,
+    /// The adapter scale the engine started with: that of the slots it saves and restores.
+    base_adapter: Adapter,
 }
 
 impl<B: Backend> Scheduler<B> {
     pub fn new(backend: B, shared: Arc<EngineShared>, prefix_cache: bool, speculation: Option<Speculation>) -> Self {
         let sizes = backend.sizes();
+        let adapter = backend.adapter();
         Self {
             backend,
             shared,
@@ -271,6 +286,8 @@ impl<B: Backend> Scheduler<B> {
             speculation,
             costs: DraftCosts::default(),
             counters: Counters::default(),
+            turn: adapter,
+            base_adapter: adapter,
         }
     }
 
@@ -366,12 +383,13 @@ impl<B: Backend> Scheduler<B> {
     }
 
     fn admit(&mut self, mut job: Job) {
+        let adapter = job.adapter();
         let running = self
             .running
             .iter()
-            .filter(|running| running.phase.is_live())
+            .filter(|running| running.phase.is_live() && running.job.adapter() == adapter)
             .map(|running| (running.seq, running.kv_tokens.as_slice()));
-        let Some(mut placement) = self.cache.place(&self.free_seqs, running, &job.prompt) else {
+        let Some(mut placement) = self.cache.place(&self.free_seqs, running, &job.prompt, adapter) else {
             job.request.fail(Error::Runtime(
                 "the engine admitted a request without a free sequence".to_owned(),
             ));
@@ -420,6 +438,7 @@ impl<B: Backend> Scheduler<B> {
             admitted: Instant::now(),
             first_token: None,
             last_token: None,
+            turns_waited: 0,
             job,
         });
         self.make_room(placement.seq);
@@ -477,6 +496,7 @@ impl<B: Backend> Scheduler<B> {
                 running.phase = Phase::Ended(End::Cancelled);
             }
         }
+        self.take_turn();
         self.read_media();
         let room = self.read_prompts(0, self.sizes.n_batch);
         let arrived_from = self.running.len();
@@ -489,6 +509,44 @@ impl<B: Backend> Scheduler<B> {
             self.read_prompts(arrived_from, room);
         }
         self.generate();
+        let turn = self.turn;
+        for running in &mut self.running {
+            running.turns_waited = if running.job.adapter() == turn {
+                0
+            } else {
+                running.turns_waited + 1
+            };
+        }
+    }
+
+    /// Chooses the adapter scale of this step (llama.cpp applies an adapter to a whole decode):
+    /// that of the live request that has waited the most steps for its turn, the earliest
+    /// admitted among equals, so requests of every scale take turns. Sets it on the context;
+    /// where that fails, the requests of that scale fail.
+    fn take_turn(&mut self) {
+        let next = self
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, running)| running.phase.is_live())
+            .min_by_key(|&(index, running)| (std::cmp::Reverse(running.turns_waited), index));
+        let Some((_, next)) = next else { return };
+        self.turn = next.job.adapter();
+        let Some(bits) = self.turn.filter(|_| self.turn != self.backend.adapter()) else {
+            return;
+        };
+        if let Err(err) = self.backend.set_adapter_scale(f32::from_bits(bits)) {
+            let turn = self.turn;
+            let of_turn: Vec<usize> = (0..self.running.len())
+                .filter(|&index| self.running[index].phase.is_live() && self.running[index].job.adapter() == turn)
+                .collect();
+            self.fail(of_turn.into_iter(), err);
+        }
+    }
+
+    /// Whether `running` takes part in this step's decodes (its adapter scale has the turn).
+    fn in_turn(&self, running: &Running) -> bool {
+        running.job.adapter() == self.turn
     }
 
     /// Decodes the last sampled token of every generating sequence in one batch, with the
@@ -534,7 +592,9 @@ impl<B: Backend> Scheduler<B> {
         let order: Vec<usize> = self
             .by_sequence()
             .into_iter()
-            .filter(|&index| matches!(self.running[index].phase, Phase::Generating(_)))
+            .filter(|&index| {
+                matches!(self.running[index].phase, Phase::Generating(_)) && self.in_turn(&self.running[index])
+            })
             .collect();
         if order.is_empty() {
             return None;
@@ -597,7 +657,7 @@ impl<B: Backend> Scheduler<B> {
             .iter()
             .enumerate()
             .skip(from)
-            .filter(|(_, running)| matches!(running.phase, Phase::Reading))
+            .filter(|(_, running)| matches!(running.phase, Phase::Reading) && self.in_turn(running))
             .map(|(index, running)| (index, running.job.text_end(running.kv_len()) - running.kv_len()));
         let (chunks, room) = plan::prompt_chunks(reading, room, self.sizes.n_batch);
         if chunks.is_empty() {
@@ -742,7 +802,11 @@ impl<B: Backend> Scheduler<B> {
             }
             let mut running = self.running.remove(index);
             if self.cache.enabled() && !matches!(running.phase, Phase::Ended(End::Failed(_))) {
-                self.cache.keep(running.seq, std::mem::take(&mut running.kv_tokens));
+                self.cache.keep(
+                    running.seq,
+                    std::mem::take(&mut running.kv_tokens),
+                    running.job.adapter(),
+                );
             } else {
                 // Its cells go back to the others; a sequence id from our own range cannot fail.
                 let _ = self.backend.clear_cells(running.seq, 0, None);

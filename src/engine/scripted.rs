@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use llama_cpp_4::token::LlamaToken;
 
 use super::backend::{Backend, Entry, Sizes};
+use super::prefix_cache::Adapter;
 use super::scheduler::MediaSpan;
 use crate::errors::{Error, Result};
 
@@ -31,6 +32,9 @@ pub struct Scripted {
     pub decodes: Vec<Vec<Entry>>,
     /// The decodes (by their index in `decodes`) that fail, changing nothing.
     pub failing: HashSet<usize>,
+    /// The adapter's scale now, and the scale each decode in `decodes` ran under.
+    pub adapter: Adapter,
+    pub decode_adapters: Vec<Adapter>,
     /// Called with a decode's index after it succeeded: a test submits or cancels from here,
     /// as another thread would in the middle of a step.
     pub after_decode: Option<Box<dyn FnMut(usize) + Send>>,
@@ -46,6 +50,8 @@ impl Scripted {
             rows: Vec::new(),
             decodes: Vec::new(),
             failing: HashSet::new(),
+            adapter: None,
+            decode_adapters: Vec::new(),
             after_decode: None,
         }
     }
@@ -98,6 +104,7 @@ impl Backend for Scripted {
     fn decode(&mut self, entries: &[Entry]) -> Result<()> {
         let index = self.decodes.len();
         self.decodes.push(entries.to_vec());
+        self.decode_adapters.push(self.adapter);
         if self.failing.contains(&index) {
             return Err(Error::Runtime(FAILURE.to_owned()));
         }
@@ -175,6 +182,18 @@ impl Backend for Scripted {
         let tokens: Vec<LlamaToken> = named.iter().copied().map(LlamaToken::new).collect();
         self.cells.insert(seq, tokens.clone());
         Ok(tokens)
+    }
+
+    fn adapter(&self) -> Adapter {
+        self.adapter
+    }
+
+    fn set_adapter_scale(&mut self, scale: f32) -> Result<()> {
+        if self.adapter.is_none() {
+            return Err(Error::value("the scripted model has no adapter"));
+        }
+        self.adapter = Some(scale.to_bits());
+        Ok(())
     }
 
     fn is_end_of_generation(&self, token: LlamaToken) -> bool {

@@ -943,7 +943,7 @@ def test_a_requests_chat_template_kwargs_reach_the_template(model_path: Path, mo
             assert refused.value.body["param"] == "chat_template_kwargs"  # type: ignore[index]
 
 
-def test_a_lora_adapter_given_at_start_applies_to_every_request(
+def test_a_lora_adapter_given_at_start_applies_to_every_request_at_the_scale_asked(
     model_path: Path, model: llamactx.LlamaModel, lora_path: Path
 ) -> None:
     messages: list[Any] = [{"role": "user", "content": "Name a colour."}]
@@ -957,12 +957,30 @@ def test_a_lora_adapter_given_at_start_applies_to_every_request(
         running_server(model_path, "--no-prefix-cache", "--lora-scaled", f"{lora_path}:0.5") as server,
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused") as client,
     ):
-        reply = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=12, temperature=0)
+
+        def reply(**extra: Any) -> str | None:
+            answer = client.chat.completions.create(
+                model=MODEL_ID, messages=messages, max_tokens=12, temperature=0, extra_body=extra
+            )
+            return answer.choices[0].message.content
+
+        at_start = reply()
+        without = reply(lora=[])  # llama-server's: an adapter left out of a request's list is at 0
         listed = httpx.get(f"{server.url}/lora-adapters").json()
-        changed = httpx.post(f"{server.url}/lora-adapters", json=[{"id": 0, "scale": 1.0}])
-    assert reply.choices[0].message.content == expected
+        changed = httpx.post(f"{server.url}/lora-adapters", json=[{"id": 0, "scale": 0.0}])
+        after_change = reply()
+        relisted = httpx.get(f"{server.url}/lora-adapters").json()
+        per_request = reply(lora=[{"id": 0, "scale": 0.5}])
+        unknown = httpx.post(f"{server.url}/lora-adapters", json=[{"id": 3, "scale": 1.0}])
+        with pytest.raises(openai.BadRequestError, match="id 3"):
+            reply(lora=[{"id": 3, "scale": 1.0}])
+    assert (at_start, without) == (expected, plain)
     assert listed == [{"id": 0, "path": str(lora_path), "scale": 0.5}]  # llama-server's shape
-    assert changed.status_code == 405  # a scale is set at start only
+    assert changed.json() == {"success": True}
+    assert after_change == plain
+    assert relisted[0]["scale"] == 0.0
+    assert per_request == expected
+    assert unknown.status_code == 400
 
 
 def test_kv_cache_types_and_batch_sizes_are_the_engines_context_options(

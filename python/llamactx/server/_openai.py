@@ -25,7 +25,9 @@ from llamactx.server._openai_protocol import (
     ChatRequest,
     CompletionRequest,
     EmbeddingRequest,
+    LoraScales,
     SamplingBody,
+    parsed,
 )
 from llamactx.server._openai_replies import (
     ChatChoice,
@@ -73,16 +75,26 @@ class OpenAi:
             ("POST", "/chat/completions", self.chat),
             ("POST", "/embeddings", self.embeddings_route),
             ("GET", "/lora-adapters", self.lora_adapters),
+            ("POST", "/lora-adapters", self.set_lora_adapters),
         ]
         return Api(routes, prefixes=OPENAI_PREFIXES)
 
     async def lora_adapters(self, http: HttpRequest) -> Response:
         """llama-server's list of the adapters loaded: the engine's one adapter (id 0) with its
-        file and scale, or none. Changing a scale (llama-server's ``POST``) is not served."""
+        file and the scale of requests that name none, or none."""
         engine = self.pipeline.engine
         if engine.lora_adapter is None:
             return JSONResponse([])
         return JSONResponse([{"id": 0, "path": str(engine.lora_adapter.path), "scale": engine.lora_scale}])
+
+    async def set_lora_adapters(self, http: HttpRequest) -> Response:
+        """llama-server's ``POST /lora-adapters``: the scale of requests that name none, for
+        the adapter listed (an adapter left out is at 0)."""
+        scales = parsed(LoraScales, await self.pipeline.raw_body(http), self.pipeline.n_vocab)
+        scale = self.pipeline.lora_scale(scales.root)
+        assert scale is not None  # a list was given; its scales are finite (the body's model)
+        self.pipeline.engine.lora_scale = scale
+        return JSONResponse({"success": True})
 
     async def list_models(self, http: HttpRequest) -> Response:
         return JSONResponse({"object": "list", "data": [self._model_card(name) for name in self.pipeline.model_names]})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, ValidationInfo, model_validator
 
 from llamactx._limits import INT32_MAX
 from llamactx._sampling import SAMPLING_DEFAULTS
@@ -19,6 +19,8 @@ __all__ = [
     "ChatRequest",
     "CompletionRequest",
     "EmbeddingRequest",
+    "LoraScale",
+    "LoraScales",
     "Message",
     "SamplingBody",
     "parsed",
@@ -88,6 +90,17 @@ class ResponseFormat(_Body):
         return None
 
 
+class LoraScale(_Body):
+    """One adapter's scale (llama-server's ``lora`` entries and ``/lora-adapters`` body)."""
+
+    id: Annotated[int, Field(ge=0, le=INT32_MAX)]
+    scale: float
+
+
+#: ``POST /lora-adapters``' body: the scale of each adapter listed.
+LoraScales = RootModel[Annotated[list[LoraScale], Field(max_length=16)]]
+
+
 class SamplingBody(_Body):
     """What completions and chat share: sampling, stopping and llama-server's extras. A field
     named as one of ``SamplingParams``' is passed to it as it is, and takes its default there
@@ -112,6 +125,8 @@ class SamplingBody(_Body):
     repeat_last_n: Annotated[int, Field(ge=-1, le=PENALTY_WINDOW_MAX)] = SAMPLING_DEFAULTS["penalty_last_n"]
     grammar: str | None = None
     response_format: ResponseFormat | None = None
+    #: llama-server's per-request adapter scales (an adapter it does not list is at 0).
+    lora: Annotated[list[LoraScale], Field(max_length=16)] | None = None
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> SamplingBody:

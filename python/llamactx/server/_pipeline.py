@@ -29,7 +29,7 @@ from llamactx._tools import Tool, ToolChoice
 from llamactx.server._errors import ApiError, ContextLengthExceeded, openai_error, shutting_down
 from llamactx.server._media_urls import MediaUrls, refuse_media_urls
 from llamactx.server._metrics import ServerMetrics
-from llamactx.server._openai_protocol import PENALTY_WINDOW_MAX, Body, SamplingBody, parsed
+from llamactx.server._openai_protocol import PENALTY_WINDOW_MAX, Body, LoraScale, SamplingBody, parsed
 from llamactx.server._slots import SlotFiles
 
 __all__ = ["UNLIMITED", "Generation", "Identified", "Pipeline", "event_stream", "merged"]
@@ -263,6 +263,7 @@ class Pipeline:
         constraint (named by ``constraint_param``), or the request when the queue is full. Blocking
         work: call it off the event loop."""
         generations: list[Generation] = []
+        lora_scale = self.lora_scale(body.lora)
         try:
             stage, check = constraint_stage(self.model, body.output_schema(), body.grammar)
             for prompt in prompts:
@@ -274,6 +275,7 @@ class Pipeline:
                         sampling=self.sampling(body, choice),
                         logprobs=logprobs,
                         grammar=stage,
+                        lora_scale=lora_scale,
                     )
                     generations.append(Generation(request, len(generations), choice == 0, check, constraint_param))
         except BaseException as error:
@@ -285,6 +287,18 @@ class Pipeline:
                 raise shutting_down() from error
             raise openai_error(error, "the request cannot be submitted", constraint_param) from error
         return generations
+
+    def lora_scale(self, lora: Sequence[LoraScale] | None) -> float | None:
+        """The scale of the engine's adapter (id 0) a request's ``lora`` asks for, as
+        llama-server reads it (an adapter it does not list is at 0); None without ``lora``."""
+        if lora is None:
+            return None
+        if self.engine.lora_adapter is None:
+            raise ApiError(400, "this server has no LoRA adapter (start it with --lora)", param="lora")
+        for entry in lora:
+            if entry.id != 0:
+                raise ApiError(400, f"no LoRA adapter has id {entry.id}: this server's one is id 0", param="lora")
+        return next((entry.scale for entry in reversed(lora)), 0.0)
 
     def sampling(self, body: SamplingBody, choice: int) -> SamplingParams:
         """The engine's sampling for choice ``choice``: the body's fields named as
@@ -303,6 +317,12 @@ class Pipeline:
     async def body(self, http: HttpRequest, schema: type[Body]) -> Body:
         """The body, read up to ``max_body_bytes`` (413 past it), parsed and checked by
         ``schema``, for this server's model (``check_model``)."""
+        body = parsed(schema, await self.raw_body(http), self.n_vocab)
+        self.check_model(getattr(body, "model", None))
+        return body
+
+    async def raw_body(self, http: HttpRequest) -> bytes:
+        """The body's bytes, read up to ``max_body_bytes`` (413 past it)."""
         declared = http.headers.get("content-length", "")
         if declared.isascii() and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise ApiError(413, f"the body has {declared} bytes; this server takes at most {self.max_body_bytes}")
@@ -312,9 +332,7 @@ class Pipeline:
             if size > self.max_body_bytes:
                 raise ApiError(413, f"the body is larger than this server takes ({self.max_body_bytes} bytes)")
             chunks.append(chunk)
-        body = parsed(schema, b"".join(chunks), self.n_vocab)
-        self.check_model(getattr(body, "model", None))
-        return body
+        return b"".join(chunks)
 
     def check_model(self, model: str | None) -> None:
         """Any ``model``, or none, names the one model served, as with llama-server; with

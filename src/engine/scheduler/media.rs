@@ -15,7 +15,9 @@ impl<B: Backend> Scheduler<B> {
             return;
         }
         let at_media = |running: &Running| {
-            matches!(running.phase, Phase::Reading) && running.job.media_at(running.kv_len()).is_some()
+            matches!(running.phase, Phase::Reading)
+                && running.job.media_at(running.kv_len()).is_some()
+                && self.in_turn(running)
         };
         if !self.running.iter().any(at_media) {
             return;

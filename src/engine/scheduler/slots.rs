@@ -39,13 +39,21 @@ impl<B: Backend> Scheduler<B> {
     }
 
     fn save(&mut self, seq: Option<i32>) -> Result<Vec<Vec<u8>>> {
+        // Saved slots are restored under the engine's first adapter scale: those computed
+        // under another (a request's own) are not saved.
+        let base = self.base_adapter;
         let seqs = match seq {
+            Some(seq) if !self.cache.held(seq).is_empty() && self.cache.adapter(seq) != base => {
+                return Err(Error::value(format!(
+                    "slot {seq} holds cells of a request's own LoRA scale, not the engine's"
+                )));
+            }
             Some(seq) => vec![seq],
             None => self
                 .free_seqs
                 .iter()
                 .copied()
-                .filter(|&seq| !self.cache.held(seq).is_empty())
+                .filter(|&seq| !self.cache.held(seq).is_empty() && self.cache.adapter(seq) == base)
                 .collect(),
         };
         seqs.into_iter()
@@ -73,7 +81,7 @@ impl<B: Backend> Scheduler<B> {
         self.forget_drafts(seq);
         let restored = self.backend.restore_seq(seq, file).map(|tokens| {
             let count = tokens.len();
-            self.cache.keep(seq, tokens);
+            self.cache.keep(seq, tokens, self.base_adapter);
             (seq, count)
         });
         self.publish_cache();

@@ -2,6 +2,7 @@
 //! requests arriving mid-step, drafts and their verification, cancellation and failed decodes,
 //! checked through the decodes the scheduler asked for and what each request received.
 
+use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Condvar, Mutex};
 
@@ -86,6 +87,7 @@ fn job(shared: &Arc<EngineShared>, prompt: &[i32], max_tokens: usize) -> Job {
         logprobs: 0,
         submitted: Instant::now(),
         media: Vec::new(),
+        lora_scale: None,
     }
 }
 
@@ -721,4 +723,64 @@ fn restores_need_a_prefix_cache_and_a_stopping_engine_answers_its_chores() {
     engine.scheduler.run();
     assert!(matches!(waiting.try_recv(), Ok(Err(Error::Value(message))) if message.contains("closed")));
     assert_eq!(completion(&request).finish_reason, "cancelled");
+}
+
+fn job_scaled(shared: &Arc<EngineShared>, prompt: &[i32], max_tokens: usize, scale: f32) -> Job {
+    let mut scaled = job(shared, prompt, max_tokens);
+    scaled.lora_scale = Some(scale);
+    scaled
+}
+
+/// An engine whose context has an adapter, at scale 1.
+fn with_adapter() -> Harness {
+    let mut backend = Scripted::new(sizes(2), cycle);
+    backend.adapter = Some(1.0f32.to_bits());
+    harness_of(backend, true, None)
+}
+
+#[test]
+fn requests_of_different_adapter_scales_take_turns_in_decodes_of_their_own() {
+    let mut engine = with_adapter();
+    let full = engine.submit_job(job_scaled(&engine.shared, &[1, 2, 3], 6, 1.0));
+    let half = engine.submit_job(job_scaled(&engine.shared, &[4, 5, 6, 7], 6, 0.5));
+    engine.step();
+    let scale_of: HashMap<i32, Option<u32>> = engine
+        .scheduler
+        .running
+        .iter()
+        .map(|running| (running.seq, running.job.lora_scale.map(f32::to_bits)))
+        .collect();
+    assert_eq!(scale_of.len(), 2);
+    engine.finish();
+    assert_eq!(completion(&full).tokens, expected(3, 6));
+    assert_eq!(completion(&half).tokens, expected(4, 6));
+    let backend = &engine.scheduler.backend;
+    for (entries, adapter) in backend.decodes.iter().zip(&backend.decode_adapters) {
+        // Every entry of a decode is of a request generated under the scale the decode ran with.
+        assert!(
+            entries.iter().all(|entry| scale_of[&entry.seq] == *adapter),
+            "{entries:?} under {adapter:?}"
+        );
+    }
+    // Turns alternate: neither scale waits for the other to finish.
+    let turns: Vec<Option<u32>> = backend.decode_adapters.clone();
+    let first_half = turns.iter().position(|&adapter| adapter == Some(0.5f32.to_bits()));
+    let last_full = turns.iter().rposition(|&adapter| adapter == Some(1.0f32.to_bits()));
+    assert!(first_half < last_full, "the scales took turns: {turns:?}");
+}
+
+#[test]
+fn the_prefix_cache_reuses_cells_only_under_the_scale_they_were_computed_with() {
+    let mut engine = with_adapter();
+    let prompt: Vec<i32> = (0..12).map(|n| 7 + n % 4).collect();
+    engine.alone(job_scaled(&engine.shared, &prompt, 3, 1.0));
+    let other = engine.alone(job_scaled(&engine.shared, &prompt, 3, 0.5));
+    assert_eq!(other.cached_tokens, 0, "cells of scale 1 are not those of scale 0.5");
+    let same = engine.alone(job_scaled(&engine.shared, &prompt, 3, 1.0));
+    assert_eq!(same.cached_tokens, 11);
+    // Slots are saved under the engine's own scale only.
+    let saved = engine.chore_now(|reply| SlotChore::Save { seq: None, reply });
+    assert_eq!(saved.map(|files| files.len()).ok(), Some(1));
+    let refused = engine.chore_now(|reply| SlotChore::Save { seq: Some(1), reply });
+    assert!(matches!(refused, Err(Error::Value(message)) if message.contains("own LoRA scale")));
 }
