@@ -9,7 +9,8 @@ from llamactx._constraints import JsonSchema
 from llamactx._generation import continue_sequence, generate, prefill_media, stream_media
 from llamactx._llamactx import LlamaContext, LlamaSampler, MtmdContext, _check_prompt
 from llamactx._media import MediaBudget, MediaPrompt
-from llamactx._render import ChatRenderer, Message
+from llamactx._reasoning import Reasoning
+from llamactx._render import ChatRenderer, Message, PreparedChat
 from llamactx._speculative import Speculative
 
 __all__ = ["ChatSession", "chat"]
@@ -30,6 +31,7 @@ def chat(
     media_budget: MediaBudget = MediaBudget(),
     chat_template: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    reasoning: Reasoning = Reasoning(),
 ) -> str:
     """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts or pairs), formatted
     with the model's chat template; greedy when ``sampler`` is None. ``json_schema``,
@@ -43,9 +45,14 @@ def chat(
     ``speculative`` does not take images. ``chat_template`` (Jinja source, or the name of one of
     llama.cpp's built-in formats such as ``"chatml"``) replaces the model's template, as in
     ``Engine``; a model without one is rendered as ChatML, as llama.cpp does. ``chat_template_kwargs``
-    are further variables of the template, as in ``Engine.submit_chat``."""
+    are further variables of the template, as in ``Engine.submit_chat``. ``reasoning``'s budget
+    bounds a thinking model's reasoning, as in ``Engine.submit_chat`` (the reply returned holds
+    the reasoning, in its tags, before the answer)."""
     renderer = ChatRenderer(ctx.model, chat_template)
-    prepared = renderer.prepare(messages, mtmd=mtmd, media_budget=media_budget, template_kwargs=chat_template_kwargs)
+    prepared = renderer.prepare(
+        messages, mtmd=mtmd, media_budget=media_budget, template_kwargs=chat_template_kwargs, reasoning=reasoning
+    )
+    sampler = _within_budget(prepared, sampler, json_schema is None and grammar is None)
     if prepared.media is not None and mtmd is not None:
         _check_prompt(prepared.n_tokens, ctx.n_ctx_seq(), images=True, drafts=speculative is not None)
         pieces = stream_media(
@@ -73,12 +80,21 @@ def chat(
     )
 
 
+def _within_budget(prepared: PreparedChat, sampler: LlamaSampler | None, free: bool) -> LlamaSampler | None:
+    """``sampler`` (greedy when None) after the chat's reasoning budget, when it has one and the
+    reply is ``free`` text (a schema or grammar holds the reply from its first token)."""
+    if prepared.reasoning_budget is None or not free:
+        return sampler
+    return LlamaSampler.chain([prepared.reasoning_budget, sampler or LlamaSampler.greedy()])
+
+
 class ChatSession:
     """A conversation whose history stays in the KV cache of sequence 0 between turns: each
     turn decodes only what follows what the cache already holds (an image shown in an earlier
     turn is not encoded again). With ``mtmd``, a turn's text may be OpenAI's content parts with
     images, as in ``chat``; ``media_budget`` bounds the media of the whole conversation, which
-    each turn reads again. ``chat_template`` and ``chat_template_kwargs`` as in ``chat``."""
+    each turn reads again. ``chat_template``, ``chat_template_kwargs`` and ``reasoning`` (each
+    turn's budget) as in ``chat``."""
 
     def __init__(
         self,
@@ -90,8 +106,10 @@ class ChatSession:
         media_budget: MediaBudget = MediaBudget(),
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        reasoning: Reasoning = Reasoning(),
     ) -> None:
         self.ctx = ctx
+        self.reasoning = reasoning
         self.max_tokens = max_tokens
         self.mtmd = mtmd
         self.media_budget = media_budget
@@ -115,8 +133,13 @@ class ChatSession:
         user: Message = ("user", text) if isinstance(text, str) else {"role": "user", "content": text}
         messages = [*self.messages, user]
         prepared = self._renderer.prepare(
-            messages, mtmd=self.mtmd, media_budget=self.media_budget, template_kwargs=self._template_kwargs
+            messages,
+            mtmd=self.mtmd,
+            media_budget=self.media_budget,
+            template_kwargs=self._template_kwargs,
+            reasoning=self.reasoning,
         )
+        sampler = _within_budget(prepared, sampler, free=True)
         prompt = prepared.media or MediaPrompt([prepared.tokens], [])
         # The conversation must still fit the context (its images included).
         images, drafts = prepared.media is not None, speculative is not None

@@ -12,7 +12,7 @@ from typing import Any
 
 from llamactx._llamactx import _REASONING_FORMATS, _check_reasoning
 
-__all__ = ["REASONING_FORMATS", "Reasoning", "ReplyStream"]
+__all__ = ["REASONING_FORMATS", "Reasoning", "ReplyStream", "thinking_kwargs"]
 
 #: llama-server's ``--reasoning-format`` choices: "none" leaves the reasoning in the content
 #: (its tags included); "auto" and "deepseek" split it into ``reasoning_content``, streamed as
@@ -90,3 +90,15 @@ class ReplyStream:
                 delta[key] = now[len(sent) :]
                 self._sent[key] = now
         return delta
+
+
+def thinking_kwargs(kwargs: dict[str, Any] | None, thinking: str, effort: str) -> dict[str, Any]:
+    """Template variables: ``kwargs`` with llama-server's ``--reasoning`` (``thinking`` "on" or
+    "off": ``enable_thinking``; "auto" leaves it) and ``--reasoning-effort`` (``effort``:
+    ``reasoning_effort``; "default" leaves it) over them."""
+    variables = dict(kwargs or {})
+    if thinking != "auto":
+        variables["enable_thinking"] = thinking == "on"
+    if effort != "default":
+        variables["reasoning_effort"] = effort
+    return variables

@@ -36,7 +36,7 @@ from llamactx._llamactx import (
 from llamactx._media import MAX_PIXELS_CEILING, MEDIA_URL_MAX_BYTES, MEDIA_URL_TIMEOUT, MediaBudget
 from llamactx._models import default_model_path
 from llamactx._prompt_cache import DEFAULT_MAX_BYTES as DEFAULT_PROMPT_CACHE_BYTES
-from llamactx._reasoning import REASONING_FORMATS, Reasoning
+from llamactx._reasoning import REASONING_FORMATS, Reasoning, thinking_kwargs
 from llamactx._rerank import ranking, rerank
 from llamactx._sampling import SAMPLING_DEFAULTS
 from llamactx._speculative import MAX_DRAFT, MAX_NGRAM, DraftModel, NgramDraft, Speculative
@@ -194,6 +194,9 @@ def _chat(arguments: argparse.Namespace) -> int:
     if arguments.image and not arguments.mmproj:
         print("llamactx chat: --image needs --mmproj, the projector that reads images", file=sys.stderr)
         return 2
+    reasoning = _reasoning(arguments, "chat")
+    if reasoning is None:
+        return 2
     ctx = _context(arguments)
     mtmd = MtmdContext(ctx.model, arguments.mmproj) if arguments.mmproj else None
     session = ChatSession(
@@ -202,7 +205,10 @@ def _chat(arguments: argparse.Namespace) -> int:
         max_tokens=arguments.max_tokens,
         mtmd=mtmd,
         chat_template=arguments.chat_template,
-        chat_template_kwargs=arguments.chat_template_kwargs,
+        chat_template_kwargs=thinking_kwargs(
+            arguments.chat_template_kwargs, arguments.reasoning, arguments.reasoning_effort
+        ),
+        reasoning=reasoning,
     )
     sampler = _sampler(arguments, ctx.model)
     try:
@@ -263,11 +269,8 @@ def _serve(arguments: argparse.Namespace) -> int:
     gpu = {"n_gpu_layers": arguments.n_gpu_layers, "main_gpu": arguments.main_gpu}
     if any(value is not None for value in gpu.values()) and not arguments.rpc and not _gpu_devices():
         print("llamactx serve: this build has no GPU: -ngl and -mg change nothing", file=sys.stderr)
-    try:
-        budget = None if arguments.reasoning_budget == -1 else arguments.reasoning_budget
-        reasoning = Reasoning(arguments.reasoning_format, budget, arguments.reasoning_budget_message)
-    except (ValueError, OverflowError) as error:
-        print(f"llamactx serve: --reasoning-budget takes -1 (unbounded) or more: {error}", file=sys.stderr)
+    reasoning = _reasoning(arguments, "serve")
+    if reasoning is None:
         return 2
     try:
         adapter = _adapter(arguments)
@@ -284,6 +287,16 @@ def _serve(arguments: argparse.Namespace) -> int:
     wanted = arguments.embeddings or arguments.reranking
     embeddings = embedding_context(model, 8, 512, arguments.threads, pooling) if wanted else None
     return serve(model, arguments, embeddings, speculative, reasoning, adapter)
+
+
+def _reasoning(arguments: argparse.Namespace, command: str) -> Reasoning | None:
+    """The reasoning options as a ``Reasoning``; None (after saying why) for a budget below -1."""
+    try:
+        budget = None if arguments.reasoning_budget == -1 else arguments.reasoning_budget
+        return Reasoning(arguments.reasoning_format, budget, arguments.reasoning_budget_message)
+    except (ValueError, OverflowError) as error:
+        print(f"llamactx {command}: --reasoning-budget takes -1 (unbounded) or more: {error}", file=sys.stderr)
+        return None
 
 
 def _adapter(arguments: argparse.Namespace) -> tuple[str, float] | None:
@@ -473,8 +486,10 @@ def _add_chat_template_options(command: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_reasoning_options(command: argparse.ArgumentParser) -> None:
-    """llama-server's options for a thinking model's reasoning (``Reasoning``)."""
+def _add_reasoning_options(command: argparse.ArgumentParser, *, formats: bool = True) -> None:
+    """llama-server's options for a thinking model's reasoning (``Reasoning``); ``formats``
+    adds ``--reasoning-format``, for a command whose replies split the reasoning out (the chat
+    command prints a reply as the model writes it, its reasoning in its tags)."""
     reasoning = command.add_argument_group("reasoning of thinking models (llama-server's names)")
     reasoning.add_argument(
         "-rea",
@@ -491,14 +506,17 @@ def _add_reasoning_options(command: argparse.ArgumentParser) -> None:
         help="the chat template's reasoning_effort (e.g. low, medium, high), over --chat-template-kwargs' "
         "(default: default, the template's own)",
     )
-    reasoning.add_argument(
-        "--reasoning-format",
-        choices=REASONING_FORMATS,
-        default="auto",
-        help="how a reply's reasoning comes back: none leaves it in the content; auto and deepseek put it "
-        "in reasoning_content (streamed as its own deltas); deepseek-legacy splits it too, but streams it inline "
-        "in the content (default: auto)",
-    )
+    if formats:
+        reasoning.add_argument(
+            "--reasoning-format",
+            choices=REASONING_FORMATS,
+            default="auto",
+            help="how a reply's reasoning comes back: none leaves it in the content; auto and deepseek put it "
+            "in reasoning_content (streamed as its own deltas); deepseek-legacy splits it too, but streams it "
+            "inline in the content (default: auto)",
+        )
+    else:
+        command.set_defaults(reasoning_format="auto")
     reasoning.add_argument(
         "--reasoning-budget",
         type=int,
@@ -670,6 +688,7 @@ def _parser() -> argparse.ArgumentParser:
         help="show this PNG, JPEG, GIF or BMP with the first message (repeatable)",
     )
     _add_chat_template_options(chat)
+    _add_reasoning_options(chat, formats=False)
     _add_generation_options(chat, max_tokens=256, n_ctx=4096)
     chat.set_defaults(run=_chat)
 

@@ -5,7 +5,10 @@ streams. The real model's weights with ``THINKING_TEMPLATE``, whose generation p
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,3 +116,27 @@ def test_a_streamed_reply_splits_as_the_whole_reply_does(engine: llamactx.Engine
     inline = engine.prepare_chat(ASK, reasoning=llamactx.Reasoning("deepseek-legacy")).reply_stream()
     assert not inline.splits_reasoning
     assert inline.feed("a</think>") == {"content": "a</think>"}
+
+
+def test_chat_chat_sessions_and_the_chat_command_bound_reasoning_as_the_engine(
+    model: llamactx.LlamaModel, model_path: Path, tmp_path: Path
+) -> None:
+    """The same budget in ``chat``, ``ChatSession`` and ``llamactx chat --reasoning-budget``:
+    the reasoning closes after 3 tokens, the reply equal to the engine's (one sequence each)."""
+    budget = llamactx.Reasoning(budget=3)
+    with llamactx.Engine(model, n_ctx=512, n_seq_max=1, chat_template=THINKING_TEMPLATE) as one:
+        expected = one.submit_chat(ASK, max_tokens=24, reasoning=budget).result().text
+        unbounded = one.submit_chat(ASK, max_tokens=24).result().text
+    assert "</think>" in expected
+    assert "</think>" not in unbounded
+    ctx = model.new_context(n_ctx=512)
+    reply = llamactx.chat(ctx, ASK, max_tokens=24, chat_template=THINKING_TEMPLATE, reasoning=budget)
+    assert reply == expected
+    session = llamactx.ChatSession(ctx, max_tokens=24, chat_template=THINKING_TEMPLATE, reasoning=budget)
+    assert "".join(session.send(ASK[0]["content"])) == expected
+    template = tmp_path / "thinking.jinja"
+    template.write_text(THINKING_TEMPLATE)
+    command = [sys.executable, "-m", "llamactx", "chat", "-m", str(model_path), "--greedy", "--max-tokens", "24"]
+    options = ["--chat-template-file", str(template), "--reasoning-budget", "3", ASK[0]["content"]]
+    printed = subprocess.run([*command, *options], capture_output=True, text=True, timeout=120, check=True)
+    assert printed.stdout.rstrip("\n") == expected.rstrip("\n")

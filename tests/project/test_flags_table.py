@@ -16,8 +16,8 @@ import pytest
 from support.processes import load_script
 
 from llamactx._llamactx import _gpu_devices
+from llamactx._reasoning import thinking_kwargs
 from llamactx.cli import _adapter, _parser
-from llamactx.server._serve import _template_kwargs as template_kwargs
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "flags.md"
 #: A flag in a table's cell: backquoted, starting with a dash.
@@ -104,10 +104,12 @@ def test_a_llama_server_command_line_means_what_it_means_there(model_path: Path)
     )
     assert (parsed.draft_model, parsed.draft_max, parsed.draft_p_min) == (str(model_path), 5, 0.5)
     assert (parsed.n_gpu_layers, parsed.main_gpu, parsed.no_prefix_cache) == (99, 1, True)
-    assert template_kwargs(parsed) == {"enable_thinking": False, "greeting": "Hi.", "reasoning_effort": "low"}
+    variables = thinking_kwargs(parsed.chat_template_kwargs, parsed.reasoning, parsed.reasoning_effort)
+    assert variables == {"enable_thinking": False, "greeting": "Hi.", "reasoning_effort": "low"}
     ours = _parser().parse_args(["serve", "--ctx", "8192", "--spec-ngram-simple-size-n", "2", "--spec-ngram"])
     assert (ours.ctx, ours.spec_ngram_size_n, ours.spec_ngram_size_m) == (8192, 2, 16)
-    assert template_kwargs(_parser().parse_args(["serve"])) == {}
+    defaults = _parser().parse_args(["serve"])
+    assert thinking_kwargs(defaults.chat_template_kwargs, defaults.reasoning, defaults.reasoning_effort) == {}
 
 
 def test_gpu_options_are_taken_and_a_build_without_a_gpu_says_they_change_nothing(model_path: Path) -> None:

@@ -12,7 +12,6 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import uvicorn
 
@@ -27,7 +26,7 @@ from llamactx._llamactx import (
     MtmdError,
 )
 from llamactx._media import MediaBudget
-from llamactx._reasoning import Reasoning
+from llamactx._reasoning import Reasoning, thinking_kwargs
 from llamactx._speculative import Speculative
 from llamactx.server._app import create_app
 from llamactx.server._media_urls import MediaUrlPolicy
@@ -150,18 +149,6 @@ def serve(
     return 0
 
 
-def _template_kwargs(arguments: argparse.Namespace) -> dict[str, Any]:
-    """Every chat's template variables: ``--chat-template-kwargs``, with ``--reasoning`` (on or
-    off: ``enable_thinking``) and ``--reasoning-effort`` (``reasoning_effort``) over them, as
-    llama-server sets them."""
-    kwargs = dict(arguments.chat_template_kwargs or {})
-    if arguments.reasoning != "auto":
-        kwargs["enable_thinking"] = arguments.reasoning == "on"
-    if arguments.reasoning_effort != "default":
-        kwargs["reasoning_effort"] = arguments.reasoning_effort
-    return kwargs
-
-
 def _slot_files(arguments: argparse.Namespace) -> SlotFiles | None:
     """Where ``--slot-save-path`` keeps slot files; None without it."""
     if arguments.slot_save_path is None:
@@ -196,7 +183,9 @@ def _serve_until_stopped(
         embeddings=embeddings,
         media_urls=_media_url_policy(arguments),
         media_budget=MediaBudget(arguments.max_media_parts, arguments.max_media_pixels, arguments.max_audio_seconds),
-        chat_template_kwargs=_template_kwargs(arguments),
+        chat_template_kwargs=thinking_kwargs(
+            arguments.chat_template_kwargs, arguments.reasoning, arguments.reasoning_effort
+        ),
         reasoning=reasoning,
         slot_files=_slot_files(arguments),
     )
