@@ -693,6 +693,11 @@ def test_a_prompt_longer_than_a_sequence_is_400_with_its_numbers(server: Server,
     assert isinstance(refused.value.body, dict)
     assert refused.value.body["n_prompt_tokens"] == len(engine.tokens(prompt))
     assert refused.value.body["n_ctx"] == 512
+    # An empty prompt (SmolLM2 adds no BOS) fails the engine's same check: a 400 naming it.
+    with pytest.raises(openai.BadRequestError, match="the prompt has no tokens") as empty:
+        client(server).completions.create(model=MODEL_ID, prompt="", max_tokens=1)
+    assert isinstance(empty.value.body, dict)
+    assert empty.value.body["param"] == "prompt"
 
 
 def test_oversized_bodies_are_413_and_the_server_lives_on(server: Server) -> None:

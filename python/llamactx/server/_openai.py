@@ -134,8 +134,6 @@ class OpenAi:
             tokens = self.pipeline.engine.tokens(prompt)
         except Exception as error:
             raise openai_error(error, "the prompt cannot be read", "prompt") from None
-        if not tokens:
-            raise ApiError(400, "the prompt has no tokens", param="prompt")
         self.pipeline.check_fits(len(tokens))
         return tokens
 

@@ -19,7 +19,14 @@ from starlette.responses import StreamingResponse
 from llamactx._constraints import constraint_stage
 from llamactx._engine import Delta, Engine, Request
 from llamactx._limits import INT32_MAX, RANDOM_SEED
-from llamactx._llamactx import Completion, LlamaContext, SamplerInitError, SamplingParams, SchemaError
+from llamactx._llamactx import (
+    Completion,
+    LlamaContext,
+    SamplerInitError,
+    SamplingParams,
+    SchemaError,
+    _check_prompt,
+)
 from llamactx._media import MediaBudget
 from llamactx._reasoning import Reasoning
 from llamactx._render import Message, PreparedChat
@@ -177,11 +184,15 @@ class Pipeline:
         self.metrics = ServerMetrics(engine)
 
     def check_fits(self, n_tokens: int) -> None:
-        """``ContextLengthExceeded`` unless a prompt of ``n_tokens`` (images included) fits a
-        sequence: checked here, before the engine encodes any image or checks the length
-        itself, for OpenAI's error code."""
-        if n_tokens >= self.engine.n_ctx_seq:
-            raise ContextLengthExceeded(n_tokens, self.engine.n_ctx_seq)
+        """The engine's check of a prompt of ``n_tokens`` (images included), made here, before
+        the engine encodes any image: a 400 naming ``prompt`` for an empty one, and
+        ``ContextLengthExceeded`` (OpenAI's error code) for one that cannot fit a sequence."""
+        try:
+            _check_prompt(n_tokens, self.engine.n_ctx_seq)
+        except ValueError as error:
+            if n_tokens == 0:
+                raise ApiError(400, str(error), param="prompt") from None
+            raise ContextLengthExceeded(n_tokens, self.engine.n_ctx_seq) from None
 
     async def media_fetched(
         self, messages: list[dict[str, Any]], messages_param: str = "messages"
