@@ -65,6 +65,7 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rpc::server::serve_rpc, m)?)?;
     m.add_function(wrap_pyfunction!(cpu::cpu_features, m)?)?;
     m.add_function(wrap_pyfunction!(prompt_checks::check_prompt, m)?)?;
+    m.add_function(wrap_pyfunction!(prompt_checks::check_media_ending, m)?)?;
     m.add_function(wrap_pyfunction!(engine::speculative_options::check_speculative, m)?)?;
     m.add_function(wrap_pyfunction!(chat_format::check_reasoning, m)?)?;
     m.add_function(wrap_pyfunction!(chat_format::check_template_variables, m)?)?;

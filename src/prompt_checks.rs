@@ -41,6 +41,22 @@ pub fn prompt(shape: PromptShape, n_ctx_seq: usize) -> Result<()> {
     Ok(())
 }
 
+/// `ValueError` for a prompt with media whose last medium is not followed by text (its last
+/// token's logits are where generation starts: a medium's embeddings have none).
+pub fn ends_with_text(tokens_after_last_medium: usize) -> Result<()> {
+    if tokens_after_last_medium == 0 {
+        return Err(Error::value("a prompt must end with text after its last image"));
+    }
+    Ok(())
+}
+
+/// Python's `MediaPrompt` checks its text after the last medium here (`ends_with_text`).
+#[pyfunction]
+#[pyo3(name = "_check_media_ending")]
+pub fn check_media_ending(tokens_after_last_medium: usize) -> Result<()> {
+    ends_with_text(tokens_after_last_medium)
+}
+
 /// Python's one-sequence paths check a request here: `ValueError` for a prompt of `positions`
 /// that a sequence of `n_ctx_seq` cells can never generate after (`prompt`), or a negative
 /// `max_tokens`; returns `max_tokens` as a count.

@@ -80,6 +80,7 @@ __all__ = [
     "_SequenceSteps",
     "_Waker",
     "__version__",
+    "_check_media_ending",
     "_check_prompt",
     "_check_reasoning",
     "_check_speculative",
@@ -1320,6 +1321,9 @@ class _EngineCore:
         name none (llama-server's `POST /lora-adapters`). `ValueError` without an adapter, or for
         a scale that is not finite.
         """
+
+def _check_media_ending(tokens_after_last_medium: int) -> None:
+    """Python's `MediaPrompt` checks its text after the last medium here (`ends_with_text`)."""
 
 def _check_speculative(speculative: object) -> None:
     """Checks `NgramDraft`'s and `DraftModel`'s values when they are made."""

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llamactx._llamactx import ImageError, MtmdBitmap, MtmdContext, MtmdInputChunks
+from llamactx._llamactx import ImageError, MtmdBitmap, MtmdContext, MtmdInputChunks, _check_media_ending
 from llamactx._tools import ChatInputError
 
 __all__ = [
@@ -241,8 +241,8 @@ class MediaPrompt:
     def __post_init__(self) -> None:
         if len(self.texts) != len(self.chunks) + 1:
             raise ValueError(f"{len(self.chunks)} media need {len(self.chunks) + 1} text runs, got {len(self.texts)}")
-        if not self.texts[-1]:
-            raise ValueError("a prompt must end with text after its last image")
+        if self.chunks:
+            _check_media_ending(len(self.texts[-1]))
 
     @property
     def tokens(self) -> list[int]:

@@ -15,6 +15,7 @@ use llama_cpp_4::token::LlamaToken;
 use super::scheduler::MediaSpan;
 use crate::errors::{Error, Result};
 use crate::media::{PyMtmdContext, SharedChunks};
+use crate::prompt_checks;
 
 /// An image's chunks and where they go among the prompt's text tokens.
 pub struct MediaInput {
@@ -87,9 +88,7 @@ pub fn assemble(mtmd: &PyMtmdContext, model: &LlamaModel, tokens: &[i32], media:
     }
     assembled.push_text(&tokens[taken..]);
     if let Some(last) = assembled.media.last() {
-        if last.at + last.width >= assembled.tokens.len() {
-            return Err(Error::value("a prompt must end with text after its last image"));
-        }
+        prompt_checks::ends_with_text(assembled.tokens.len().saturating_sub(last.at + last.width))?;
     }
     Ok(assembled)
 }

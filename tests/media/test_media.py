@@ -132,6 +132,20 @@ def test_tokenize_splices_each_image_where_its_marker_stands(mtmd: MtmdContext, 
         chunks[3]
 
 
+def test_a_prompt_must_end_with_text_after_its_last_image(mtmd: MtmdContext, model: llamactx.LlamaModel) -> None:
+    """One rule, in Rust, for a ``MediaPrompt`` (chat, ``ChatSession``) and the engine's prompts:
+    generation starts from the last token's logits, which an image's embeddings have none of."""
+    image = mtmd.tokenize_from_parts([MtmdBitmap.from_rgb(picture(0))], add_special=False)
+    text = model.str_to_token("What is it?", False)
+    with pytest.raises(ValueError, match="must end with text after its last image"):
+        llamactx._media.MediaPrompt([text, []], [image])
+    assert llamactx._media.MediaPrompt([text, text], [image]).n_tokens == 2 * len(text) + image.n_tokens()
+    with llamactx.Engine(model, mtmd=mtmd, **ENGINE_OPTIONS) as engine:
+        with pytest.raises(ValueError, match="must end with text after its last image"):
+            engine._core.submit(text, 4, [], None, 0, None, [(len(text), image)])
+        assert engine._core.submit(text, 1, [], None, 0, None, [(0, image)]).result().completion_tokens == 1
+
+
 def test_eval_chunks_equals_decoding_the_image_embeddings_in_pieces(
     mtmd: MtmdContext, model: llamactx.LlamaModel, small_ctx: llamactx.LlamaContext
 ) -> None:
