@@ -302,7 +302,7 @@ def _reasoning(arguments: argparse.Namespace, command: str) -> Reasoning | None:
 def _adapter(arguments: argparse.Namespace) -> tuple[str, float] | None:
     """The LoRA adapter of ``--lora FILE`` (scale 1) or ``--lora-scaled FILE:SCALE``, as
     llama-server writes them (a comma between several): one at most, which is all a context of
-    llama-cpp-4 takes; ``ValueError`` otherwise."""
+    llama-cpp-4 takes; ``ValueError`` otherwise. ``--lora-init-without-apply`` starts it at 0."""
     given = [(path, 1.0) for paths in arguments.lora for path in paths.split(",")]
     for pairs in arguments.lora_scaled:
         for pair in pairs.split(","):
@@ -313,7 +313,10 @@ def _adapter(arguments: argparse.Namespace) -> tuple[str, float] | None:
                 raise ValueError(f"--lora-scaled takes FILE:SCALE, got {pair!r}") from None
     if len(given) > 1:
         raise ValueError(f"llamactx serve applies one LoRA adapter (llama-cpp-4's context takes one), got {len(given)}")
-    return given[0] if given else None
+    if not given:
+        return None
+    path, scale = given[0]
+    return path, 0.0 if arguments.lora_init_without_apply else scale
 
 
 def _speculative(arguments: argparse.Namespace) -> Speculative | None:
@@ -545,6 +548,11 @@ def _add_adapter_options(command: argparse.ArgumentParser) -> None:
         default=[],
         metavar="FILE:SCALE",
         help="apply this LoRA adapter at SCALE",
+    )
+    adapters.add_argument(
+        "--lora-init-without-apply",
+        action="store_true",
+        help="load the adapter at scale 0: requests' lora or POST /lora-adapters give it a scale",
     )
 
 

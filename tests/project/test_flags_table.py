@@ -138,6 +138,7 @@ def test_one_lora_adapter_is_taken_as_llama_server_writes_it() -> None:
     assert adapter() is None
     assert adapter("--lora", "a.gguf") == ("a.gguf", 1.0)
     assert adapter("--lora-scaled", "dir:x/a.gguf:0.5") == ("dir:x/a.gguf", 0.5)
+    assert adapter("--lora", "a.gguf", "--lora-init-without-apply") == ("a.gguf", 0.0)
     with pytest.raises(ValueError, match="one LoRA adapter"):
         adapter("--lora", "a.gguf,b.gguf")
     with pytest.raises(ValueError, match="one LoRA adapter"):
