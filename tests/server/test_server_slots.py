@@ -45,14 +45,15 @@ def completion(prompt: str) -> tuple[str, dict[str, Any]]:
 def test_a_saved_slot_restored_serves_its_prompt_from_the_cache(
     engine: llamactx.Engine, model: llamactx.LlamaModel, tmp_path: Path
 ) -> None:
-    app = create_app(engine, slot_files=SlotFiles(tmp_path))
+    files = tmp_path / "slots"  # made by the first save
+    app = create_app(engine, slot_files=SlotFiles(files))
     first, saved = calls(app, completion(PROMPT), ("/slots/0?action=save", {"filename": "guide.bin"}))
     assert saved.status_code == 200, saved.text
     answer = saved.json()
     n_prompt = first.json()["usage"]["prompt_tokens"]
     assert (answer["id_slot"], answer["filename"]) == (0, "guide.bin")
     assert answer["n_saved"] == n_prompt + first.json()["usage"]["completion_tokens"] - 1
-    assert answer["n_written"] == (tmp_path / "guide.bin").stat().st_size
+    assert answer["n_written"] == (files / "guide.bin").stat().st_size
     assert answer["timings"]["save_ms"] >= 0
     erased, restored, again = calls(
         app,

@@ -34,7 +34,8 @@ FILENAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 @dataclass(frozen=True)
 class SlotFiles:
     """Where ``/slots/{id}?action=save|restore`` keep slot files (llama-server's
-    ``--slot-save-path``), and the largest file a restore reads."""
+    ``--slot-save-path``; made by the first save if missing), and the largest file a restore
+    reads."""
 
     directory: Path
     max_bytes: int = DEFAULT_MAX_BYTES
@@ -93,6 +94,7 @@ class Slots:
             (file,) = self.pipeline.engine.save_slots(slot)
         except Exception as error:
             raise _refused(error, "the slot cannot be saved", "id_slot") from None
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".partial")
         partial.write_bytes(file)
         partial.replace(path)
