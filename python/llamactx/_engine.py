@@ -464,6 +464,12 @@ class Engine:
         state; the slot is then empty), ``ValueError`` without a prefix cache."""
         return self._core.restore_slot(file, seq)
 
+    def slots(self) -> list[tuple[int, bool, int]]:
+        """Every slot (sequence) as ``(slot, busy, n_tokens)``: whether a request holds it, and
+        the tokens its KV cells hold (the request's so far, or those cached for reuse), read by
+        the engine thread between two steps."""
+        return self._core.slots()
+
     def erase_slot(self, seq: int) -> int:
         """Empties slot ``seq`` (once no request holds it); returns the tokens it held."""
         return self._core.erase_slot(seq)

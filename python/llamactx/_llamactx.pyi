@@ -1299,6 +1299,10 @@ class _EngineCore:
         the slot and the number of tokens it holds. `StateError` for a file this context refuses
         (the slot is then empty), `ValueError` on an engine without a prefix cache.
         """
+    def slots(self) -> list[tuple[int, bool, int]]:
+        """Every slot as `(slot, busy, tokens)`: whether a request holds it, and the tokens its
+        cells hold (a request's so far, or those cached for reuse), between two steps.
+        """
     def erase_slot(self, seq: int) -> int:
         """Empties slot `seq` (once no request holds it); returns the number of tokens it held."""
     def close(self) -> None:

@@ -579,6 +579,7 @@ def _add_always_on_options(command: argparse.ArgumentParser) -> None:
     for flags, what in (
         (("--jinja",), "chats are rendered by the model's Jinja template (llama.cpp's engine)"),
         (("--metrics",), "/metrics serves Prometheus metrics"),
+        (("--slots",), "GET /slots lists the slots"),
         (("--cache-prompt",), "a prompt reuses the KV of an earlier one it starts with (see --no-cache-prompt)"),
         (("-cb", "--cont-batching"), "requests join and leave the batch between steps"),
     ):

@@ -31,6 +31,10 @@ pub enum SlotChore {
     },
     /// Empties `seq`: answers the tokens it held.
     Erase { seq: i32, reply: Sender<Result<usize>> },
+    /// Every slot: whether a request holds it, and the tokens in its cells.
+    List {
+        reply: Sender<Result<Vec<(i32, bool, usize)>>>,
+    },
 }
 
 impl SlotChore {
@@ -39,6 +43,7 @@ impl SlotChore {
         match self {
             Self::Save { seq, .. } | Self::Restore { seq, .. } => *seq,
             Self::Erase { seq, .. } => Some(*seq),
+            Self::List { .. } => None,
         }
     }
 
@@ -50,6 +55,7 @@ impl SlotChore {
             Self::Save { reply, .. } => reply.send(Err(closed())).is_ok(),
             Self::Restore { reply, .. } => reply.send(Err(closed())).is_ok(),
             Self::Erase { reply, .. } => reply.send(Err(closed())).is_ok(),
+            Self::List { reply } => reply.send(Err(closed())).is_ok(),
         };
     }
 }
@@ -113,6 +119,12 @@ impl PyEngineCore {
         let seq = seq.map(|seq| self.slot(seq)).transpose()?;
         let file = file.to_vec();
         self.chore(py, |reply| SlotChore::Restore { seq, file, reply })
+    }
+
+    /// Every slot as `(slot, busy, tokens)`: whether a request holds it, and the tokens its
+    /// cells hold (a request's so far, or those cached for reuse), between two steps.
+    fn slots(&self, py: Python<'_>) -> PyResult<Vec<(i32, bool, usize)>> {
+        self.chore(py, |reply| SlotChore::List { reply })
     }
 
     /// Empties slot `seq` (once no request holds it); returns the number of tokens it held.

@@ -38,6 +38,11 @@ def calls(app: Any, *requests: tuple[str, dict[str, Any]]) -> list[httpx.Respons
     return asyncio.run(run())
 
 
+async def _get(app: Any, path: str) -> httpx.Response:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        return await http.get(path)
+
+
 def completion(prompt: str) -> tuple[str, dict[str, Any]]:
     return "/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0}
 
@@ -62,6 +67,11 @@ def test_a_saved_slot_restored_serves_its_prompt_from_the_cache(
         completion(PROMPT),
     )
     assert erased.json() == {"id_slot": 0, "n_erased": answer["n_saved"]}
+    listed = asyncio.run(_get(app, "/slots")).json()
+    assert listed == [
+        {"id": 0, "n_ctx": engine.n_ctx_seq, "is_processing": False, "n_tokens": 0},
+        {"id": 1, "n_ctx": engine.n_ctx_seq, "is_processing": False, "n_tokens": answer["n_saved"]},
+    ]
     assert restored.json()["n_restored"] == answer["n_saved"]
     assert restored.json()["n_read"] == answer["n_written"]
     assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]

@@ -1,8 +1,9 @@
-"""llama-server's slot actions on the engine's sequence slots: ``POST /slots/{id}?action=save``
-writes the slot's cached KV cells to a file of ``--slot-save-path`` (llama.cpp's sequence state
-file, as llama-server writes it: either server restores the other's), ``action=restore`` reads
-one back for the prefix cache to reuse, ``action=erase`` empties the slot. A file is named by the
-body's ``filename``, a plain name inside that directory, never a path."""
+"""llama-server's slots, on the engine's sequences: ``GET /slots`` lists them; ``POST
+/slots/{id}?action=save`` writes the slot's cached KV cells to a file of ``--slot-save-path``
+(llama.cpp's sequence state file, as llama-server writes it: either server restores the
+other's), ``action=restore`` reads one back for the prefix cache to reuse, ``action=erase``
+empties the slot. A file is named by the body's ``filename``, a plain name inside that
+directory, never a path."""
 
 from __future__ import annotations
 
@@ -52,8 +53,19 @@ class Slots:
         self.pipeline = pipeline
 
     def api(self) -> Api:
-        """``POST /slots/{id}?action=...``, at the root as llama-server serves it."""
-        return Api([("POST", "/slots/{id_slot}", self.action)])
+        """``GET /slots`` and ``POST /slots/{id}?action=...``, at the root as llama-server
+        serves them."""
+        return Api([("GET", "/slots", self.list_slots), ("POST", "/slots/{id_slot}", self.action)])
+
+    async def list_slots(self, http: HttpRequest) -> Response:
+        """Each slot: its id, cells (``n_ctx``), whether a request holds it, and its tokens."""
+        engine = self.pipeline.engine
+        slots = await asyncio.to_thread(engine.slots)
+        listed = [
+            {"id": slot, "n_ctx": engine.n_ctx_seq, "is_processing": busy, "n_tokens": tokens}
+            for slot, busy, tokens in slots
+        ]
+        return JSONResponse(listed)
 
     async def action(self, http: HttpRequest) -> Response:
         action = http.query_params.get("action", "")

@@ -24,6 +24,7 @@ impl<B: Backend> Scheduler<B> {
                 SlotChore::Save { seq, reply } => reply.send(self.save(seq)).is_ok(),
                 SlotChore::Restore { seq, file, reply } => reply.send(self.restore(seq, &file)).is_ok(),
                 SlotChore::Erase { seq, reply } => reply.send(Ok(self.erase(seq))).is_ok(),
+                SlotChore::List { reply } => reply.send(Ok(self.list())).is_ok(),
             };
         }
         let mut inbox = self.shared.inbox();
@@ -86,6 +87,21 @@ impl<B: Backend> Scheduler<B> {
         });
         self.publish_cache();
         restored
+    }
+
+    fn list(&self) -> Vec<(i32, bool, usize)> {
+        let mut slots: Vec<(i32, bool, usize)> = self
+            .running
+            .iter()
+            .map(|running| (running.seq, true, running.kv_len()))
+            .chain(
+                self.free_seqs
+                    .iter()
+                    .map(|&seq| (seq, false, self.cache.held(seq).len())),
+            )
+            .collect();
+        slots.sort_unstable();
+        slots
     }
 
     /// Publishes the cached cells a chore changed.

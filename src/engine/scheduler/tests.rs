@@ -654,6 +654,9 @@ fn a_chore_on_a_running_slot_waits_for_its_request_to_end() {
     let request = engine.submit(&[1, 2, 3], 6);
     engine.step();
     let running_seq = engine.scheduler.running[0].seq;
+    // Listed at once: the running request's slot holds its prompt and first token so far.
+    let listed = engine.chore_now(|reply| SlotChore::List { reply }).unwrap_or_default();
+    assert_eq!(listed, [(0, true, 4), (1, false, 0)]);
     let saved = engine.chore(|reply| SlotChore::Save {
         seq: Some(running_seq),
         reply,
