@@ -514,7 +514,7 @@ impl<B: Backend> Scheduler<B> {
             running.turns_waited = if running.job.adapter() == turn {
                 0
             } else {
-                running.turns_waited + 1
+                running.turns_waited.saturating_add(1)
             };
         }
     }
