@@ -22,7 +22,7 @@ from typing import Any
 
 from llamactx._llamactx import LlamaCppError
 
-__all__ = ["DEFAULT_MAX_BYTES", "KV_OPTIONS", "identity", "load", "save"]
+__all__ = ["DEFAULT_MAX_BYTES", "KV_OPTIONS", "identity", "load", "save", "write_whole"]
 
 logger = logging.getLogger("llamactx")
 
@@ -85,11 +85,19 @@ def _entries(directory: Path) -> list[Path]:
     return sorted(paths, key=lambda path: path.stat().st_mtime_ns, reverse=True)
 
 
+def write_whole(path: Path, data: bytes) -> None:
+    """Writes ``data`` to ``path`` as a partial file renamed over it (a reader never sees half a
+    file), making its directory (mode 0700) if missing."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
 def save(payloads: Iterable[bytes], directory: Path, engine_identity: str, max_bytes: int) -> int:
     """Writes each payload (a slot's sequence state file) into ``directory`` (made if missing),
     then removes the oldest cache files past ``max_bytes`` in all; a payload larger than that
     on its own is not written. Returns the files written."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     written = 0
     for payload in payloads:
         header = json.dumps(
@@ -104,13 +112,10 @@ def save(payloads: Iterable[bytes], directory: Path, engine_identity: str, max_b
         if len(entry) > max_bytes:
             logger.warning("prompt cache: a slot of %d bytes is larger than the cache's %d", len(entry), max_bytes)
             continue
-        target = directory / _name(payload)
-        partial = target.with_suffix(".partial")
-        partial.write_bytes(entry)
-        os.replace(partial, target)
+        write_whole(directory / _name(payload), entry)
         written += 1
     used = 0
-    for path in _entries(directory):
+    for path in _entries(directory) if directory.is_dir() else []:
         used += path.stat().st_size
         if used > max_bytes:
             path.unlink(missing_ok=True)

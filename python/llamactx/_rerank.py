@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["ranking", "rerank"]
+__all__ = ["pair_scores", "ranking", "rerank"]
 
 
 def rerank(ctx: LlamaContext, query: str, documents: Sequence[str]) -> npt.NDArray[np.float32]:
@@ -31,10 +31,14 @@ def rerank(ctx: LlamaContext, query: str, documents: Sequence[str]) -> npt.NDArr
     decode, as ``embed`` packs texts; ``ValueError`` for a pair longer than ``n_ubatch``. The KV
     cache of ``ctx`` is cleared.
     """
+    return pair_scores(ctx, [_rerank_prompt(ctx.model, query, document) for document in documents], documents)
+
+
+def pair_scores(ctx: LlamaContext, prompts: list[list[int]], documents: Sequence[str]) -> npt.NDArray[np.float32]:
+    """``rerank``'s scores of pairs already made into ``prompts`` (``_rerank_prompt``'s tokens,
+    one per document of ``documents``, which name them in errors)."""
     if ctx.pooling_type() != LlamaPoolingType.RANK:
         raise ValueError("rerank needs a context made with embeddings=True and pooling_type=LlamaPoolingType.RANK")
-    model = ctx.model
-    prompts = [_rerank_prompt(model, query, document) for document in documents]
     scores: npt.NDArray[np.float32] = pooled_outputs(ctx, prompts, documents, 1)[:, 0].copy()
     return scores
 

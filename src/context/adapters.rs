@@ -42,11 +42,7 @@ impl OpenContext {
         }
         // Leased before use, so `close()` refuses from here on.
         let lease = AdapterLease::new(adapter);
-        {
-            let mut guard = lease.adapter().lock()?;
-            let raw = guard.as_mut().ok_or_else(|| Error::closed("LlamaLoraAdapter"))?;
-            self.with_mut(|context| context.lora_adapter_set(&mut raw.0, scale))?;
-        }
+        self.apply_lora(&lease, scale)?;
         self.lora = Some(lease);
         Ok(())
     }
@@ -56,14 +52,17 @@ impl OpenContext {
     pub(crate) fn set_lora_scale(&mut self, scale: f32) -> Result<()> {
         check_scale(scale)?;
         let lease = self.lora.take().ok_or_else(|| Error::value("no LoRA adapter is set"))?;
-        let set = (|| {
-            let mut guard = lease.adapter().lock()?;
-            let raw = guard.as_mut().ok_or_else(|| Error::closed("LlamaLoraAdapter"))?;
-            self.with_mut(|context| context.lora_adapter_set(&mut raw.0, scale))?;
-            Ok(())
-        })();
+        let applied = self.apply_lora(&lease, scale);
         self.lora = Some(lease);
-        set
+        applied
+    }
+
+    /// Sets `lease`'s adapter on the context at `scale` (llama.cpp's `llama_set_adapter_lora`).
+    fn apply_lora(&mut self, lease: &AdapterLease, scale: f32) -> Result<()> {
+        let mut guard = lease.adapter().lock()?;
+        let raw = guard.as_mut().ok_or_else(|| Error::closed("LlamaLoraAdapter"))?;
+        self.with_mut(|context| context.lora_adapter_set(&mut raw.0, scale))?;
+        Ok(())
     }
 }
 

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from llamactx._enums import LlamaPoolingType
 from llamactx._llamactx import _rerank_prompt
-from llamactx._rerank import ranking, rerank
+from llamactx._rerank import pair_scores, ranking
 from llamactx.server._api import OPENAI_PREFIXES, Api
 from llamactx.server._errors import ApiError, openai_error
 from llamactx.server._openai_protocol import _Body
@@ -88,7 +88,7 @@ class Rerank:
         """Each document's score and the tokens of all the pairs."""
         context = self.pipeline.embeddings
         assert context is not None  # the route checked it
+        prompts = [_rerank_prompt(context.model, query, document) for document in documents]
         with self.pipeline.embeddings_lock:
-            scores = rerank(context, query, documents)
-        used = sum(len(_rerank_prompt(context.model, query, document)) for document in documents)
-        return [float(score) for score in scores], used
+            scores = pair_scores(context, prompts, documents)
+        return [float(score) for score in scores], sum(map(len, prompts))

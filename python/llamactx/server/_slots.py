@@ -18,7 +18,7 @@ from pydantic import Field
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
-from llamactx._prompt_cache import DEFAULT_MAX_BYTES
+from llamactx._prompt_cache import DEFAULT_MAX_BYTES, write_whole
 from llamactx.server._api import Api
 from llamactx.server._errors import ApiError, openai_error
 from llamactx.server._openai_protocol import _Body
@@ -106,10 +106,7 @@ class Slots:
             (file,) = self.pipeline.engine.save_slots(slot)
         except Exception as error:
             raise _refused(error, "the slot cannot be saved", "id_slot") from None
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")
-        partial.write_bytes(file)
-        partial.replace(path)
+        write_whole(path, file)
         return int.from_bytes(file[8:12], "little"), len(file)
 
     def _restore(self, slot: int, path: Path, max_bytes: int) -> tuple[int, int]:
