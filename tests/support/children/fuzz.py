@@ -878,6 +878,12 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
     ),
     "engine_save_slots": (lambda seq: engine.save_slots(seq), st.tuples(st.one_of(st.none(), seqs))),
     "engine_erase_slot": (lambda seq: engine.erase_slot(seq), st.tuples(seqs)),
+    "engine_slots": (lambda: engine.slots(), st.tuples()),
+    # The engine has no adapter: every scale is refused, a NaN or infinite one included.
+    "engine_lora_scale": (
+        lambda scale: engine.submit("Hi", max_tokens=1, lora_scale=scale).result(),
+        st.tuples(st.floats(allow_nan=True, allow_infinity=True)),
+    ),
     "rerank": (
         lambda query, documents: llamactx.rerank(ranker, query, documents),
         st.tuples(rerank_texts, st.lists(rerank_texts, max_size=3)),
