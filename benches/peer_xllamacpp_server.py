@@ -39,6 +39,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--embeddings", action="store_true", help="serve embeddings (only), mean-pooled")
     parser.add_argument("--reranking", action="store_true", help="serve /v1/rerank (llama-server's --reranking)")
     parser.add_argument(
+        "--chat-template-file", metavar="FILE", help="llama-server's --chat-template-file: this Jinja template"
+    )
+    parser.add_argument(
         "--spec-ngram",
         nargs=2,
         type=int,
@@ -66,6 +69,9 @@ def server_params(args: argparse.Namespace) -> xllamacpp.CommonParams:
     params.n_ubatch = 512
     params.cpuparams.n_threads = args.threads
     params.cpuparams_batch.n_threads = args.threads
+    if args.chat_template_file:
+        with open(args.chat_template_file, encoding="utf-8") as template:
+            params.chat_template = template.read()
     if args.spec_ngram:
         params.speculative.types = [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
         params.speculative.ngram_simple.size_n, params.speculative.ngram_simple.size_m = args.spec_ngram

@@ -30,6 +30,10 @@ pub struct PyChatTemplates {
     /// Whether the template renders tools and tool calls (llama.cpp's capability analysis).
     #[pyo3(get)]
     supports_tool_calls: bool,
+    /// Whether the template thinks when told to (llama.cpp's analysis): a chat's
+    /// `enable_thinking` defaults to it, as in llama-server.
+    #[pyo3(get)]
+    supports_thinking: bool,
 }
 
 #[pymethods]
@@ -43,10 +47,11 @@ impl PyChatTemplates {
         detached(py, move || {
             let input_bytes = template.as_ref().map_or(0, String::len);
             let for_call = Arc::clone(&model);
-            let (templates, caps) = work_limit::limited(input_bytes, move || {
+            let (templates, caps, supports_thinking) = work_limit::limited(input_bytes, move || {
                 let templates = ChatTemplates::from_model(&for_call, template.as_deref()).map_err(template_error)?;
                 let caps = templates.caps_json().map_err(template_error)?;
-                Ok((Arc::new(templates), caps))
+                let supports_thinking = templates.supports_enable_thinking();
+                Ok((Arc::new(templates), caps, supports_thinking))
             })?;
             let caps: serde_json::Value = serde_json::from_str(&caps).unwrap_or_default();
             let supports_tool_calls = caps["supports_tool_calls"].as_bool().unwrap_or(false);
@@ -54,6 +59,7 @@ impl PyChatTemplates {
                 templates,
                 model,
                 supports_tool_calls,
+                supports_thinking,
             })
         })
     }
@@ -61,7 +67,8 @@ impl PyChatTemplates {
     /// Renders `messages` (OpenAI's, as JSON) with `tools` (JSON) for the assistant's reply;
     /// `tool_choice` is "auto", "required" or "none"; `template_kwargs` (a JSON object) are
     /// further variables of the template, llama-server's `chat_template_kwargs` (its
-    /// `enable_thinking` also tells llama.cpp whether the reply thinks); `reasoning_format` is
+    /// `enable_thinking` also tells llama.cpp whether the reply thinks; without it, the reply
+    /// thinks where the template can, `supports_thinking`); `reasoning_format` is
     /// one of llama-server's `--reasoning-format` choices (`_REASONING_FORMATS`): how the parser
     /// hands back the reply's reasoning. `ValueError` for what the template cannot render or an
     /// unknown format; `ChatTemplateError` kind `WorkLimit` when rendering passes the work limit.
@@ -88,11 +95,12 @@ impl PyChatTemplates {
                 .with_tools(tools)
                 .with_tool_choice(choice)
                 .with_parallel_tool_calls(parallel_tool_calls)
-                .with_reasoning_format(reasoning_format);
+                .with_reasoning_format(reasoning_format)
+                .with_enable_thinking(self.supports_thinking);
             if let Some(kwargs) = template_kwargs {
                 let (enable_thinking, kwargs) = template_variables(&kwargs)?;
                 request = request
-                    .with_enable_thinking(enable_thinking)
+                    .with_enable_thinking(enable_thinking.unwrap_or(self.supports_thinking))
                     .with_template_kwargs(kwargs);
             }
             let templates = Arc::clone(&self.templates);
@@ -291,15 +299,15 @@ pub fn check_template_variables(kwargs: &str) -> PyResult<()> {
 }
 
 /// `kwargs` (`chat_template_kwargs`, which must be a JSON object) as the crate's shim takes
-/// them, and whether they leave thinking on (their `enable_thinking`, a boolean; else true, as
-/// in llama.cpp). The shim hands a string value to llama.cpp as the JSON text of the value, which
+/// them, and whether they turn thinking on or off (their `enable_thinking`, a boolean; None
+/// when they do not say). The shim hands a string value to llama.cpp as the JSON text of the value, which
 /// llama.cpp parses again, so each string goes as its own JSON encoding [llama.cpp internal].
-fn template_variables(kwargs: &str) -> Result<(bool, String)> {
+fn template_variables(kwargs: &str) -> Result<(Option<bool>, String)> {
     let mut object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(kwargs)
         .map_err(|err| Error::value(format!("chat_template_kwargs must be a JSON object: {err}")))?;
     let enable_thinking = match object.get("enable_thinking") {
-        None => true,
-        Some(serde_json::Value::Bool(enabled)) => *enabled,
+        None => None,
+        Some(serde_json::Value::Bool(enabled)) => Some(*enabled),
         Some(other) => {
             return Err(Error::value(format!(
                 "chat_template_kwargs' enable_thinking must be true or false, got {other}"
@@ -402,11 +410,14 @@ mod tests {
     #[test]
     fn strings_go_as_their_json_text_and_enable_thinking_is_read() {
         let (thinking, kwargs) = template_variables(r#"{"greeting": "Be \"brief\".", "n": 2}"#).unwrap();
-        assert!(thinking);
+        assert_eq!(thinking, None);
         let value: serde_json::Value = serde_json::from_str(&kwargs).unwrap();
         assert_eq!(value["greeting"], r#""Be \"brief\".""#);
         assert_eq!(value["n"], 2);
-        assert!(!template_variables(r#"{"enable_thinking": false}"#).unwrap().0);
+        assert_eq!(
+            template_variables(r#"{"enable_thinking": false}"#).unwrap().0,
+            Some(false)
+        );
         assert!(template_variables(r#"{"enable_thinking": "no"}"#).is_err());
         assert!(template_variables("[1]").is_err());
     }

@@ -1406,6 +1406,11 @@ class _ChatTemplates:
     @property
     def supports_tool_calls(self) -> bool:
         """Whether the template renders tools and tool calls (llama.cpp's capability analysis)."""
+    @property
+    def supports_thinking(self) -> bool:
+        """Whether the template thinks when told to (llama.cpp's analysis): a chat's
+        `enable_thinking` defaults to it, as in llama-server.
+        """
     def apply(
         self,
         messages: str,
@@ -1418,7 +1423,8 @@ class _ChatTemplates:
         """Renders `messages` (OpenAI's, as JSON) with `tools` (JSON) for the assistant's reply;
         `tool_choice` is "auto", "required" or "none"; `template_kwargs` (a JSON object) are
         further variables of the template, llama-server's `chat_template_kwargs` (its
-        `enable_thinking` also tells llama.cpp whether the reply thinks); `reasoning_format` is
+        `enable_thinking` also tells llama.cpp whether the reply thinks; without it, the reply
+        thinks where the template can, `supports_thinking`); `reasoning_format` is
         one of llama-server's `--reasoning-format` choices (`_REASONING_FORMATS`): how the parser
         hands back the reply's reasoning. `ValueError` for what the template cannot render or an
         unknown format; `ChatTemplateError` kind `WorkLimit` when rendering passes the work limit.

@@ -179,9 +179,12 @@ def _native(
     """A chat through the template's own tool-call format (llama.cpp's format analysis): the
     template renders the tools, its grammar (lazy, waiting for the call's opening) keeps calls
     well-formed, and its parser reads them back. A named function is the only tool offered,
-    with the choice "required"."""
+    with the choice "required". The template shows the caller's tools as given, as
+    llama-server's does: llama.cpp's grammar closes every object that lists its properties
+    and does not say otherwise, as ``_constraints.closed`` does."""
     mode, offered = offered_functions(tools, tool_choice)
-    openai_tools = [{"type": "function", "function": function} for function in offered]
+    names = {function["name"] for function in offered}
+    openai_tools = [tool for tool in tools if tool["function"]["name"] in names]
     openai_messages = [_openai_message(message) for message in checked_messages(messages)]
     applied = templates.apply(
         json.dumps(openai_messages), json.dumps(openai_tools), mode, parallel_tool_calls, kwargs, reasoning.format

@@ -166,16 +166,20 @@ def test_chat_template_kwargs_are_variables_of_the_template_on_every_chat_path(
 ) -> None:
     messages = [{"role": "user", "content": "Name a colour."}]
     renderer = _render.ChatRenderer(model, CHATML_WITH_VARIABLES)
-    thinking = renderer.prepare(messages).tokens  # llama.cpp's default: enable_thinking true
+    thinking = renderer.prepare(messages, template_kwargs={"enable_thinking": True}).tokens
     quiet = renderer.prepare(messages, template_kwargs={"enable_thinking": False}).tokens
     greeted = renderer.prepare(messages, template_kwargs={"greeting": "Be brief."}).tokens
     assert quiet[: len(thinking)] == thinking
     assert len(quiet) > len(thinking)  # the empty thinking block
-    assert greeted[-len(thinking) + 1 :] == thinking[1:]  # a system turn before the same turns
-    assert len(greeted) > len(thinking)
-    kwargs = {"enable_thinking": False}
+    # Unsaid, enable_thinking is llama-server's: true only for a template llama.cpp finds
+    # thinking, which this one (no reasoning tags) is not.
+    assert not renderer._parsed().supports_thinking  # type: ignore[union-attr]
+    assert renderer.prepare(messages).tokens == quiet
+    assert greeted[-len(quiet) + 1 :] == quiet[1:]  # a system turn before the same turns
+    assert len(greeted) > len(quiet)
+    kwargs = {"enable_thinking": True}
     with llamactx.Engine(model, chat_template=CHATML_WITH_VARIABLES, n_ctx=1024, n_seq_max=1) as engine:
-        assert engine.prepare_chat(messages, chat_template_kwargs=kwargs).tokens == quiet
+        assert engine.prepare_chat(messages, chat_template_kwargs=kwargs).tokens == thinking
         expected = engine.submit_chat(messages, max_tokens=8, chat_template_kwargs=kwargs).result().text
     chatted = llamactx.chat(
         ctx, messages, max_tokens=8, chat_template=CHATML_WITH_VARIABLES, chat_template_kwargs=kwargs

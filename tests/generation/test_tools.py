@@ -176,6 +176,26 @@ def test_a_tool_template_renders_the_tools_and_its_lazy_grammar_waits_for_a_call
         accept_all(chat.sampler, other_tool)
 
 
+def test_a_tool_template_shows_the_callers_tool_and_its_grammar_keeps_objects_closed(
+    native: llamactx.Engine, model: llamactx.LlamaModel
+) -> None:
+    """The template shows each tool's parameters as the caller wrote them, key for key
+    (llama-server's prompt; llama.cpp lays out the function's name, description and parameters
+    itself), while the grammar refuses an argument the schema does not list: llama.cpp closes an object
+    that lists its properties, as the JSON reply protocol's ``closed`` does."""
+    parameters = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": parameters, "description": "Now."}}
+    chat = native.prepare_chat(ASK, tools=[tool], tool_choice="required")
+    prompt = model.detokenize(chat.tokens, False, True)
+    assert json.dumps(parameters) in prompt
+    assert "additionalProperties" not in prompt
+    opened = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"'
+    assert chat.sampler is not None
+    accept_all(chat.sampler, model.str_to_token(opened, False))
+    with pytest.raises(llamactx.LlamaCppError):
+        accept_all(chat.sampler, model.str_to_token(', "unit": "C"', False))
+
+
 def accept_all(sampler: llamactx.LlamaSampler, tokens: list[int]) -> None:
     for token in tokens:
         sampler.accept(token)

@@ -214,7 +214,7 @@ def test_chat_takes_a_chat_template_from_the_command_line_or_a_file(
 
 
 def test_chat_takes_the_chat_templates_variables(model_path: Path, ctx: llamactx.LlamaContext) -> None:
-    kwargs = {"greeting": "Answer in French.", "enable_thinking": False}
+    kwargs = {"greeting": "Answer in French.", "enable_thinking": True}
     messages = [{"role": "user", "content": QUESTION}]
     template = CHATML_WITH_VARIABLES
     expected = llamactx.chat(ctx, messages, max_tokens=16, chat_template=template, chat_template_kwargs=kwargs)

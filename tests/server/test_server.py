@@ -915,7 +915,7 @@ def test_a_chat_template_given_at_start_renders_every_chat(model_path: Path, mod
 def test_a_requests_chat_template_kwargs_reach_the_template(model_path: Path, model: llamactx.LlamaModel) -> None:
     """A request's variables go over the server's (``--chat-template-kwargs``), one by one."""
     messages: list[Any] = [{"role": "user", "content": "Name a colour."}]
-    kwargs = {"enable_thinking": False, "greeting": "Be brief."}
+    kwargs = {"enable_thinking": True, "greeting": "Be brief."}
     with llamactx.Engine(model, chat_template=CHATML_WITH_VARIABLES, **ENGINE_OPTIONS) as engine:
         expected = engine.submit_chat(messages, max_tokens=12, chat_template_kwargs=kwargs).result()
         greeted = engine.submit_chat(messages, max_tokens=12, chat_template_kwargs={"greeting": "Hi."}).result()
