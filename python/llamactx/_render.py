@@ -184,7 +184,9 @@ def _native(
     and does not say otherwise, as ``_constraints.closed`` does."""
     mode, offered = offered_functions(tools, tool_choice)
     names = {function["name"] for function in offered}
-    openai_tools = [tool for tool in tools if tool["function"]["name"] in names]
+    openai_tools = [
+        {"type": "function", "function": dict(tool["function"])} for tool in tools if tool["function"]["name"] in names
+    ]
     openai_messages = [_openai_message(message) for message in checked_messages(messages)]
     applied = templates.apply(
         json.dumps(openai_messages), json.dumps(openai_tools), mode, parallel_tool_calls, kwargs, reasoning.format
