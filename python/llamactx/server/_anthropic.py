@@ -26,7 +26,8 @@ from llamactx.server._anthropic_output import (
 from llamactx.server._anthropic_protocol import CountTokensRequest, MessagesRequest
 from llamactx.server._api import Api
 from llamactx.server._errors import CLIENT_GONE, ApiError, ContextLengthExceeded, openai_error
-from llamactx.server._pipeline import Generation, Pipeline, event_stream, merged
+from llamactx.server._generations import Generation, event_stream, merged
+from llamactx.server._pipeline import Pipeline
 
 __all__ = ["Messages"]
 

@@ -21,6 +21,7 @@ from llamactx._reasoning import ReplyStream
 from llamactx._render import PreparedChat
 from llamactx.server._api import OPENAI_PREFIXES, Api
 from llamactx.server._errors import CLIENT_GONE, ApiError, openai_error
+from llamactx.server._generations import Generation, event_stream, merged
 from llamactx.server._openai_protocol import (
     ChatRequest,
     CompletionRequest,
@@ -42,7 +43,7 @@ from llamactx.server._openai_replies import (
     event,
     total_usage,
 )
-from llamactx.server._pipeline import UNLIMITED, Generation, Pipeline, event_stream, merged
+from llamactx.server._pipeline import UNLIMITED, Pipeline
 
 __all__ = ["OpenAi"]
 

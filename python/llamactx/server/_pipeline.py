@@ -9,15 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from starlette.requests import Request as HttpRequest
-from starlette.responses import StreamingResponse
 
 from llamactx._constraints import constraint_stage
-from llamactx._engine import Delta, Engine, Request
+from llamactx._engine import Engine, Request
 from llamactx._limits import INT32_MAX, RANDOM_SEED
 from llamactx._llamactx import (
     Completion,
@@ -31,15 +30,15 @@ from llamactx._media import MediaBudget
 from llamactx._reasoning import Reasoning
 from llamactx._render import Message, PreparedChat
 from llamactx._sampling import SAMPLING_DEFAULTS
-from llamactx._schema_check import OutputCheck
 from llamactx._tools import Tool, ToolChoice
 from llamactx.server._errors import ApiError, ContextLengthExceeded, openai_error, shutting_down
+from llamactx.server._generations import Generation, unless_disconnected
 from llamactx.server._media_urls import MediaUrls, refuse_media_urls
 from llamactx.server._metrics import ServerMetrics
 from llamactx.server._openai_protocol import PENALTY_WINDOW_MAX, Body, LoraScale, SamplingBody, parsed
 from llamactx.server._slots import SlotFiles
 
-__all__ = ["UNLIMITED", "Generation", "Identified", "Pipeline", "event_stream", "merged"]
+__all__ = ["UNLIMITED", "Identified", "Pipeline"]
 
 logger = logging.getLogger("llamactx.server")
 
@@ -50,91 +49,11 @@ UNLIMITED = INT32_MAX
 Prompt = TypeVar("Prompt", list[int], PreparedChat)
 
 
-@dataclass
-class Generation:
-    """One choice of a response: its engine request, whether its prompt counts in usage, and the
-    check of its JSON Schema's finished value, with the parameter that gave the schema."""
-
-    request: Request
-    index: int
-    first_of_prompt: bool
-    check: OutputCheck | None = None
-    schema_param: str | None = None
-
-
 class Identified(Protocol):
     """A response as its log line names it."""
 
     @property
     def id(self) -> str: ...
-
-
-def event_stream(events: AsyncIterator[str], headers: dict[str, str]) -> StreamingResponse:
-    """Server-sent ``events``, unbuffered by proxies, with ``headers`` (the request's id)."""
-    return StreamingResponse(
-        events,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
-    )
-
-
-async def merged(generations: list[Generation]) -> AsyncIterator[tuple[int, Delta]]:
-    """The deltas of all ``generations`` as they come, tagged with the generation's index."""
-    if len(generations) == 1:
-        async for delta in generations[0].request.adeltas():
-            yield 0, delta
-        return
-    queue: asyncio.Queue[tuple[int, Delta] | int | Exception] = asyncio.Queue()
-
-    async def pump(generation: Generation) -> None:
-        try:
-            async for delta in generation.request.adeltas():
-                queue.put_nowait((generation.index, delta))
-            queue.put_nowait(generation.index)  # its end
-        except Exception as error:  # handed to the reader, who raises it
-            queue.put_nowait(error)
-
-    tasks = [asyncio.ensure_future(pump(generation)) for generation in generations]
-    try:
-        running = len(generations)
-        while running:
-            item = await queue.get()
-            if isinstance(item, Exception):
-                raise item
-            if isinstance(item, int):
-                running -= 1
-            else:
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()
-
-
-async def unless_disconnected(http: HttpRequest, requests: list[Request]) -> list[Completion] | None:
-    """The requests' completions, or None (and the requests cancelled) if the client leaves
-    first."""
-
-    async def client_left() -> None:
-        while (await http.receive())["type"] != "http.disconnect":
-            pass
-
-    results = asyncio.ensure_future(gather(requests))
-    left = asyncio.ensure_future(client_left())
-    try:
-        await asyncio.wait({results, left}, return_when=asyncio.FIRST_COMPLETED)
-        if results.done():
-            return results.result()
-        return None
-    finally:
-        left.cancel()
-        if not results.done():
-            results.cancel()
-            for request in requests:
-                request.cancel()
-
-
-async def gather(requests: list[Request]) -> list[Completion]:
-    return [await request for request in requests]
 
 
 def seed_of(seed: int | None, choice: int) -> int | None:

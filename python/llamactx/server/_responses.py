@@ -21,7 +21,8 @@ from llamactx._llamactx import Completion
 from llamactx._render import PreparedChat
 from llamactx.server._api import OPENAI_PREFIXES, Api
 from llamactx.server._errors import CLIENT_GONE, ApiError, openai_error
-from llamactx.server._pipeline import UNLIMITED, Generation, Pipeline, event_stream, merged
+from llamactx.server._generations import Generation, event_stream, merged
+from llamactx.server._pipeline import UNLIMITED, Pipeline
 from llamactx.server._responses_output import (
     ItemIds,
     OutputItem,
