@@ -5,6 +5,7 @@ streams. The real model's weights with ``THINKING_TEMPLATE``, whose generation p
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.prompts import THINKING_TEMPLATE
+from support.prompts import THINKING_TEMPLATE, THINKING_TOOLS_TEMPLATE
+from support.tool_examples import ASK_WEATHER, WEATHER
 
 import llamactx
 
@@ -140,3 +142,37 @@ def test_chat_chat_sessions_and_the_chat_command_bound_reasoning_as_the_engine(
     options = ["--chat-template-file", str(template), "--reasoning-budget", "3", ASK[0]["content"]]
     printed = subprocess.run([*command, *options], capture_output=True, text=True, timeout=120, check=True)
     assert printed.stdout.rstrip("\n") == expected.rstrip("\n")
+
+
+def test_a_thinking_templates_tool_grammar_waits_for_the_reasoning_to_end(model: llamactx.LlamaModel) -> None:
+    """With tools, a template that thinks and formats calls (llama.cpp's triggers and parser for
+    it): a ``<tool_call>`` written while the model reasons is text, not a call; after
+    ``</think>`` a call is held to the offered tools, and the reply splits into the reasoning and
+    the call."""
+    with llamactx.Engine(model, n_ctx=2048, n_seq_max=1, chat_template=THINKING_TOOLS_TEMPLATE) as engine:
+        chat = engine.prepare_chat(ASK_WEATHER, tools=[WEATHER], tool_choice="auto")
+        assert chat.sampler is not None
+        reasoning = "I could write <tool_call> and then anything.\n"
+        call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+        text = f"{reasoning}</think>\n\n{call}"
+        for token in model.str_to_token(text, False):
+            chat.sampler.accept(token)
+        message = chat.reply(text)
+        assert message["reasoning_content"] == reasoning
+        (made,) = message["tool_calls"]
+        assert made["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+        other = engine.prepare_chat(ASK_WEATHER, tools=[WEATHER], tool_choice="auto").sampler
+        assert other is not None
+        for token in model.str_to_token('Think.\n</think>\n\n<tool_call>\n{"name": "get_', False):
+            other.accept(token)
+        (time,) = model.str_to_token("time", False)  # get_time is not among the tools
+        with pytest.raises(llamactx.LlamaCppError):
+            other.accept(time)
+        # The real model under the budget: its reply parses whole, the reasoning split out.
+        replied = engine.submit_chat(
+            ASK_WEATHER, tools=[WEATHER], max_tokens=40, reasoning=llamactx.Reasoning(budget=4)
+        ).message()
+        assert replied["reasoning_content"]
+        for made in replied.get("tool_calls") or ():
+            assert made["function"]["name"] == "get_weather"
+            json.loads(made["function"]["arguments"])

@@ -29,6 +29,9 @@ RERANK_TEMPLATE = (
     "<|im_start|>user\nQuery: {query}\nDocument: {document}<|im_end|>\n<|im_start|>assistant\n"
 )
 THINKING_TEMPLATE = (Path(__file__).resolve().parent / "templates" / "thinking.jinja").read_text()
+#: ``TOOL_TEMPLATE`` whose replies think first, as Qwen3's: llama.cpp finds both its tool format and
+#: its reasoning block.
+THINKING_TOOLS_TEMPLATE = (Path(__file__).resolve().parent / "templates" / "thinking_tools.jinja").read_text()
 #: ChatML without the default system turn SmolLM2's own template adds: a chat_template that
 #: renders the same messages to another prompt.
 PLAIN_CHATML = (
