@@ -54,6 +54,7 @@ bench: build model bench-peers wheel-venv ## llamactx vs llama.cpp's tools (buil
 	$(PY) benches/server_suite.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/structured.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/rerank.py --peer-python $(PEERS_VENV)/bin/python
+	$(PY) benches/templates.py --peer-python $(PEERS_VENV)/bin/python
 	$(PY) benches/prompt_cache.py
 	$(PY) benches/speculative.py
 	$(PY) benches/media.py
