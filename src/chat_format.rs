@@ -90,18 +90,19 @@ impl PyChatTemplates {
             // As llama.cpp's server: a BOS the template writes is dropped from its text, and the
             // tokenizer adds the model's own when the model wants one.
             let input_bytes = messages.len() + tools.len() + template_kwargs.as_ref().map_or(0, String::len);
+            let (enable_thinking, kwargs) = match template_kwargs {
+                Some(kwargs) => template_variables(&kwargs).map(|(thinking, kwargs)| (thinking, Some(kwargs)))?,
+                None => (None, None),
+            };
             let mut request = ChatApplyParams::new(messages)
                 .with_add_bos_eos(self.model.add_bos_token(), false)
                 .with_tools(tools)
                 .with_tool_choice(choice)
                 .with_parallel_tool_calls(parallel_tool_calls)
                 .with_reasoning_format(reasoning_format)
-                .with_enable_thinking(self.supports_thinking);
-            if let Some(kwargs) = template_kwargs {
-                let (enable_thinking, kwargs) = template_variables(&kwargs)?;
-                request = request
-                    .with_enable_thinking(enable_thinking.unwrap_or(self.supports_thinking))
-                    .with_template_kwargs(kwargs);
+                .with_enable_thinking(enable_thinking.unwrap_or(self.supports_thinking));
+            if let Some(kwargs) = kwargs {
+                request = request.with_template_kwargs(kwargs);
             }
             let templates = Arc::clone(&self.templates);
             let params = work_limit::limited(input_bytes, move || templates.apply(&request).map_err(chat_value_error))?;

@@ -536,9 +536,8 @@ impl<B: Backend> Scheduler<B> {
             return;
         };
         if let Err(err) = self.backend.set_adapter_scale(f32::from_bits(bits)) {
-            let turn = self.turn;
             let of_turn: Vec<usize> = (0..self.running.len())
-                .filter(|&index| self.running[index].phase.is_live() && self.running[index].job.adapter() == turn)
+                .filter(|&index| self.running[index].phase.is_live() && self.in_turn(&self.running[index]))
                 .collect();
             self.fail(of_turn.into_iter(), err);
         }
