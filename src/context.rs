@@ -253,14 +253,18 @@ impl PyLlamaContext {
         F: FnOnce(&mut OpenContext) -> Result<T> + Send,
         T: Send,
     {
-        detached(py, || {
-            let mut guard = self.native.lock()?;
-            let native = guard.as_mut().ok_or_else(|| Error::closed("LlamaContext"))?;
-            native.check_rpc()?;
-            let done = work(native);
-            native.check_rpc()?;
-            done
-        })
+        detached(py, || self.with_open(work))
+    }
+
+    /// Runs `work` on the open native context, holding its lock (in the calling thread, whether
+    /// or not it holds the GIL): `ValueError` once closed, `RpcError` once an RPC server failed.
+    pub fn with_open<T>(&self, work: impl FnOnce(&mut OpenContext) -> Result<T>) -> Result<T> {
+        let mut guard = self.native.lock()?;
+        let native = guard.as_mut().ok_or_else(|| Error::closed("LlamaContext"))?;
+        native.check_rpc()?;
+        let done = work(native);
+        native.check_rpc()?;
+        done
     }
 
     /// Like `run`, for work that only reads the context.

@@ -3,6 +3,7 @@
 //! sampling run on the engine's own thread, without the GIL.
 
 mod backend;
+mod context_loop;
 mod draft;
 mod draft_cost;
 mod draft_model;
@@ -42,16 +43,15 @@ use crate::prompt_checks::{self, PromptShape};
 use crate::sampler::params::PySamplingParams;
 use crate::sampler::{guidance, PyLlamaSampler, SendSampler};
 use crate::tokens::check_vocab;
-pub use draft::PyDrafter;
-use draft::{DraftSource, Speculation};
-use draft_model::{check_can_cut, DraftContext};
+pub use context_loop::PyContextLoop;
+use draft::{draft_options, DraftChoice, Speculation};
 use llama_backend::LlamaBackend;
 use media_prompt::{assemble, MediaInput, MediaPrompt};
 use request::RequestShared;
 pub use request::{PyCompletion, PyRequestCore};
-use scheduler::{Job, Scheduler};
+use scheduler::{Choosing, Job, Scheduler};
 use slots::SlotChore;
-use speculative_options::{DraftKind, SpeculativeOptions};
+use speculative_options::SpeculativeOptions;
 pub use stats::PyEngineStats;
 
 /// Requests that wait for a sequence slot, chores on slots, and whether the engine is closing.
@@ -85,6 +85,14 @@ pub struct EngineShared {
 }
 
 impl EngineShared {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            inbox: Mutex::default(),
+            wake: Condvar::new(),
+            counters: Mutex::default(),
+        })
+    }
+
     fn inbox(&self) -> MutexGuard<'_, Inbox> {
         self.inbox.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -267,52 +275,28 @@ impl PyEngineCore {
             );
         }
         let speculative = speculative.map(SpeculativeOptions::read).transpose()?;
-        let (mut ngram, mut draft, mut gated) = (None, None, false);
-        if let Some(speculative) = speculative {
-            check_can_cut(&native_model)?;
-            gated = speculative.gated;
-            match speculative.kind {
-                DraftKind::Ngram(config) => ngram = Some(config),
-                DraftKind::Model {
-                    model,
-                    n_draft_max,
-                    p_min,
-                } => {
-                    let learned_positions = model.get().learned_positions();
-                    draft = Some(((model.get().vocabulary()?, learned_positions), n_draft_max, p_min));
-                }
-            }
-        }
+        let gated = speculative.as_ref().is_some_and(|speculative| speculative.gated);
+        let drafting = speculative
+            .map(|speculative| DraftChoice::read(speculative.kind, &native_model))
+            .transpose()?;
         if let Some(projector) = &mtmd {
             check_projector(projector.get(), &native_model)?;
         }
         let learned_positions = model.get().learned_positions();
         let lora_scale = lora.as_ref().map(|(_, scale)| *scale);
-        let (native, draft) = detached(py, || {
+        let (native, source) = detached(py, || {
             let mut native = OpenContext::open(Arc::clone(&native_model), &options, learned_positions)?;
             // Generation keeps each sequence in the KV cache between steps.
             native.require_memory()?;
             if let Some((adapter, scale)) = lora {
                 native.set_lora(adapter, scale)?;
             }
-            let draft = match draft {
-                Some(((draft_model, draft_positions), n_draft_max, p_min)) => {
-                    let draft_options = draft_options(&native, &options);
-                    Some(DraftContext::open(
-                        &native_model,
-                        draft_model,
-                        draft_positions,
-                        &draft_options,
-                        usize::from(n_draft_max),
-                        p_min,
-                    )?)
-                }
-                None => None,
-            };
-            Ok((native, draft))
+            let threads = (options.n_threads, options.n_threads_batch);
+            let source = drafting
+                .map(|choice| choice.open(&native_model, &draft_options(&native, threads, options.flash_attn_type)))
+                .transpose()?;
+            Ok((native, source))
         })?;
-        let ngram = ngram.map(DraftSource::Ngram);
-        let source = ngram.or_else(|| draft.map(|context| DraftSource::Model(Box::new(context))));
         let drafts = source.is_some();
         let speculation = source.map(|source| Speculation { source, gated });
         let (n_ctx, n_seq_max) = native.with(|context| (context.n_ctx(), context.n_seq_max()));
@@ -321,15 +305,11 @@ impl PyEngineCore {
             n_ctx_seq: native.positions_per_sequence() as usize,
             max_waiting,
         };
-        let shared = Arc::new(EngineShared {
-            inbox: Mutex::default(),
-            wake: Condvar::new(),
-            counters: Mutex::default(),
-        });
+        let shared = EngineShared::new();
         let batch = BatchState::new(native.with(|context| context.n_batch()) as usize, 1)?;
         let scheduled = Arc::clone(&shared);
         let projector = mtmd.as_ref().map(|projector| projector.clone_ref(py));
-        let backend = LlamaBackend::new(native, batch, projector, lora_scale);
+        let backend = LlamaBackend::new(native, batch, projector, lora_scale)?;
         let thread = std::thread::Builder::new()
             .name("llamactx-engine".to_owned())
             .spawn(move || Scheduler::new(backend, scheduled, prefix_cache, speculation).run())
@@ -397,12 +377,12 @@ impl PyEngineCore {
             prompt: prompt.tokens,
             max_tokens,
             stop,
-            sampling,
-            grammar,
+            choosing: Choosing::Params(sampling, grammar),
             logprobs,
             submitted: Instant::now(),
             media: prompt.media,
             lora_scale,
+            held: None,
         };
         {
             let mut inbox = self.shared.inbox();
@@ -490,22 +470,6 @@ impl PyEngineCore {
         *default.lock().map_err(|_| Error::Poisoned("Engine"))? = check_scale(scale)?;
         Ok(())
     }
-}
-
-/// The draft model's context options: the target's sequences, cells and batch sizes (so each
-/// draft sequence holds what its target sequence does), its threads and attention.
-fn draft_options(native: &OpenContext, options: &ContextOptions) -> ContextOptions {
-    native.with(|context| ContextOptions {
-        n_ctx: Some(context.n_ctx()),
-        n_batch: Some(context.n_batch()),
-        n_ubatch: Some(context.n_ubatch()),
-        n_seq_max: Some(context.n_seq_max()),
-        kv_unified: Some(native.kv_unified()),
-        n_threads: options.n_threads,
-        n_threads_batch: options.n_threads_batch,
-        flash_attn_type: options.flash_attn_type,
-        ..ContextOptions::default()
-    })
 }
 
 impl Drop for PyEngineCore {

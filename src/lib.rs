@@ -53,9 +53,8 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngineStats>()?;
     m.add_class::<engine::PyRequestCore>()?;
     m.add_class::<engine::waker::PyWaker>()?;
-    m.add_class::<engine::PyDrafter>()?;
+    m.add_class::<engine::PyContextLoop>()?;
     m.add_class::<regex_search::PyRegex>()?;
-    m.add_class::<steps::PySequenceSteps>()?;
     m.add_class::<chat_format::PyChatTemplates>()?;
     m.add_class::<chat_format::PyChatApplied>()?;
     m.add_class::<media::PyMtmdContext>()?;

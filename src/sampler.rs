@@ -70,6 +70,18 @@ impl PyLlamaSampler {
         })
     }
 
+    /// Takes the state of `copy` (a `copy_for` of this sampler that went on choosing tokens);
+    /// `refused`: the copy refused a token it chose, which leaves this one unusable until
+    /// `reset()`.
+    pub(crate) fn take_state(&self, copy: LlamaSampler, refused: bool) {
+        if let Ok(mut sampler) = self.lock() {
+            *sampler = SendSampler(copy);
+            if refused {
+                self.broken.store(true, Ordering::Release);
+            }
+        }
+    }
+
     /// A CPU-only sampler (or chain) that points into `model`'s vocabulary.
     pub(crate) fn for_model(sampler: LlamaSampler, model: Arc<LlamaModel>) -> Self {
         ModelSampler::new(sampler, model).into_sampler()

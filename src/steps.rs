@@ -1,13 +1,10 @@
-//! One sequence's generation rules, shared by the engine and by `generate`/`stream`/
-//! `generate_batch`: token bytes become text without cutting a UTF-8 character, stop strings
+//! One sequence's generation rules, which the engine's scheduler follows (on the engine's
+//! context, and on a caller's for `generate`, `stream` and `generate_batch`): token bytes become text without cutting a UTF-8 character, stop strings
 //! end the text (and are held back while they may be starting), and `max_tokens`, the
 //! sequence's context size and end-of-generation tokens end the sequence.
 
-use std::sync::Arc;
-
 use llama_cpp_4::model::LlamaModel;
 use llama_cpp_4::token::LlamaToken;
-use pyo3::prelude::*;
 
 use crate::errors::Result;
 use crate::model::PyLlamaModel;
@@ -174,33 +171,6 @@ impl Steps {
 /// The bytes `token` adds to generated text (special tokens render as nothing).
 pub fn token_bytes(model: &LlamaModel, token: LlamaToken) -> Result<Vec<u8>> {
     PyLlamaModel::piece(model, token.0, false)
-}
-
-/// `Steps` for Python's `generate`, `stream`, `generate_batch` and `ChatSession`.
-#[pyclass(module = "llamactx", name = "_SequenceSteps")]
-pub struct PySequenceSteps {
-    steps: Steps,
-    model: Arc<LlamaModel>,
-}
-
-#[pymethods]
-impl PySequenceSteps {
-    #[new]
-    fn new(model: &Bound<'_, PyLlamaModel>, stop: Vec<String>, max_tokens: usize, n_ctx: usize) -> PyResult<Self> {
-        Ok(Self {
-            steps: Steps::new(stop, max_tokens, n_ctx),
-            model: model.get().vocabulary()?,
-        })
-    }
-
-    /// `(text, finish_reason or None)` after sampling `token` in a sequence holding `kv_len`
-    /// tokens; None means: decode `token` at `kv_len` and go on.
-    fn take(&mut self, token: i32, kv_len: usize) -> PyResult<(String, Option<&'static str>)> {
-        let token = LlamaToken::new(token);
-        let bytes = token_bytes(&self.model, token)?;
-        let (piece, finish) = self.steps.take(&bytes, self.model.is_eog_token(token), kv_len);
-        Ok((piece, finish.map(Finish::name)))
-    }
 }
 
 #[cfg(test)]

@@ -9,12 +9,11 @@ from llamactx._constraints import JsonSchema, constrained
 from llamactx._llamactx import (
     LlamaBatch,
     LlamaContext,
-    LlamaModel,
     LlamaSampler,
     MtmdContext,
     _check_prompt,
-    _Drafter,
-    _SequenceSteps,
+    _ContextLoop,
+    _RequestCore,
 )
 from llamactx._media import MEDIA_POSITION, MediaPrompt
 from llamactx._schema_check import OutputCheck
@@ -34,11 +33,31 @@ def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int], max_tokens: i
     return tokens
 
 
-def _steps(model: LlamaModel, stop: str | Sequence[str], max_tokens: int, n_ctx: int) -> _SequenceSteps:
-    """The generation rules the engine follows too (text, stop strings, limits), for one sequence."""
+def _stops(stop: str | Sequence[str]) -> list[str]:
     # One string is one stop string, not a sequence of one-character ones.
-    stops = [stop] if isinstance(stop, str) else list(stop)
-    return _SequenceSteps(model, stops, max_tokens, n_ctx)
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+def _run(loop: _ContextLoop, request: _RequestCore) -> Generator[str, None, str]:
+    """Steps ``loop`` until ``request`` ends, yielding its text as it comes; returns its finish
+    reason. A caller that stops reading cancels it, and the step that ends it runs at once."""
+    try:
+        while True:
+            left = loop.step()
+            kind, piece = request.poll()
+            while piece is not None:
+                yield piece[0]
+                kind, piece = request.poll()
+            if kind == "end":
+                completion = request.result_now()
+                assert completion is not None  # the request ended
+                return completion.finish_reason
+            if not left:
+                raise RuntimeError("the generation loop ended before its request")
+    except GeneratorExit:
+        request.cancel()
+        loop.step()
+        raise
 
 
 def prefill(
@@ -106,55 +125,19 @@ def continue_sequence(
     Each token decoded is appended to ``history``, which so keeps mirroring the KV cache. The
     generator's return value is the finish reason: "stop" or "length".
 
-    With ``speculative``, each sampled token is decoded together with the tokens drafted to
-    follow it, and the outputs are sampled in turn while the token sampled is the next drafted
-    one (as the engine does): the same tokens in fewer decodes (but at near-ties: see
-    ``NgramDraft``)."""
-    drafter = None if speculative is None else _Drafter(ctx.model, speculative, ctx.n_ctx_seq(), ctx.n_threads())
+    The sequence runs on the engine's step loop (on ``ctx``, between whose steps the caller's
+    code runs); ``sampler`` chooses the tokens and keeps its state after the last. With
+    ``speculative``, each sampled token is decoded together with the tokens drafted to follow
+    it, and the outputs are sampled in turn while the token sampled is the next drafted one:
+    the same tokens in fewer decodes (but at near-ties: see ``NgramDraft``)."""
+    loop = _ContextLoop(ctx, [seq_id], speculative)
     if max_tokens <= 0:
         return "length"
-    steps = _steps(ctx.model, stop, max_tokens, ctx.n_ctx_seq())
-    batch = LlamaBatch(1 + (0 if drafter is None else drafter.most))
-    draft: list[int] = []
-    rows = [-1]  # the outputs to sample from: the last decoded token's, then each drafted one's
-    sampled = 0
-    while True:
-        accepted = 0
-        for row in rows:
-            token = sampler.sample(ctx, row)  # also accepts the token into the sampler's state
-            sampled += 1
-            piece, finish = steps.take(token, len(history))
-            if piece:
-                try:
-                    yield piece
-                except GeneratorExit:  # the caller stopped reading: the KV cache holds history
-                    _drop_drafted(ctx, seq_id, history, draft, accepted)
-                    raise
-            if finish is not None:
-                _drop_drafted(ctx, seq_id, history, draft, accepted)
-                return finish
-            if accepted == len(draft) or token != draft[accepted]:
-                break
-            history.append(token)  # a drafted token, already decoded
-            accepted += 1
-        if drafter is not None and draft:
-            drafter.record(len(draft), accepted)
-        _drop_drafted(ctx, seq_id, history, draft, accepted)
-        # Never past max_tokens, nor past the token that fills the sequence.
-        limit = min(max_tokens - sampled - 1, ctx.n_ctx_seq() - len(history) - 2)
-        draft = [] if drafter is None or limit <= 0 else drafter.draft(history, token, limit)
-        batch.clear()
-        for offset, next_token in enumerate([token, *draft]):
-            batch.add(next_token, len(history) + offset, [seq_id], True)
-        ctx.decode(batch)
-        history.append(token)
-        rows = list(range(len(draft) + 1))
-
-
-def _drop_drafted(ctx: LlamaContext, seq_id: int, history: list[int], draft: list[int], accepted: int) -> None:
-    """Removes the cells of the drafted tokens that were not accepted."""
-    if accepted < len(draft) and not ctx.clear_kv_cache_seq(seq_id, len(history), None):
-        raise ValueError("the KV cache could not remove the cells of a rejected draft")
+    request = loop.submit(history, max_tokens, _stops(stop), sampler, held_seq=seq_id)
+    try:
+        return (yield from _run(loop, request))
+    finally:
+        history += loop.decoded()
 
 
 def stream(
@@ -312,89 +295,6 @@ def generate(
     return "".join(pieces)
 
 
-class _Sequence:
-    """One prompt of ``generate_batch`` while it generates."""
-
-    def __init__(self, seq_id: int, tokens: list[int], sampler: LlamaSampler, steps: _SequenceSteps) -> None:
-        self.seq_id = seq_id
-        self.tokens = tokens
-        self.sampler = sampler
-        self.steps = steps
-        self.pieces: list[str] = []
-        self.finish: str | None = None
-
-
-def _common_prefix(token_lists: Sequence[list[int]]) -> int:
-    shortest = min(len(tokens) for tokens in token_lists)
-    n = 0
-    while n < shortest and all(tokens[n] == token_lists[0][n] for tokens in token_lists):
-        n += 1
-    return n
-
-
-def _decode_prompts(ctx: LlamaContext, group: list[_Sequence]) -> dict[int, int]:
-    """Decodes the prompts of ``group`` (a shared prefix once, copied to the others) and samples
-    each sequence's first token as soon as the decode holding its last prompt token is done.
-    Returns the first sampled token of each sequence."""
-    n_batch = ctx.n_batch()
-    prefix = _common_prefix([s.tokens for s in group]) if len(group) > 1 else 0
-    prefix = min(prefix, min(len(s.tokens) for s in group) - 1)  # each keeps a token to sample from
-    pending: list[tuple[_Sequence, int, int]] = []  # (sequence, position, token) left to decode
-    if prefix > 0:
-        leader = group[0]
-        prefill(ctx, leader.tokens[:prefix], leader.seq_id)
-        for follower in group[1:]:
-            ctx.copy_kv_cache_seq(leader.seq_id, follower.seq_id)
-    for sequence in group:
-        pending += [(sequence, pos, sequence.tokens[pos]) for pos in range(prefix, len(sequence.tokens))]
-    first: dict[int, int] = {}
-    for start in range(0, len(pending), n_batch):
-        chunk = pending[start : start + n_batch]
-        batch = LlamaBatch(len(chunk), 1)
-        rows: list[tuple[_Sequence, int]] = []
-        for row, (sequence, pos, token) in enumerate(chunk):
-            last = pos == len(sequence.tokens) - 1
-            batch.add(token, pos, [sequence.seq_id], last)
-            if last:
-                rows.append((sequence, row))
-        ctx.decode(batch)
-        for sequence, row in rows:
-            first[sequence.seq_id] = sequence.sampler.sample(ctx, row)
-    return first
-
-
-def _take(sequence: _Sequence, token: int) -> bool:
-    """Adds a sampled token to ``sequence`` as ``stream`` would; False once it is finished."""
-    piece, finish = sequence.steps.take(token, len(sequence.tokens))
-    sequence.pieces.append(piece)
-    if finish is not None:
-        sequence.finish = finish
-        return False
-    sequence.tokens.append(token)
-    return True
-
-
-def _generate_group(ctx: LlamaContext, group: list[_Sequence], max_tokens: int) -> None:
-    if max_tokens == 0:
-        return
-    ctx.clear_kv_cache()
-    next_token = _decode_prompts(ctx, group)
-    live = group
-    while live:
-        running = [s for s in live if _take(s, next_token[s.seq_id])]
-        for finished in live:
-            if finished not in running:
-                ctx.clear_kv_cache_seq(finished.seq_id)  # frees its cells for the others
-        live = running
-        if not live:
-            break
-        batch = LlamaBatch(len(live), 1)
-        for sequence in live:
-            batch.add(sequence.tokens[-1], len(sequence.tokens) - 1, [sequence.seq_id], True)
-        ctx.decode(batch)
-        next_token = {s.seq_id: s.sampler.sample(ctx, row) for row, s in enumerate(live)}
-
-
 def generate_batch(
     ctx: LlamaContext,
     prompts: Sequence[str | Sequence[int]],
@@ -405,35 +305,31 @@ def generate_batch(
     json_schema: JsonSchema | None = None,
     grammar: str | None = None,
 ) -> list[str]:
-    """Generates after every prompt at once, each in its own sequence of ``ctx``: one decode per
-    step for all sequences still running. A prompt prefix common to all is decoded once and
-    copied to the other sequences. Finished sequences leave the batch and free their KV cells.
+    """Generates after every prompt at once, each in its own sequence of ``ctx``, on the
+    engine's step loop: prompts read in chunks of ``n_batch`` tokens, then one decode per step
+    for all sequences still running. Finished sequences leave the batch and free their KV cells.
 
-    Up to ``ctx.n_seq_max()`` prompts run together (more are done in groups). Each sequence
-    samples with its own copy of ``sampler`` (greedy when None). The whole KV cache of ``ctx``
-    is cleared. With greedy sampling the results equal ``generate`` called on each prompt.
-    ``json_schema`` and ``grammar`` constrain every output, as in ``stream``; ``SchemaError``
-    when a finished value breaks a keyword of the schema that llguidance cannot enforce.
+    Up to ``ctx.n_seq_max()`` prompts run together (the others wait for a free sequence). Each
+    sequence samples with its own copy of ``sampler`` (greedy when None). The whole KV cache of
+    ``ctx`` is cleared. With greedy sampling the results equal ``generate`` called on each
+    prompt. ``json_schema`` and ``grammar`` constrain every output, as in ``stream``;
+    ``SchemaError`` when a finished value breaks a keyword of the schema that llguidance cannot
+    enforce.
     """
-    model = ctx.model
     token_lists = [_prompt_tokens(ctx, prompt, max_tokens) for prompt in prompts]
-    sampler, check = constrained(model, sampler, json_schema, grammar)
+    sampler, check = constrained(ctx.model, sampler, json_schema, grammar)
+    loop = _ContextLoop(ctx, list(range(ctx.n_seq_max())))
+    ctx.clear_kv_cache()
+    stops = _stops(stop)
+    chooser = sampler or LlamaSampler.greedy()
+    requests = [loop.submit(tokens, max_tokens, stops, chooser) for tokens in token_lists]
+    while loop.step():
+        pass
     results: list[str] = []
-    n_seq = ctx.n_seq_max()
-    for start in range(0, len(token_lists), n_seq):
-        group = [
-            _Sequence(
-                seq_id,
-                list(tokens),
-                LlamaSampler.greedy() if sampler is None else LlamaSampler.chain([sampler]),
-                _steps(model, stop, max_tokens, ctx.n_ctx_seq()),
-            )
-            for seq_id, tokens in enumerate(token_lists[start : start + n_seq])
-        ]
-        _generate_group(ctx, group, max_tokens)
-        results += ["".join(s.pieces) for s in group]
-        if check is not None:
-            for sequence, text in zip(group, results[start:], strict=True):
-                if sequence.finish == "stop":
-                    check.validate(text)
+    for request in requests:
+        completion = request.result_now()
+        assert completion is not None  # the loop ran every request to its end
+        if check is not None and completion.finish_reason == "stop":
+            check.validate(completion.text)
+        results.append(completion.text)
     return results

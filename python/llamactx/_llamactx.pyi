@@ -73,11 +73,10 @@ __all__ = [
     "TokenToStringError",
     "_ChatApplied",
     "_ChatTemplates",
-    "_Drafter",
+    "_ContextLoop",
     "_EngineCore",
     "_Regex",
     "_RequestCore",
-    "_SequenceSteps",
     "_Waker",
     "__version__",
     "_check_media_ending",
@@ -1199,23 +1198,37 @@ class _Regex:
         """Whether the pattern matches anywhere in `text` (JSON Schema's `pattern` is unanchored)."""
 
 @final
-class _Drafter:
-    """One generation's drafts, for `stream`, `generate` and `ChatSession` (the engine keeps its
-    own): the sources and the adaptation of their length that the engine uses.
+class _ContextLoop:
+    """The engine's scheduler on sequences `seqs` of a caller's context (generation on a caller's
+    context: `continue_sequence` and `generate_batch` hold one each).
     """
 
-    def __new__(cls, model: LlamaModel, speculative: NgramDraft | DraftModel, n_ctx: int, n_threads: int) -> _Drafter:
-        """Drafts for `model` as `speculative` asks; a draft model greedily, in a context of its
-        own of `n_ctx` cells and `n_threads` threads."""
-    @property
-    def most(self) -> int:
-        """The most tokens one draft proposes (`size_mgram` or `n_draft_max`)."""
-    def draft(self, history: Sequence[int], sampled: int, limit: int) -> list[int]:
-        """The tokens to verify after `sampled`, which follows `history` (the sequence's tokens in
-        the KV cache): at most `limit`, none when nothing is proposed or drafting is paused.
+    def __new__(
+        cls, ctx: LlamaContext, seqs: Sequence[int], speculative: NgramDraft | DraftModel | None = None
+    ) -> _ContextLoop:
+        """Serves sequences `seqs` of `ctx` (the others stay the caller's), drafting as
+        `speculative` asks (an `NgramDraft` or a `DraftModel`, whose context takes `ctx`'s sizes
+        and threads)."""
+    def submit(
+        self,
+        tokens: Sequence[int],
+        max_tokens: int,
+        stop: Sequence[str],
+        sampler: LlamaSampler,
+        held_seq: int | None = None,
+    ) -> _RequestCore:
+        """Queues a request for `tokens`, choosing its tokens with a copy of `sampler`'s state.
+        With `held_seq`, sequence `held_seq` already holds all of `tokens` (the last with
+        logits, in the context's last decode): the request samples from there, and when it
+        ends, `sampler` takes the copy's state and `decoded()` the tokens it left in the cache.
+        Such a request must be the only one of the loop.
         """
-    def record(self, drafted: int, accepted: int) -> None:
-        """Learns that `accepted` of the last draft's `drafted` tokens were sampled."""
+    def step(self) -> bool:
+        """Runs one step (without the GIL); whether requests are left."""
+    def decoded(self) -> list[int]:
+        """The generated tokens the last held request left in its sequence's KV cache after its
+        prompt (taken: a second call returns none).
+        """
 
 @final
 class _Waker:
@@ -1362,16 +1375,6 @@ def _check_prompt(
     that a sequence of `n_ctx_seq` cells can never generate after (`prompt`), or a negative
     `max_tokens`; returns `max_tokens` as a count.
     """
-
-@final
-class _SequenceSteps:
-    """`Steps` for Python's `generate`, `stream`, `generate_batch` and `ChatSession`."""
-
-    def __new__(cls, model: LlamaModel, stop: Sequence[str], max_tokens: int, n_ctx: int) -> _SequenceSteps: ...
-    def take(self, token: int, kv_len: int) -> tuple[str, str | None]:
-        """`(text, finish_reason or None)` after sampling `token` in a sequence holding `kv_len`
-        tokens; None means: decode `token` at `kv_len` and go on.
-        """
 
 def cpu_features() -> list[str]:
     """The features the builds of the x86-64 wheel differ in that this CPU and its OS support,

@@ -46,6 +46,10 @@ pub trait Backend {
     /// Reads the logits of output row `row` of the last decode.
     fn read_logits<T: Send>(&self, row: usize, read: impl FnOnce(&[f32]) -> T) -> Result<T>;
 
+    /// The output row of the last token of the last decode, whoever made it: a request that
+    /// starts on a sequence its caller read samples its first token there (`scheduler::Held`).
+    fn last_row(&self) -> Result<usize>;
+
     /// Removes the cells of `seq` from position `from` on (to `to`, or the end). False where
     /// the memory cannot cut a sequence (recurrent state).
     fn clear_cells(&mut self, seq: i32, from: usize, to: Option<usize>) -> Result<bool>;

@@ -6,18 +6,16 @@
 //! drafts are rejected, or accepted too little to pay for their verification here
 //! (`draft_cost.rs`), soon stops paying for them.
 
-use std::sync::Mutex;
+use std::sync::Arc;
 
+use llama_cpp_4::model::LlamaModel;
 use llama_cpp_4::token::LlamaToken;
-use pyo3::prelude::*;
 
 use super::draft_model::{check_can_cut, DraftContext};
 use super::ngram::lookup_draft;
-use super::speculative_options::{DraftKind, SpeculativeOptions};
-use crate::context::ContextOptions;
-use crate::errors::Error;
-use crate::gil::detached;
-use crate::model::PyLlamaModel;
+use super::speculative_options::DraftKind;
+use crate::context::{ContextOptions, OpenContext};
+use crate::errors::Result;
 
 /// The engine's n-gram speculation: at least `size_ngram` tokens must repeat for a draft, of at
 /// most `size_mgram` tokens.
@@ -127,14 +125,6 @@ impl DraftLength {
         }
     }
 
-    /// How many tokens the next draft may propose, at most `limit`: none while paused (which
-    /// counts a step of the pause).
-    pub fn next(&mut self, limit: usize) -> usize {
-        let wanted = self.wanted(limit);
-        self.step_passed();
-        wanted
-    }
-
     /// How many tokens a draft may propose now, at most `limit`: none while paused.
     pub fn wanted(&self, limit: usize) -> usize {
         if self.pause > 0 {
@@ -181,98 +171,79 @@ impl DraftLength {
     }
 }
 
-/// One generation's drafts, for `stream`, `generate` and `ChatSession` (the engine keeps its
-/// own): the sources and the adaptation of their length that the engine uses.
-#[pyclass(frozen, module = "llamactx", name = "_Drafter")]
-pub struct PyDrafter {
-    drafter: Mutex<(DraftSource, DraftLength)>,
+/// Where drafts will come from, read from `speculative=` with the GIL held and opened without
+/// it (`open`).
+pub enum DraftChoice {
+    Ngram(NgramConfig),
+    Model {
+        model: Arc<LlamaModel>,
+        learned_positions: bool,
+        n_draft_max: usize,
+        p_min: f32,
+    },
 }
 
-impl PyDrafter {
-    fn from_source(source: DraftSource) -> Self {
-        let length = DraftLength::new(source.most());
-        Self {
-            drafter: Mutex::new((source, length)),
-        }
-    }
-}
-
-#[pymethods]
-impl PyDrafter {
-    /// Drafts for `model` as `speculative` (an `NgramDraft` or a `DraftModel`) asks; a draft
-    /// model greedily, in a context of its own of `n_ctx` cells and `n_threads` threads.
-    #[new]
-    fn new(
-        py: Python<'_>,
-        model: &Bound<'_, PyLlamaModel>,
-        speculative: &Bound<'_, PyAny>,
-        n_ctx: u32,
-        n_threads: i32,
-    ) -> PyResult<Self> {
-        let target = model.get().vocabulary()?;
-        check_can_cut(&target)?;
-        let source = match SpeculativeOptions::read(speculative)?.kind {
-            DraftKind::Ngram(config) => DraftSource::Ngram(config),
+impl DraftChoice {
+    /// `kind`, drafting for `target`: `ValueError` for a target whose cells cannot be cut (a
+    /// recurrent or hybrid model cannot take back a rejected draft).
+    pub fn read(kind: DraftKind, target: &LlamaModel) -> Result<Self> {
+        check_can_cut(target)?;
+        Ok(match kind {
+            DraftKind::Ngram(config) => Self::Ngram(config),
             DraftKind::Model {
-                model: draft_model,
+                model,
                 n_draft_max,
                 p_min,
-            } => {
-                let draft = draft_model.get().vocabulary()?;
-                let learned_positions = draft_model.get().learned_positions();
-                let options = ContextOptions {
-                    n_ctx: Some(n_ctx),
-                    n_threads: Some(n_threads),
-                    n_threads_batch: Some(n_threads),
-                    ..ContextOptions::default()
-                };
-                let context = detached(py, move || {
-                    DraftContext::open(
-                        &target,
-                        draft,
-                        learned_positions,
-                        &options,
-                        usize::from(n_draft_max),
-                        p_min,
-                    )
-                })?;
-                DraftSource::Model(Box::new(context))
-            }
-        };
-        Ok(Self::from_source(source))
-    }
-
-    /// The most tokens one draft proposes (`size_mgram` or `n_draft_max`).
-    #[getter]
-    fn most(&self) -> PyResult<usize> {
-        let guard = self.drafter.lock().map_err(|_| Error::Poisoned("_Drafter"))?;
-        Ok(guard.0.most())
-    }
-
-    /// The tokens to verify after `sampled`, which follows `history` (the sequence's tokens in
-    /// the KV cache): at most `limit`, none when nothing is proposed or drafting is paused.
-    fn draft(&self, py: Python<'_>, history: Vec<i32>, sampled: i32, limit: usize) -> PyResult<Vec<i32>> {
-        let history: Vec<LlamaToken> = history.into_iter().map(LlamaToken).collect();
-        detached(py, || {
-            let mut guard = self.drafter.lock().map_err(|_| Error::Poisoned("_Drafter"))?;
-            let (source, length) = &mut *guard;
-            let request = DraftRequest {
-                seq: 0,
-                history: &history,
-                sampled: Some(LlamaToken(sampled)),
-                limit: length.next(limit),
-            };
-            let draft = source.propose(&[request]).pop().unwrap_or_default();
-            Ok(draft.into_iter().map(|token| token.0).collect())
+            } => Self::Model {
+                model: model.get().vocabulary()?,
+                learned_positions: model.get().learned_positions(),
+                n_draft_max: usize::from(n_draft_max),
+                p_min,
+            },
         })
     }
 
-    /// Learns that `accepted` of the last draft's `drafted` tokens were sampled.
-    fn record(&self, drafted: usize, accepted: usize) -> PyResult<()> {
-        let mut guard = self.drafter.lock().map_err(|_| Error::Poisoned("_Drafter"))?;
-        guard.1.record(drafted, accepted, 0.0);
-        Ok(())
+    /// The source: a draft model in a context of its own, opened with `options`
+    /// (`draft_options`).
+    pub fn open(self, target: &LlamaModel, options: &ContextOptions) -> Result<DraftSource> {
+        Ok(match self {
+            Self::Ngram(config) => DraftSource::Ngram(config),
+            Self::Model {
+                model,
+                learned_positions,
+                n_draft_max,
+                p_min,
+            } => DraftSource::Model(Box::new(DraftContext::open(
+                target,
+                model,
+                learned_positions,
+                options,
+                n_draft_max,
+                p_min,
+            )?)),
+        })
     }
+}
+
+/// The draft model's context options: the target's sequences, cells and batch sizes (so each
+/// draft sequence holds what its target sequence does), `threads` (single-token, batch) and
+/// the target's flash attention setting.
+pub fn draft_options(
+    native: &OpenContext,
+    threads: (Option<i32>, Option<i32>),
+    flash_attn_type: Option<i32>,
+) -> ContextOptions {
+    native.with(|context| ContextOptions {
+        n_ctx: Some(context.n_ctx()),
+        n_batch: Some(context.n_batch()),
+        n_ubatch: Some(context.n_ubatch()),
+        n_seq_max: Some(context.n_seq_max()),
+        kv_unified: Some(native.kv_unified()),
+        n_threads: threads.0,
+        n_threads_batch: threads.1,
+        flash_attn_type,
+        ..ContextOptions::default()
+    })
 }
 
 #[cfg(test)]
@@ -312,10 +283,17 @@ mod tests {
         assert_eq!(ngram_draft(&history, 99, 100), vec![]);
     }
 
+    /// The length of a draft in a step that drafts, as the scheduler asks it.
+    fn next(length: &mut DraftLength, limit: usize) -> usize {
+        let wanted = length.wanted(limit);
+        length.step_passed();
+        wanted
+    }
+
     #[test]
     fn the_draft_length_follows_acceptance_and_misses_pause_drafting() {
         let mut drafter = DraftLength::new(8);
-        assert_eq!(drafter.next(100), 4);
+        assert_eq!(next(&mut drafter, 100), 4);
         drafter.record(4, 4, 0.0);
         assert_eq!(drafter.budget, 8);
         drafter.record(8, 8, 0.0);
@@ -324,10 +302,10 @@ mod tests {
         assert_eq!(drafter.budget, 3);
         drafter.record(3, 0, 0.0);
         assert_eq!((drafter.budget, drafter.pause), (1, 2));
-        assert_eq!(drafter.next(100), 0);
-        assert_eq!(drafter.next(100), 0);
-        assert_eq!(drafter.next(100), 1);
-        assert_eq!(drafter.next(0), 0, "never past the limit");
+        assert_eq!(next(&mut drafter, 100), 0);
+        assert_eq!(next(&mut drafter, 100), 0);
+        assert_eq!(next(&mut drafter, 100), 1);
+        assert_eq!(next(&mut drafter, 0), 0, "never past the limit");
         drafter.record(1, 0, 0.0);
         assert_eq!(drafter.pause, 4, "each miss in a row doubles the pause");
         for _ in 0..10 {

@@ -43,9 +43,7 @@ pub struct Job {
     pub prompt: Vec<LlamaToken>,
     pub max_tokens: usize,
     pub stop: Vec<String>,
-    pub sampling: PySamplingParams,
-    /// A GBNF grammar the output must follow, applied before `sampling`.
-    pub grammar: Option<SendSampler>,
+    pub choosing: Choosing,
     /// Alternatives to report per generated token (0: no log-probabilities).
     pub logprobs: usize,
     pub submitted: Instant,
@@ -55,6 +53,60 @@ pub struct Job {
     /// The scale of the engine's LoRA adapter this request is generated with (None: the engine
     /// has no adapter).
     pub lora_scale: Option<f32>,
+    /// The caller's sequence it runs on (generation on a caller's context), instead of one the
+    /// prefix cache chooses.
+    pub held: Option<Held>,
+}
+
+/// How a request chooses its tokens.
+pub enum Choosing {
+    /// `SamplingParams`, after a constraint's sampler (a GBNF grammar, a JSON Schema) if there
+    /// is one.
+    Params(PySamplingParams, Option<SendSampler>),
+    /// A caller's sampler, whole; the request's sequence samples with a copy of its state.
+    Sampler(SendSampler),
+}
+
+impl Choosing {
+    /// The sequence's sampler (a constraint is taken: called once, at admission).
+    fn take_picker(&mut self, n_vocab: i32) -> Picker {
+        let (chain, greedy) = match self {
+            Self::Params(sampling, constraint) => {
+                let built = sampling.build(n_vocab);
+                match constraint.take() {
+                    Some(constraint) => (LlamaSampler::chain([constraint.0, built], true), None),
+                    None => (built, sampling.greedy_pick()),
+                }
+            }
+            Self::Sampler(sampler) => (sampler.0.clone_sampler(), None),
+        };
+        Picker {
+            chain,
+            greedy,
+            refused: false,
+        }
+    }
+}
+
+/// A request on a sequence of the caller's context that already holds the first `cached`
+/// tokens of its prompt (`continue_sequence`): placed there as it is, its cells kept when it
+/// ends. With the whole prompt cached, its first token is sampled from the output row of the
+/// caller's last decode (`Backend::last_row`): it must then be the only request that starts so.
+pub struct Held {
+    pub seq: i32,
+    pub cached: usize,
+    /// Given the sequence's sampler and generated tokens in the KV cache when it ends.
+    pub on_end: Box<dyn FnOnce(Ended) + Send>,
+}
+
+/// What a held request leaves its caller.
+pub struct Ended {
+    /// The sampler's state after the last token, and whether it refused a token it chose (a
+    /// grammar then cannot go on).
+    pub sampler: LlamaSampler,
+    pub refused: bool,
+    /// The generated tokens the sequence's KV cache holds after the prompt.
+    pub decoded: Vec<LlamaToken>,
 }
 
 /// An image (or audio clip) of a prompt, encoded at submit: its embeddings are decoded as a
@@ -118,6 +170,8 @@ impl Job {
 enum Phase {
     /// Its prompt is being read (what is not in the KV cache yet).
     Reading,
+    /// Its whole prompt was read by the caller: it samples from the caller's last output row.
+    Ready,
     /// Its last sampled token is decoded next.
     Generating(LlamaToken),
     /// It ended; its sequence is freed at the end of the step.
@@ -137,13 +191,20 @@ enum End {
     Failed(Error),
 }
 
+/// How a running request picks its tokens.
+struct Picker {
+    chain: LlamaSampler,
+    /// Picks in place of `chain` when that is plain greedy (with `logit_bias`).
+    greedy: Option<GreedyPick>,
+    /// Whether `chain` refused a token it chose (see `Ended`).
+    refused: bool,
+}
+
 /// A request that holds a sequence slot.
 struct Running {
     job: Job,
     seq: i32,
-    sampler: LlamaSampler,
-    /// Picks in place of `sampler` when that is plain greedy (with `logit_bias`).
-    greedy: Option<GreedyPick>,
+    picker: Picker,
     steps: Steps,
     /// The tokens of this sequence in the KV cache (the prompt is read while they are fewer),
     /// for the prefix cache.
@@ -291,6 +352,13 @@ impl<B: Backend> Scheduler<B> {
         }
     }
 
+    /// Serves only sequences `seqs` of the context (a caller's, whose other sequences are its
+    /// own).
+    pub fn on_sequences(mut self, seqs: &[i32]) -> Self {
+        self.free_seqs = seqs.iter().rev().copied().collect();
+        self
+    }
+
     /// Serves requests until the engine closes, then ends every request left.
     pub fn run(mut self) {
         while let Some(admitted) = self.next_jobs() {
@@ -304,6 +372,15 @@ impl<B: Backend> Scheduler<B> {
             }
         }
         self.end_sequences(Instant::now());
+    }
+
+    /// One step now, for a caller that drives the loop itself (`context_loop.rs`): admits the
+    /// waiting requests that fit, steps, and ends the sequences that ended. Whether requests
+    /// are left, running or waiting.
+    pub fn step_now(&mut self) -> bool {
+        let admitted = self.arrived_jobs();
+        self.step_with(admitted);
+        !self.running.is_empty() || !self.shared.inbox().waiting.is_empty()
     }
 
     /// Admits `admitted`, steps, and ends the sequences that ended: a panicking step fails its
@@ -383,44 +460,22 @@ impl<B: Backend> Scheduler<B> {
     }
 
     fn admit(&mut self, mut job: Job) {
-        let adapter = job.adapter();
-        let running = self
-            .running
-            .iter()
-            .filter(|running| running.phase.is_live() && running.job.adapter() == adapter)
-            .map(|running| (running.seq, running.kv_tokens.as_slice()));
-        let Some(mut placement) = self.cache.place(&self.free_seqs, running, &job.prompt, adapter) else {
+        let Some((seq, reused)) = self.place(&job) else {
             job.request.fail(Error::Runtime(
                 "the engine admitted a request without a free sequence".to_owned(),
             ));
             return;
         };
-        self.free_seqs.retain(|&seq| seq != placement.seq);
-        placement.reused = job.whole_media(placement.reused);
-        let reused = match self.reuse(placement) {
-            Ok(()) => placement.reused,
-            // Reading the whole prompt is always possible; the slot was emptied for it.
-            Err(_) => 0,
-        };
-        self.cache.forget(placement.seq);
-        if reused > 0 {
-            self.counters.prefix_cache_hits += 1;
-        }
-        let n_vocab = self.sizes.n_vocab;
-        let sampling = job.sampling.build(n_vocab);
-        let (sampler, greedy) = match job.grammar.take() {
-            Some(grammar) => (LlamaSampler::chain([grammar.0, sampling], true), None),
-            None => (sampling, job.sampling.greedy_pick()),
-        };
         self.running.push(Running {
-            sampler,
-            greedy,
+            picker: job.choosing.take_picker(self.sizes.n_vocab),
             steps: Steps::new(job.stop.clone(), job.max_tokens, self.sizes.n_ctx_seq),
-            seq: placement.seq,
+            seq,
             kv_tokens: job.prompt[..reused].to_vec(),
             reused,
             phase: if job.max_tokens == 0 {
                 Phase::Ended(End::Finished(Finish::Length))
+            } else if reused == job.prompt.len() {
+                Phase::Ready
             } else {
                 Phase::Reading
             },
@@ -441,7 +496,37 @@ impl<B: Backend> Scheduler<B> {
             turns_waited: 0,
             job,
         });
-        self.make_room(placement.seq);
+        self.make_room(seq);
+    }
+
+    /// Takes a free sequence for `job`: its own if held, else the one whose cells it reuses
+    /// most (`PrefixCache::place`), left holding exactly them. The sequence, and how many
+    /// prompt tokens it holds.
+    fn place(&mut self, job: &Job) -> Option<(i32, usize)> {
+        if let Some(held) = &job.held {
+            self.free_seqs.contains(&held.seq).then_some(())?;
+            self.free_seqs.retain(|&seq| seq != held.seq);
+            return Some((held.seq, held.cached));
+        }
+        let adapter = job.adapter();
+        let running = self
+            .running
+            .iter()
+            .filter(|running| running.phase.is_live() && running.job.adapter() == adapter)
+            .map(|running| (running.seq, running.kv_tokens.as_slice()));
+        let mut placement = self.cache.place(&self.free_seqs, running, &job.prompt, adapter)?;
+        self.free_seqs.retain(|&seq| seq != placement.seq);
+        placement.reused = job.whole_media(placement.reused);
+        let reused = match self.reuse(placement) {
+            Ok(()) => placement.reused,
+            // Reading the whole prompt is always possible; the slot was emptied for it.
+            Err(_) => 0,
+        };
+        self.cache.forget(placement.seq);
+        if reused > 0 {
+            self.counters.prefix_cache_hits += 1;
+        }
+        Some((placement.seq, reused))
     }
 
     /// Leaves exactly the reused prompt start in the placed slot's KV cache.
@@ -497,6 +582,7 @@ impl<B: Backend> Scheduler<B> {
             }
         }
         self.take_turn();
+        self.sample_ready();
         self.read_media();
         let room = self.read_prompts(0, self.sizes.n_batch);
         let arrived_from = self.running.len();
@@ -540,6 +626,23 @@ impl<B: Backend> Scheduler<B> {
                 .filter(|&index| self.running[index].phase.is_live() && self.in_turn(&self.running[index]))
                 .collect();
             self.fail(of_turn.into_iter(), err);
+        }
+    }
+
+    /// Samples the first token of each request whose caller read its whole prompt, from the
+    /// output row of the caller's last decode.
+    fn sample_ready(&mut self) {
+        for index in 0..self.running.len() {
+            if !matches!(self.running[index].phase, Phase::Ready) || !self.in_turn(&self.running[index]) {
+                continue;
+            }
+            match self.backend.last_row() {
+                Ok(row) => {
+                    self.counters.tokens_generated += 1;
+                    Self::sample_or_fail(&self.backend, &mut self.running[index], row);
+                }
+                Err(err) => self.running[index].phase = Phase::Ended(End::Failed(err)),
+            }
         }
     }
 
@@ -725,7 +828,7 @@ impl<B: Backend> Scheduler<B> {
             .map(|index| rows.iter().any(|&(sampled, _)| sampled == index))
             .collect();
         let chains = self.running.iter_mut().zip(sampling).filter(|(_, samples)| *samples);
-        prepare_first_stages(chains.map(|(running, _)| &mut running.sampler));
+        prepare_first_stages(chains.map(|(running, _)| &mut running.picker.chain));
     }
 
     /// Fails the requests at `indices` with `err` (the first of them) and a pointer to it
@@ -750,18 +853,19 @@ impl<B: Backend> Scheduler<B> {
     }
 
     fn sample(backend: &B, running: &mut Running, row: usize) -> Result<()> {
-        let chosen = match &running.greedy {
+        let picker = &mut running.picker;
+        let chosen = match &picker.greedy {
             Some(greedy) => backend
                 .read_logits(row, |logits| greedy.pick(logits))?
                 .ok_or_else(no_token_left)?,
             None => backend
-                .read_logits(row, |logits| select_from(&mut running.sampler, logits))??
+                .read_logits(row, |logits| select_from(&mut picker.chain, logits))??
                 .id(),
         };
         let end_of_generation = backend.is_end_of_generation(chosen);
         // A grammar masks what it cannot take, so these only refuse what llama.cpp would abort on.
-        refuse_unfinished_end(end_of_generation, &running.sampler, chosen)?;
-        try_accept(&mut running.sampler, chosen)?;
+        refuse_unfinished_end(end_of_generation, &picker.chain, chosen)?;
+        try_accept(&mut picker.chain, chosen).inspect_err(|_| picker.refused = true)?;
         let bytes = backend.token_bytes(chosen)?;
         let now = Instant::now();
         running.first_token.get_or_insert(now);
@@ -800,7 +904,9 @@ impl<B: Backend> Scheduler<B> {
                 continue;
             }
             let mut running = self.running.remove(index);
-            if self.cache.enabled() && !matches!(running.phase, Phase::Ended(End::Failed(_))) {
+            if running.job.held.is_some() {
+                // The caller's sequence: what it holds is the caller's.
+            } else if self.cache.enabled() && !matches!(running.phase, Phase::Ended(End::Failed(_))) {
                 self.cache.keep(
                     running.seq,
                     std::mem::take(&mut running.kv_tokens),
@@ -817,10 +923,19 @@ impl<B: Backend> Scheduler<B> {
         }
         self.publish_counters(step_started);
         for mut running in ended {
+            if let Some(held) = running.job.held.take() {
+                (held.on_end)(Ended {
+                    sampler: std::mem::replace(&mut running.picker.chain, LlamaSampler::greedy()),
+                    refused: running.picker.refused,
+                    decoded: running
+                        .kv_tokens
+                        .split_off(running.job.prompt.len().min(running.kv_tokens.len())),
+                });
+            }
             match std::mem::replace(&mut running.phase, Phase::Reading) {
                 Phase::Ended(End::Finished(finish)) => running.job.request.complete(running.completion(finish.name())),
                 Phase::Ended(End::Failed(err)) => running.job.request.fail(err),
-                Phase::Ended(End::Cancelled) | Phase::Reading | Phase::Generating(_) => {
+                Phase::Ended(End::Cancelled) | Phase::Reading | Phase::Ready | Phase::Generating(_) => {
                     running.job.request.complete(running.completion("cancelled"));
                 }
             }

@@ -131,6 +131,13 @@ impl Backend for Scripted {
         }
     }
 
+    fn last_row(&self) -> Result<usize> {
+        self.rows
+            .iter()
+            .rposition(Option::is_some)
+            .ok_or_else(|| Error::index("the last decode has no output row"))
+    }
+
     fn clear_cells(&mut self, seq: i32, from: usize, to: Option<usize>) -> Result<bool> {
         let cells = self.cells.entry(seq).or_default();
         let to = to.unwrap_or(cells.len()).min(cells.len());

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 
 use super::*;
 use crate::engine::backend::Sizes;
@@ -54,11 +54,7 @@ fn harness(n_seq_max: usize, speculation: Option<Speculation>) -> Harness {
 }
 
 fn harness_of(backend: Scripted, prefix_cache: bool, speculation: Option<Speculation>) -> Harness {
-    let shared = Arc::new(EngineShared {
-        inbox: Mutex::default(),
-        wake: Condvar::new(),
-        counters: Mutex::default(),
-    });
+    let shared = EngineShared::new();
     Harness {
         scheduler: Scheduler::new(backend, Arc::clone(&shared), prefix_cache, speculation),
         shared,
@@ -82,16 +78,24 @@ fn job(shared: &Arc<EngineShared>, prompt: &[i32], max_tokens: usize) -> Job {
         prompt: prompt.iter().map(|&token| LlamaToken::new(token)).collect(),
         max_tokens,
         stop: Vec::new(),
-        sampling: PySamplingParams::greedy(),
-        grammar: None,
+        choosing: Choosing::Params(PySamplingParams::greedy(), None),
         logprobs: 0,
         submitted: Instant::now(),
         media: Vec::new(),
         lora_scale: None,
+        held: None,
     }
 }
 
 impl Harness {
+    /// The harness, its scheduler serving only sequences `seqs` (as on a caller's context).
+    fn on_sequences(self, seqs: &[i32]) -> Self {
+        Self {
+            scheduler: self.scheduler.on_sequences(seqs),
+            shared: self.shared,
+        }
+    }
+
     fn submit(&self, prompt: &[i32], max_tokens: usize) -> Arc<RequestShared> {
         self.submit_job(job(&self.shared, prompt, max_tokens))
     }
@@ -443,7 +447,7 @@ fn seeded_sampling_draws_with_drafts_what_it_draws_without() {
     for seed in 0..6 {
         let [without, with] = without_and_with_drafts(flat, |shared| {
             let mut job = job(shared, &prompt, 24);
-            job.sampling = PySamplingParams::seeded(seed);
+            job.choosing = Choosing::Params(PySamplingParams::seeded(seed), None);
             job
         });
         same_output(&with, &without);
@@ -786,4 +790,137 @@ fn the_prefix_cache_reuses_cells_only_under_the_scale_they_were_computed_with() 
     assert_eq!(saved.map(|files| files.len()).ok(), Some(1));
     let refused = engine.chore_now(|reply| SlotChore::Save { seq: Some(1), reply });
     assert!(matches!(refused, Err(Error::Value(message)) if message.contains("own LoRA scale")));
+}
+
+/// What a held request's `on_end` received.
+type EndSlot = Arc<Mutex<Option<(Vec<i32>, bool)>>>;
+
+/// A request on sequence `seq`, whose cells the caller filled with `prompt` (the last with
+/// logits, in the backend's last decode), as `continue_sequence` submits it.
+fn held_job(shared: &Arc<EngineShared>, prompt: &[i32], max_tokens: usize, seq: i32) -> (Job, EndSlot) {
+    let slot: EndSlot = Arc::default();
+    let mut held = job(shared, prompt, max_tokens);
+    let filled = Arc::clone(&slot);
+    held.held = Some(Held {
+        seq,
+        cached: prompt.len(),
+        on_end: Box::new(move |ended: Ended| {
+            let decoded = ended.decoded.iter().map(|token| token.0).collect();
+            *filled.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((decoded, ended.refused));
+        }),
+    });
+    (held, slot)
+}
+
+/// A scripted context whose sequence `seq` the caller read `prompt` into.
+fn read_by_the_caller(n_seq_max: usize, seq: i32, prompt: &[i32]) -> Scripted {
+    let mut backend = Scripted::new(sizes(n_seq_max), cycle);
+    let entries: Vec<Entry> = (0..prompt.len())
+        .map(|position| Entry {
+            token: LlamaToken::new(prompt[position]),
+            position,
+            seq,
+            output: position + 1 == prompt.len(),
+        })
+        .collect();
+    backend.decode(&entries).expect("the caller's prompt decodes");
+    backend.decodes.clear();
+    backend
+}
+
+fn ended(slot: &EndSlot) -> (Vec<i32>, bool) {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+        .expect("on_end was called")
+}
+
+#[test]
+fn a_held_request_samples_from_the_callers_row_and_leaves_its_cells_to_the_caller() {
+    let prompt = [1, 2, 3];
+    let mut engine = harness_of(read_by_the_caller(4, 2, &prompt), false, None).on_sequences(&[2]);
+    let (held, slot) = held_job(&engine.shared, &prompt, 6, 2);
+    let request = engine.submit_job(held);
+    engine.finish();
+    assert_eq!(completion(&request).tokens, expected(3, 6));
+    // The prompt was not read again: the first decode is the first sampled token's.
+    assert_eq!(engine.decodes()[0].len(), 1);
+    assert_eq!(engine.decodes()[0][0].position, 3);
+    // The last token (max_tokens) is sampled, not decoded; the rest stay in the caller's cells.
+    let (decoded, refused) = ended(&slot);
+    assert_eq!(decoded, expected(3, 5));
+    assert!(!refused);
+    let cells: Vec<i32> = engine.scheduler.backend.cells(2).iter().map(|token| token.0).collect();
+    assert_eq!(cells, [&prompt[..], &decoded].concat());
+}
+
+#[test]
+fn a_held_request_with_rejected_drafts_leaves_exactly_its_tokens_in_the_callers_cells() {
+    // After a prompt of eight, the first n-gram draft is rejected whole (see `cycle_at`).
+    let prompt: Vec<i32> = expected(0, 8);
+    let mut engine = harness_of(read_by_the_caller(1, 0, &prompt), false, Some(ngram()));
+    let (held, slot) = held_job(&engine.shared, &prompt, 20, 0);
+    let request = engine.submit_job(held);
+    engine.finish();
+    let done = completion(&request);
+    assert_eq!(done.tokens, expected(8, 20));
+    assert!(
+        done.drafted_tokens > done.accepted_tokens && done.accepted_tokens > 0,
+        "{done:?}"
+    );
+    let (decoded, _) = ended(&slot);
+    let cells: Vec<i32> = engine.scheduler.backend.cells(0).iter().map(|token| token.0).collect();
+    assert_eq!(cells, [&prompt[..], &decoded].concat());
+    assert_eq!(decoded, expected(8, 19));
+}
+
+#[test]
+fn a_cancelled_held_request_hands_back_what_it_decoded() {
+    let prompt = [1, 2, 3];
+    let mut engine = harness_of(read_by_the_caller(1, 0, &prompt), false, None);
+    let (held, slot) = held_job(&engine.shared, &prompt, 50, 0);
+    let request = engine.submit_job(held);
+    for _ in 0..4 {
+        engine.step();
+    }
+    request.cancel();
+    engine.step();
+    assert_eq!(completion(&request).finish_reason, "cancelled");
+    let (decoded, _) = ended(&slot);
+    assert_eq!(decoded, expected(3, 4), "four steps decoded four sampled tokens");
+    let cells: Vec<i32> = engine.scheduler.backend.cells(0).iter().map(|token| token.0).collect();
+    assert_eq!(cells, [&prompt[..], &decoded].concat());
+}
+
+#[test]
+fn a_loop_on_some_sequences_of_a_context_decodes_into_those_only() {
+    let mut engine = harness(4, None).on_sequences(&[1, 3]);
+    let requests: Vec<_> = (0..3).map(|n| engine.submit(&[1, 2, 3 + n], 5)).collect();
+    engine.step();
+    assert_eq!(
+        engine.scheduler.running.len(),
+        2,
+        "two sequences: the third request waits"
+    );
+    engine.finish();
+    for request in &requests {
+        assert_eq!(completion(request).tokens.len(), 5);
+    }
+    let seqs: std::collections::HashSet<i32> = engine.decodes().iter().flatten().map(|entry| entry.seq).collect();
+    assert_eq!(seqs, [1, 3].into_iter().collect());
+    // Finished sequences free their cells for the next request.
+    assert!(engine.scheduler.backend.cells(1).is_empty() && engine.scheduler.backend.cells(3).is_empty());
+}
+
+#[test]
+fn a_held_request_refused_by_its_sequence_fails_instead_of_taking_another() {
+    let mut engine = harness(2, None).on_sequences(&[0]);
+    let (held, _) = held_job(&engine.shared, &[1, 2], 4, 1);
+    let request = engine.submit_job(held);
+    engine.finish();
+    assert!(
+        failure(&request).contains("without a free sequence"),
+        "{}",
+        failure(&request)
+    );
 }

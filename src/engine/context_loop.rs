@@ -1,0 +1,179 @@
+//! The engine's step loop on a caller's `LlamaContext`: `continue_sequence` (and so `stream`,
+//! `generate`, `chat` and `ChatSession`) and `generate_batch` run their sequences through the
+//! scheduler the engine runs, a step per call in the caller's thread. Prompts are batched,
+//! drafts verified and sequences ended by the engine's code; between steps the caller may use
+//! its context.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use llama_cpp_4::model::LlamaModel;
+use pyo3::prelude::*;
+
+use super::draft::{draft_options, DraftChoice, Speculation};
+use super::llama_backend::LlamaBackend;
+use super::request::{PyRequestCore, RequestShared};
+use super::scheduler::{Choosing, Ended, Held, Job, Scheduler};
+use super::speculative_options::SpeculativeOptions;
+use super::EngineShared;
+use crate::batch::BatchState;
+use crate::context::PyLlamaContext;
+use crate::errors::{Error, Result};
+use crate::gil::detached;
+use crate::prompt_checks;
+use crate::sampler::PyLlamaSampler;
+use crate::tokens::{check_vocab, to_llama_tokens};
+
+type CallerScheduler = Scheduler<LlamaBackend<Py<PyLlamaContext>>>;
+
+/// The scheduler, behind the loop's lock.
+struct Stepping(CallerScheduler);
+
+// SAFETY: the scheduler's samplers and draft context are `!Send` only because they own raw
+// pointers to llama.cpp objects, which have no thread affinity; they are reached through the
+// `Mutex` in `PyContextLoop` only, so by one thread at a time (as the engine's scheduler is
+// by its thread). The caller's context is locked for each call the backend makes.
+unsafe impl Send for Stepping {}
+
+/// The engine's scheduler on sequences `seqs` of a caller's context (generation on a caller's
+/// context: `continue_sequence` and `generate_batch` hold one each).
+#[pyclass(frozen, module = "llamactx", name = "_ContextLoop")]
+pub struct PyContextLoop {
+    stepping: Mutex<Stepping>,
+    shared: Arc<EngineShared>,
+    model: Arc<LlamaModel>,
+    n_vocab: i32,
+    /// Whether requests draft (their prompts are then read by the drafts too).
+    drafts: bool,
+    /// The generated tokens the last held request left in its sequence.
+    decoded: Arc<Mutex<Vec<i32>>>,
+}
+
+impl PyContextLoop {
+    fn queue(&self, job: Job) -> PyRequestCore {
+        let request = Arc::clone(&job.request);
+        self.shared.inbox().waiting.push_back(job);
+        PyRequestCore { shared: request }
+    }
+}
+
+#[pymethods]
+impl PyContextLoop {
+    /// Serves sequences `seqs` of `ctx` (the others stay the caller's), drafting as
+    /// `speculative` asks (an `NgramDraft` or a `DraftModel`, whose context takes `ctx`'s
+    /// sizes and threads).
+    #[new]
+    #[pyo3(signature = (ctx, seqs, speculative=None))]
+    fn new(
+        py: Python<'_>,
+        ctx: &Bound<'_, PyLlamaContext>,
+        seqs: Vec<i32>,
+        speculative: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let speculative = speculative.map(SpeculativeOptions::read).transpose()?;
+        let context = ctx.clone().unbind();
+        let (backend, model, speculation) = detached(py, || {
+            let (model, n_seq_max, options) = context.get().with_open(|native| {
+                let (n_seq_max, threads) =
+                    native.with(|context| (context.n_seq_max(), (context.n_threads(), context.n_threads_batch())));
+                let options = draft_options(native, (Some(threads.0), Some(threads.1)), None);
+                Ok((Arc::clone(native.model()), n_seq_max, options))
+            })?;
+            if let Some(seq) = seqs
+                .iter()
+                .find(|&&seq| u32::try_from(seq).map_or(true, |seq| seq >= n_seq_max))
+            {
+                return Err(Error::value(format!(
+                    "seq_id {seq} is outside the context's {n_seq_max} sequences (n_seq_max)"
+                )));
+            }
+            let speculation = match speculative {
+                Some(speculative) => Some(Speculation {
+                    source: DraftChoice::read(speculative.kind, &model)?.open(&model, &options)?,
+                    gated: speculative.gated,
+                }),
+                None => None,
+            };
+            let n_batch = options.n_batch.map_or(1, |n_batch| n_batch as usize);
+            let backend = LlamaBackend::new(context, BatchState::new(n_batch, 1)?, None, None)?;
+            Ok((backend, model, speculation))
+        })?;
+        let n_vocab = model.n_vocab();
+        let drafts = speculation.is_some();
+        let shared = EngineShared::new();
+        let scheduler = Scheduler::new(backend, Arc::clone(&shared), false, speculation).on_sequences(&seqs);
+        Ok(Self {
+            stepping: Mutex::new(Stepping(scheduler)),
+            shared,
+            model,
+            n_vocab,
+            drafts,
+            decoded: Arc::default(),
+        })
+    }
+
+    /// Queues a request for `tokens`, choosing its tokens with a copy of `sampler`'s state.
+    /// With `held_seq`, sequence `held_seq` already holds all of `tokens` (the last with
+    /// logits, in the context's last decode): the request samples from there, and when it
+    /// ends, `sampler` takes the copy's state and `decoded()` the tokens it left in the cache.
+    /// Such a request must be the only one of the loop.
+    #[pyo3(signature = (tokens, max_tokens, stop, sampler, held_seq=None))]
+    fn submit(
+        &self,
+        py: Python<'_>,
+        tokens: Vec<i32>,
+        max_tokens: i64,
+        stop: Vec<String>,
+        sampler: &Bound<'_, PyLlamaSampler>,
+        held_seq: Option<i32>,
+    ) -> PyResult<PyRequestCore> {
+        let max_tokens = prompt_checks::max_tokens(max_tokens)?;
+        // A held prompt is never decoded again, except by drafts; it may mark media with -1.
+        if held_seq.is_none() || self.drafts {
+            check_vocab(&tokens, self.n_vocab)?;
+        }
+        let copy = sampler.get().copy_for(py, &self.model)?;
+        let held = held_seq.map(|seq| {
+            let home = sampler.clone().unbind();
+            let decoded = Arc::clone(&self.decoded);
+            Held {
+                seq,
+                cached: tokens.len(),
+                on_end: Box::new(move |ended: Ended| {
+                    home.get().take_state(ended.sampler, ended.refused);
+                    if let Ok(mut slot) = decoded.lock() {
+                        *slot = ended.decoded.iter().map(|token| token.0).collect();
+                    }
+                }),
+            }
+        });
+        let job = Job {
+            request: Arc::new(RequestShared::new(Arc::clone(&self.shared))),
+            prompt: to_llama_tokens(&tokens),
+            max_tokens,
+            stop,
+            choosing: Choosing::Sampler(copy),
+            logprobs: 0,
+            submitted: Instant::now(),
+            media: Vec::new(),
+            lora_scale: None,
+            held,
+        };
+        Ok(self.queue(job))
+    }
+
+    /// Runs one step (without the GIL); whether requests are left.
+    fn step(&self, py: Python<'_>) -> PyResult<bool> {
+        detached(py, || {
+            let mut stepping = self.stepping.lock().map_err(|_| Error::Poisoned("_ContextLoop"))?;
+            Ok(stepping.0.step_now())
+        })
+    }
+
+    /// The generated tokens the last held request left in its sequence's KV cache after its
+    /// prompt (taken: a second call returns none).
+    fn decoded(&self) -> Result<Vec<i32>> {
+        let mut slot = self.decoded.lock().map_err(|_| Error::Poisoned("_ContextLoop"))?;
+        Ok(std::mem::take(&mut *slot))
+    }
+}
