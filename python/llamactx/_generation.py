@@ -295,6 +295,24 @@ def generate(
     return "".join(pieces)
 
 
+def _share_prefix(ctx: LlamaContext, loop: _ContextLoop, token_lists: Sequence[list[int]]) -> None:
+    """Decodes the prompt start common to ``token_lists`` (all but the last token of the shortest
+    at most) once, copies it to the first ``len(token_lists)`` sequences, and tells ``loop`` they
+    hold it: each prompt reads only what follows it."""
+    shortest = min((len(tokens) for tokens in token_lists), default=0)
+    prefix = 0
+    while prefix < shortest - 1 and all(tokens[prefix] == token_lists[0][prefix] for tokens in token_lists):
+        prefix += 1
+    if len(token_lists) < 2 or prefix == 0:
+        return
+    shared = token_lists[0][:prefix]
+    prefill(ctx, shared, 0)
+    for seq in range(len(token_lists)):
+        if seq > 0:
+            ctx.copy_kv_cache_seq(0, seq)
+        loop.adopt(shared, seq)
+
+
 def generate_batch(
     ctx: LlamaContext,
     prompts: Sequence[str | Sequence[int]],
@@ -307,9 +325,11 @@ def generate_batch(
 ) -> list[str]:
     """Generates after every prompt at once, each in its own sequence of ``ctx``, on the
     engine's step loop: prompts read in chunks of ``n_batch`` tokens, then one decode per step
-    for all sequences still running. Finished sequences leave the batch and free their KV cells.
+    for all sequences still running. A prompt start common to the first ``n_seq_max`` prompts is
+    decoded once and copied to their sequences.
 
-    Up to ``ctx.n_seq_max()`` prompts run together (the others wait for a free sequence). Each
+    Up to ``ctx.n_seq_max()`` prompts run together; the others wait for a finished sequence,
+    whose cells they reuse as far as their prompts agree (the engine's prefix cache). Each
     sequence samples with its own copy of ``sampler`` (greedy when None). The whole KV cache of
     ``ctx`` is cleared. With greedy sampling the results equal ``generate`` called on each
     prompt. ``json_schema`` and ``grammar`` constrain every output, as in ``stream``;
@@ -318,8 +338,10 @@ def generate_batch(
     """
     token_lists = [_prompt_tokens(ctx, prompt, max_tokens) for prompt in prompts]
     sampler, check = constrained(ctx.model, sampler, json_schema, grammar)
-    loop = _ContextLoop(ctx, list(range(ctx.n_seq_max())))
+    n_seq = ctx.n_seq_max()
+    loop = _ContextLoop(ctx, list(range(n_seq)), prefix_cache=True)
     ctx.clear_kv_cache()
+    _share_prefix(ctx, loop, token_lists[:n_seq])
     stops = _stops(stop)
     chooser = sampler or LlamaSampler.greedy()
     requests = [loop.submit(tokens, max_tokens, stops, chooser) for tokens in token_lists]

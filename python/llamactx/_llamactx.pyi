@@ -1204,11 +1204,21 @@ class _ContextLoop:
     """
 
     def __new__(
-        cls, ctx: LlamaContext, seqs: Sequence[int], speculative: NgramDraft | DraftModel | None = None
+        cls,
+        ctx: LlamaContext,
+        seqs: Sequence[int],
+        speculative: NgramDraft | DraftModel | None = None,
+        prefix_cache: bool = False,
     ) -> _ContextLoop:
         """Serves sequences `seqs` of `ctx` (the others stay the caller's), drafting as
         `speculative` asks (an `NgramDraft` or a `DraftModel`, whose context takes `ctx`'s sizes
-        and threads)."""
+        and threads); with `prefix_cache`, a request reuses the cells a finished one (or `adopt`)
+        left in a sequence, as the engine's do."""
+    def adopt(self, tokens: Sequence[int], seq: int) -> None:
+        """Tells the prefix cache that free sequence `seq` holds `tokens` from position 0 (the
+        caller read them there): `ValueError` for a sequence the loop does not serve, or one in
+        use, or a loop without a prefix cache.
+        """
     def submit(
         self,
         tokens: Sequence[int],

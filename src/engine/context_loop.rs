@@ -61,14 +61,16 @@ impl PyContextLoop {
 impl PyContextLoop {
     /// Serves sequences `seqs` of `ctx` (the others stay the caller's), drafting as
     /// `speculative` asks (an `NgramDraft` or a `DraftModel`, whose context takes `ctx`'s
-    /// sizes and threads).
+    /// sizes and threads); with `prefix_cache`, a request reuses the cells a finished one (or
+    /// `adopt`) left in a sequence, as the engine's do.
     #[new]
-    #[pyo3(signature = (ctx, seqs, speculative=None))]
+    #[pyo3(signature = (ctx, seqs, speculative=None, prefix_cache=false))]
     fn new(
         py: Python<'_>,
         ctx: &Bound<'_, PyLlamaContext>,
         seqs: Vec<i32>,
         speculative: Option<&Bound<'_, PyAny>>,
+        prefix_cache: bool,
     ) -> PyResult<Self> {
         let speculative = speculative.map(SpeculativeOptions::read).transpose()?;
         let context = ctx.clone().unbind();
@@ -101,7 +103,7 @@ impl PyContextLoop {
         let n_vocab = model.n_vocab();
         let drafts = speculation.is_some();
         let shared = EngineShared::new();
-        let scheduler = Scheduler::new(backend, Arc::clone(&shared), false, speculation).on_sequences(&seqs);
+        let scheduler = Scheduler::new(backend, Arc::clone(&shared), prefix_cache, speculation).on_sequences(&seqs);
         Ok(Self {
             stepping: Mutex::new(Stepping(scheduler)),
             shared,
@@ -160,6 +162,21 @@ impl PyContextLoop {
             held,
         };
         Ok(self.queue(job))
+    }
+
+    /// Tells the prefix cache that free sequence `seq` holds `tokens` from position 0 (the
+    /// caller read them there): `ValueError` for a sequence the loop does not serve, or one in
+    /// use, or a loop without a prefix cache.
+    fn adopt(&self, tokens: Vec<i32>, seq: i32) -> Result<()> {
+        check_vocab(&tokens, self.n_vocab)?;
+        let mut stepping = self.stepping.lock().map_err(|_| Error::Poisoned("_ContextLoop"))?;
+        if stepping.0.adopt(seq, to_llama_tokens(&tokens)) {
+            Ok(())
+        } else {
+            Err(Error::value(format!(
+                "sequence {seq} is not a free sequence of this loop's prefix cache"
+            )))
+        }
     }
 
     /// Runs one step (without the GIL); whether requests are left.

@@ -359,6 +359,17 @@ impl<B: Backend> Scheduler<B> {
         self
     }
 
+    /// Takes what free sequence `seq` holds, `tokens` from position 0 (read there by the
+    /// caller), into the prefix cache: requests whose prompts start so reuse them. False where
+    /// `seq` is not free or the cache is off.
+    pub fn adopt(&mut self, seq: i32, tokens: Vec<LlamaToken>) -> bool {
+        if !self.cache.enabled() || !self.free_seqs.contains(&seq) {
+            return false;
+        }
+        self.cache.keep(seq, tokens, self.backend.adapter());
+        true
+    }
+
     /// Serves requests until the engine closes, then ends every request left.
     pub fn run(mut self) {
         while let Some(admitted) = self.next_jobs() {

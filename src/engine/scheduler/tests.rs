@@ -924,3 +924,30 @@ fn a_held_request_refused_by_its_sequence_fails_instead_of_taking_another() {
         failure(&request)
     );
 }
+
+#[test]
+fn requests_reuse_a_prefix_the_caller_read_and_copied_into_their_sequences() {
+    let prefix = [1, 2, 3];
+    let mut backend = read_by_the_caller(2, 0, &prefix);
+    backend.copy_cells(0, 1, None).expect("the caller's copy");
+    let mut engine = harness_of(backend, true, None);
+    assert!(engine.scheduler.adopt(0, to_tokens(&prefix)) && engine.scheduler.adopt(1, to_tokens(&prefix)));
+    assert!(
+        !engine.scheduler.adopt(2, to_tokens(&prefix)),
+        "not a sequence of this loop"
+    );
+    let requests = [engine.submit(&[1, 2, 3, 4, 5], 4), engine.submit(&[1, 2, 3, 4, 7], 4)];
+    engine.finish();
+    for request in &requests {
+        assert_eq!(completion(request).cached_tokens, 3);
+        assert_eq!(completion(request).tokens, expected(5, 4));
+    }
+    assert!(
+        engine.decodes().iter().flatten().all(|entry| entry.position >= 3),
+        "the prefix is read once, by the caller"
+    );
+}
+
+fn to_tokens(ids: &[i32]) -> Vec<LlamaToken> {
+    ids.iter().map(|&id| LlamaToken::new(id)).collect()
+}
