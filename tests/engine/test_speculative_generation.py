@@ -28,8 +28,46 @@ def chat_prompt(model: llamactx.LlamaModel, messages: Sequence[Any]) -> list[int
         return engine.chat_tokens(messages)
 
 
+STOP = "City: New"
+SCHEMA = {"type": "array", "items": {"type": "string"}, "minItems": 5, "maxItems": 5}
+FRUITS = "Five fruits as a JSON list:"
+LENGTHS = (0, 1, 5, 80)
+TURNS = (GROUNDED[1]["content"], "Now repeat only its last line.")
+
+
+def session_turns(
+    model: llamactx.LlamaModel, speculative: llamactx.NgramDraft | llamactx.DraftModel | None
+) -> list[Any]:
+    """The messages of a two-turn ``ChatSession`` generated with ``speculative``."""
+    with model.new_context(n_ctx=2048) as ctx:
+        session = llamactx.ChatSession(ctx, system=HELPFUL, max_tokens=80)
+        for text in TURNS:
+            "".join(session.send(text, speculative=speculative))
+        return session.messages
+
+
+@pytest.fixture(scope="module")
+def without_drafts(model: llamactx.LlamaModel) -> dict[str, Any]:
+    """Every output the test compares with, generated once for both kinds of draft: each length's
+    text and one-token decodes, the stopped stream, the JSON list, the chat reply, the session."""
+    with model.new_context(n_ctx=2048) as ctx:
+        lengths = {}
+        for max_tokens in LENGTHS:
+            ctx.perf_context_reset()
+            lengths[max_tokens] = (llamactx.generate(ctx, RECORDS, max_tokens=max_tokens), decodes(ctx))
+        return {
+            "lengths": lengths,
+            "stopped": llamactx.generate(ctx, RECORDS, max_tokens=80, stop=[STOP]),
+            "json": llamactx.generate(ctx, FRUITS, max_tokens=80, json_schema=SCHEMA),
+            "chat": llamactx.chat(ctx, GROUNDED, max_tokens=120),
+            "session": session_turns(model, None),
+        }
+
+
 def test_generate_stream_and_chat_with_drafts_equal_them_without(
-    model: llamactx.LlamaModel, drafting: llamactx.NgramDraft | llamactx.DraftModel
+    model: llamactx.LlamaModel,
+    drafting: llamactx.NgramDraft | llamactx.DraftModel,
+    without_drafts: dict[str, Any],
 ) -> None:
     """Equal replies, or replies that part at a near-tie of the model's candidates (verifying
     drafts decodes several tokens at once, whose numbers differ a little from one at a time:
@@ -37,42 +75,30 @@ def test_generate_stream_and_chat_with_drafts_equal_them_without(
     draft = drafting
     records = model.str_to_token(RECORDS, model.add_bos_token())
     with model.new_context(n_ctx=2048) as ctx:
-        for max_tokens in (0, 1, 5, 80):
-            ctx.perf_context_reset()
-            without = llamactx.generate(ctx, RECORDS, max_tokens=max_tokens)
-            single = decodes(ctx)
+        for max_tokens in LENGTHS:
+            without, single = without_drafts["lengths"][max_tokens]
             ctx.perf_context_reset()
             with_drafts = llamactx.generate(ctx, RECORDS, max_tokens=max_tokens, speculative=draft)
             same_greedy_text(model, records, with_drafts, without)
             if max_tokens == 80:
                 assert decodes(ctx) < single
-        stop = "City: New"
-        streamed = "".join(llamactx.stream(ctx, RECORDS, max_tokens=80, stop=[stop], speculative=draft))
-        same_greedy_text(model, records, streamed, llamactx.generate(ctx, RECORDS, max_tokens=80, stop=[stop]))
-        assert stop not in streamed
-        schema = {"type": "array", "items": {"type": "string"}, "minItems": 5, "maxItems": 5}
-        prompt = "Five fruits as a JSON list:"
+        streamed = "".join(llamactx.stream(ctx, RECORDS, max_tokens=80, stop=[STOP], speculative=draft))
+        same_greedy_text(model, records, streamed, without_drafts["stopped"])
+        assert STOP not in streamed
         same_greedy_text(
             model,
-            model.str_to_token(prompt, model.add_bos_token()),
-            llamactx.generate(ctx, prompt, max_tokens=80, json_schema=schema, speculative=draft),
-            llamactx.generate(ctx, prompt, max_tokens=80, json_schema=schema),
+            model.str_to_token(FRUITS, model.add_bos_token()),
+            llamactx.generate(ctx, FRUITS, max_tokens=80, json_schema=SCHEMA, speculative=draft),
+            without_drafts["json"],
         )
         same_greedy_text(
             model,
             chat_prompt(model, GROUNDED),
             llamactx.chat(ctx, GROUNDED, max_tokens=120, speculative=draft),
-            llamactx.chat(ctx, GROUNDED, max_tokens=120),
+            without_drafts["chat"],
         )
-    sessions = []
-    for speculative in (None, draft):
-        with model.new_context(n_ctx=2048) as ctx:
-            session = llamactx.ChatSession(ctx, system=HELPFUL, max_tokens=80)
-            for text in (GROUNDED[1]["content"], "Now repeat only its last line."):
-                "".join(session.send(text, speculative=speculative))
-            sessions.append(session.messages)
     # Turn by turn, until the replies part (a later turn's prompt holds the earlier replies).
-    without, with_drafts = sessions
+    without, with_drafts = without_drafts["session"], session_turns(model, draft)
     for turn in range(2, len(without), 2):
         prompt = chat_prompt(model, without[:turn])
         if not same_greedy_text(model, prompt, with_drafts[turn][1], without[turn][1]):
