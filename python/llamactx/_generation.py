@@ -40,7 +40,8 @@ def _stops(stop: str | Sequence[str]) -> list[str]:
 
 def _run(loop: _ContextLoop, request: _RequestCore) -> Generator[str, None, str]:
     """Steps ``loop`` until ``request`` ends, yielding its text as it comes; returns its finish
-    reason. A caller that stops reading cancels it, and the step that ends it runs at once."""
+    reason. A caller that stops reading (or an exception, such as Ctrl-C, between steps) cancels
+    it, and the step that ends it runs at once, so that its sequence's tokens are reported."""
     try:
         while True:
             left = loop.step()
@@ -54,9 +55,10 @@ def _run(loop: _ContextLoop, request: _RequestCore) -> Generator[str, None, str]
                 return completion.finish_reason
             if not left:
                 raise RuntimeError("the generation loop ended before its request")
-    except GeneratorExit:
-        request.cancel()
-        loop.step()
+    except BaseException:
+        if not request.done:
+            request.cancel()
+            loop.step()
         raise
 
 

@@ -345,6 +345,14 @@ def test_embeddings_float_and_base64_equal_embed(keyed_server: Server, model: ll
         api.embeddings.create(model=MODEL_ID, input=[1, model.n_vocab()])
     assert "outside the vocabulary" in refused.value.message
     assert refused.value.param == "input"
+    # `dimensions`: the model's own is served; shortening (OpenAI's text-embedding-3 models are
+    # trained for it, llama.cpp's models are not) is refused, naming the parameter.
+    same = api.embeddings.create(model=MODEL_ID, input=texts[0], encoding_format="float", dimensions=model.n_embd())
+    np.testing.assert_allclose(same.data[0].embedding, expected[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(openai.BadRequestError) as shortened:
+        api.embeddings.create(model=MODEL_ID, input=texts[0], dimensions=64)
+    assert shortened.value.param == "dimensions"
+    assert f"{model.n_embd()} dimensions" in shortened.value.message
 
 
 def test_the_api_key_is_required_except_for_health(keyed_server: Server) -> None:
