@@ -42,13 +42,13 @@ use crate::model::PyLlamaModel;
 use crate::prompt_checks::{self, PromptShape};
 use crate::sampler::params::PySamplingParams;
 use crate::sampler::{guidance, PyLlamaSampler, SendSampler};
-use crate::tokens::check_vocab;
+use crate::tokens::{check_vocab, to_llama_tokens};
 pub use context_loop::PyContextLoop;
-use draft::{draft_options, DraftChoice, Speculation};
+use draft::{draft_options, Speculation};
+pub use draft::{DraftChoice, NgramConfig};
 use llama_backend::LlamaBackend;
 use media_prompt::{assemble, MediaInput, MediaPrompt};
-use request::RequestShared;
-pub use request::{PyCompletion, PyRequestCore};
+pub use request::{PyCompletion, PyRequestCore, RequestShared};
 use scheduler::{Choosing, Job, Scheduler};
 use slots::SlotChore;
 use speculative_options::SpeculativeOptions;
@@ -160,7 +160,150 @@ fn check_projector(projector: &PyMtmdContext, model: &Arc<LlamaModel>) -> Result
 const FORKED: &str =
     "this Engine was started in the parent of this forked process, where its thread stays; make a new one here";
 
+/// What an engine is started with, beside its model and context options.
+pub struct EngineSettings {
+    /// Requests that may wait for a sequence; more are refused with `EngineBusy`.
+    pub max_waiting: usize,
+    /// Whether a request reuses the KV cells of an earlier one's prompt.
+    pub prefix_cache: bool,
+    /// Where drafts come from, and whether only where they pay (`only_where_faster`).
+    pub drafting: Option<(DraftChoice, bool)>,
+    /// The projector of prompts with images.
+    pub projector: Option<Projector>,
+    /// A LoRA adapter, and its scale for requests that name none.
+    pub lora: Option<(Py<PyLlamaLoraAdapter>, f32)>,
+}
+
+impl Default for EngineSettings {
+    /// `llamactx.Engine`'s defaults: 1024 waiting requests, the prefix cache, no drafts,
+    /// media or adapter.
+    fn default() -> Self {
+        Self {
+            max_waiting: 1024,
+            prefix_cache: true,
+            drafting: None,
+            projector: None,
+            lora: None,
+        }
+    }
+}
+
+/// An engine's projector: the reference prompts are encoded with at submit, and the one its
+/// steps decode their embeddings with (two references to one `MtmdContext`).
+pub struct Projector {
+    pub submit: Py<PyMtmdContext>,
+    pub steps: Py<PyMtmdContext>,
+}
+
 impl PyEngineCore {
+    /// Starts an engine (its context opened with `options`, its thread serving requests until
+    /// `stop`) on `model`, which reads learned position embeddings if `learned_positions`
+    /// (they bound `n_ctx`).
+    ///
+    /// # Errors
+    ///
+    /// `Error::Value` for options or a model an engine cannot serve (embeddings, an encoder, a
+    /// projector of another model); the context's errors when llama.cpp cannot make it.
+    pub fn start(
+        model: Arc<LlamaModel>,
+        learned_positions: bool,
+        options: &ContextOptions,
+        settings: EngineSettings,
+    ) -> Result<Self> {
+        if options.embeddings == Some(true) {
+            return Err(Error::value(
+                "an engine generates text: embeddings=True is for LlamaContext",
+            ));
+        }
+        if model.has_encoder() {
+            // The scheduler only decodes; llama.cpp's decoder of an encoder-decoder model
+            // needs an encode first.
+            return Err(Error::value(
+                "an engine runs decoder-only models; this model has an encoder (T5-style)",
+            ));
+        }
+        if let Some(projector) = &settings.projector {
+            check_projector(projector.submit.get(), &model)?;
+        }
+        let lora_scale = settings.lora.as_ref().map(|(_, scale)| *scale);
+        let mut native = OpenContext::open(Arc::clone(&model), options, learned_positions)?;
+        // Generation keeps each sequence in the KV cache between steps.
+        native.require_memory()?;
+        if let Some((adapter, scale)) = settings.lora {
+            native.set_lora(adapter, scale)?;
+        }
+        let threads = (options.n_threads, options.n_threads_batch);
+        let speculation = settings
+            .drafting
+            .map(|(choice, gated)| {
+                let source = choice.open(&model, &draft_options(&native, threads, options.flash_attn_type))?;
+                Ok::<_, Error>(Speculation { source, gated })
+            })
+            .transpose()?;
+        let drafts = speculation.is_some();
+        let (n_ctx, n_seq_max) = native.with(|context| (context.n_ctx(), context.n_seq_max()));
+        let limits = Limits {
+            n_vocab: native.model().n_vocab(),
+            n_ctx_seq: native.positions_per_sequence() as usize,
+            max_waiting: settings.max_waiting,
+        };
+        let shared = EngineShared::new();
+        let batch = BatchState::new(native.with(|context| context.n_batch()) as usize, 1)?;
+        let scheduled = Arc::clone(&shared);
+        let (submit_projector, steps_projector) = settings
+            .projector
+            .map(|projector| (projector.submit, projector.steps))
+            .unzip();
+        let backend = LlamaBackend::new(native, batch, steps_projector, lora_scale)?;
+        let prefix_cache = settings.prefix_cache;
+        let thread = std::thread::Builder::new()
+            .name("llamactx-engine".to_owned())
+            .spawn(move || Scheduler::new(backend, scheduled, prefix_cache, speculation).run())
+            .map_err(|err| Error::Runtime(format!("could not start the engine thread: {err}")))?;
+        Ok(Self {
+            shared,
+            thread: Mutex::new(Some(thread)),
+            limits,
+            model,
+            n_ctx,
+            n_seq_max,
+            pid: std::process::id(),
+            mtmd: submit_projector,
+            drafts,
+            lora_scale: lora_scale.map(Mutex::new),
+        })
+    }
+
+    /// Queues a request for the prompt `tokens` (Rust's `submit`: text only, no constraint),
+    /// generated with `sampling`. Its text comes through `RequestShared::next_text`.
+    ///
+    /// # Errors
+    ///
+    /// `Error::Value` for a prompt that can never run (empty, too long for a sequence, a token
+    /// outside the vocabulary) or once the engine is stopped; `EngineBusy` when `max_waiting`
+    /// requests already wait.
+    pub fn submit_tokens(
+        &self,
+        tokens: &[i32],
+        max_tokens: usize,
+        stop: Vec<String>,
+        sampling: PySamplingParams,
+    ) -> Result<Arc<RequestShared>> {
+        self.refuse_shape(tokens, 0, false, &sampling)?;
+        self.queue(Job {
+            request: Arc::new(RequestShared::new(Arc::clone(&self.shared))),
+            prompt: to_llama_tokens(tokens),
+            max_tokens,
+            stop,
+            choosing: Choosing::Params(sampling, None),
+            logprobs: 0,
+            submitted: Instant::now(),
+            media: Vec::new(),
+            lora_scale: self.request_scale(None)?,
+            held: None,
+        })
+    }
+
     /// Refuses a prompt of `tokens` and `media` that can never run, before its media are
     /// encoded: its positions (each image's counted from its chunks) must fit a sequence.
     fn refuse(
@@ -170,9 +313,21 @@ impl PyEngineCore {
         sampling: &PySamplingParams,
     ) -> Result<()> {
         let image_positions = media.iter().map(|(_, chunks)| chunks.get().positions()).sum::<usize>();
+        self.refuse_shape(tokens, image_positions, !media.is_empty(), sampling)
+    }
+
+    /// Refuses a prompt of `tokens` and `image_positions` more (with `images`) that can never
+    /// run, or `sampling` outside the vocabulary.
+    fn refuse_shape(
+        &self,
+        tokens: &[i32],
+        image_positions: usize,
+        images: bool,
+        sampling: &PySamplingParams,
+    ) -> Result<()> {
         let shape = PromptShape {
             positions: tokens.len() + image_positions,
-            images: !media.is_empty(),
+            images,
             drafts: self.drafts,
         };
         prompt_checks::prompt(shape, self.limits.n_ctx_seq)?;
@@ -218,6 +373,32 @@ impl PyEngineCore {
         }
     }
 
+    /// Queues `job`: `ValueError` once closed, `EngineBusy` when `max_waiting` requests
+    /// already wait.
+    fn queue(&self, job: Job) -> Result<Arc<RequestShared>> {
+        let request = Arc::clone(&job.request);
+        {
+            let mut inbox = self.shared.inbox();
+            if inbox.closed {
+                return Err(Error::closed("Engine"));
+            }
+            if inbox.waiting.len() >= self.limits.max_waiting {
+                return Err(Error::llama(
+                    ExcClass::EngineBusy,
+                    "QueueFull",
+                    None,
+                    format!(
+                        "{} requests already wait for the engine (max_waiting); retry later",
+                        inbox.waiting.len()
+                    ),
+                ));
+            }
+            inbox.waiting.push_back(job);
+        }
+        self.shared.wake.notify_all();
+        Ok(request)
+    }
+
     /// Whether the engine thread has ended (or was never started in this process).
     fn thread_ended(&self) -> bool {
         std::process::id() != self.pid
@@ -227,7 +408,13 @@ impl PyEngineCore {
                 .map_or(true, |thread| thread.as_ref().is_none_or(JoinHandle::is_finished))
     }
 
-    fn stop(&self) -> Result<()> {
+    /// Stops the engine: requests still waiting or running end as "cancelled"; returns once
+    /// the engine thread has ended (after the step it is computing).
+    ///
+    /// # Errors
+    ///
+    /// `Error::Panic` if the engine thread panicked.
+    pub fn stop(&self) -> Result<()> {
         if std::process::id() != self.pid {
             // Joining a thread this process does not have would never return.
             return Ok(());
@@ -263,69 +450,26 @@ impl PyEngineCore {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let options = ContextOptions::from_kwargs(options)?;
-        if options.embeddings == Some(true) {
-            return Err(Error::value("an engine generates text: embeddings=True is for LlamaContext").into());
-        }
-        let native_model = model.get().tokenizer()?;
-        if native_model.has_encoder() {
-            // The scheduler only decodes; llama.cpp's decoder of an encoder-decoder model
-            // needs an encode first.
-            return Err(
-                Error::value("an engine runs decoder-only models; this model has an encoder (T5-style)").into(),
-            );
-        }
         let speculative = speculative.map(SpeculativeOptions::read).transpose()?;
-        let gated = speculative.as_ref().is_some_and(|speculative| speculative.gated);
+        let native_model = model.get().tokenizer()?;
         let drafting = speculative
-            .map(|speculative| DraftChoice::read(speculative.kind, &native_model))
+            .map(|speculative| {
+                DraftChoice::read(speculative.kind, &native_model).map(|choice| (choice, speculative.gated))
+            })
             .transpose()?;
-        if let Some(projector) = &mtmd {
-            check_projector(projector.get(), &native_model)?;
-        }
-        let learned_positions = model.get().learned_positions();
-        let lora_scale = lora.as_ref().map(|(_, scale)| *scale);
-        let (native, source) = detached(py, || {
-            let mut native = OpenContext::open(Arc::clone(&native_model), &options, learned_positions)?;
-            // Generation keeps each sequence in the KV cache between steps.
-            native.require_memory()?;
-            if let Some((adapter, scale)) = lora {
-                native.set_lora(adapter, scale)?;
-            }
-            let threads = (options.n_threads, options.n_threads_batch);
-            let source = drafting
-                .map(|choice| choice.open(&native_model, &draft_options(&native, threads, options.flash_attn_type)))
-                .transpose()?;
-            Ok((native, source))
-        })?;
-        let drafts = source.is_some();
-        let speculation = source.map(|source| Speculation { source, gated });
-        let (n_ctx, n_seq_max) = native.with(|context| (context.n_ctx(), context.n_seq_max()));
-        let limits = Limits {
-            n_vocab: native.model().n_vocab(),
-            n_ctx_seq: native.positions_per_sequence() as usize,
+        let projector = mtmd.map(|projector| Projector {
+            steps: projector.clone_ref(py),
+            submit: projector,
+        });
+        let settings = EngineSettings {
             max_waiting,
+            prefix_cache,
+            drafting,
+            projector,
+            lora,
         };
-        let shared = EngineShared::new();
-        let batch = BatchState::new(native.with(|context| context.n_batch()) as usize, 1)?;
-        let scheduled = Arc::clone(&shared);
-        let projector = mtmd.as_ref().map(|projector| projector.clone_ref(py));
-        let backend = LlamaBackend::new(native, batch, projector, lora_scale)?;
-        let thread = std::thread::Builder::new()
-            .name("llamactx-engine".to_owned())
-            .spawn(move || Scheduler::new(backend, scheduled, prefix_cache, speculation).run())
-            .map_err(|err| Error::Runtime(format!("could not start the engine thread: {err}")))?;
-        Ok(Self {
-            shared,
-            thread: Mutex::new(Some(thread)),
-            limits,
-            model: native_model,
-            n_ctx,
-            n_seq_max,
-            pid: std::process::id(),
-            mtmd,
-            drafts,
-            lora_scale: lora_scale.map(Mutex::new),
-        })
+        let learned_positions = model.get().learned_positions();
+        detached(py, || Self::start(native_model, learned_positions, &options, settings))
     }
 
     /// Queues a request for `tokens`, with each of `media` (`(at, chunks)`: an image's chunks
@@ -371,9 +515,8 @@ impl PyEngineCore {
             }
             None => None,
         };
-        let request = Arc::new(RequestShared::new(Arc::clone(&self.shared)));
         let job = Job {
-            request: Arc::clone(&request),
+            request: Arc::new(RequestShared::new(Arc::clone(&self.shared))),
             prompt: prompt.tokens,
             max_tokens,
             stop,
@@ -384,27 +527,9 @@ impl PyEngineCore {
             lora_scale,
             held: None,
         };
-        {
-            let mut inbox = self.shared.inbox();
-            if inbox.closed {
-                return Err(Error::closed("Engine").into());
-            }
-            if inbox.waiting.len() >= self.limits.max_waiting {
-                return Err(Error::llama(
-                    ExcClass::EngineBusy,
-                    "QueueFull",
-                    None,
-                    format!(
-                        "{} requests already wait for the engine (max_waiting); retry later",
-                        inbox.waiting.len()
-                    ),
-                )
-                .into());
-            }
-            inbox.waiting.push_back(job);
-        }
-        self.shared.wake.notify_all();
-        Ok(PyRequestCore { shared: request })
+        Ok(PyRequestCore {
+            shared: self.queue(job)?,
+        })
     }
 
     /// The engine's counts now (`EngineStats`).

@@ -207,7 +207,7 @@ impl Error {
         Self::Index(message.into())
     }
 
-    pub fn closed(what: &str) -> Self {
+    pub(crate) fn closed(what: &str) -> Self {
         Self::Value(format!("{what} is closed"))
     }
 

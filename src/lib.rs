@@ -1,4 +1,5 @@
-//! The native module `llamactx._llamactx`: registers classes and exceptions, nothing else.
+//! The native module `llamactx._llamactx`: registers classes and exceptions; and, for Rust
+//! programs, the engine without Python (`engine_api`).
 
 mod arrays;
 mod backend;
@@ -31,6 +32,22 @@ mod tokens;
 mod work_limit;
 
 use pyo3::prelude::*;
+
+/// The engine from Rust: the one `llamactx.Engine` wraps, used without Python. Load a model
+/// with `load_checked`, `Engine::start` an engine on it, `submit_tokens` prompts (token ids,
+/// from the model's `str_to_token`), read each request's text as it comes
+/// (`Request::next_text`, from any thread) and then its `Completion` (`Request::ended`), and
+/// `stop` the engine. `examples/engine_stream.rs` streams concurrent requests this way.
+pub mod engine_api {
+    pub use crate::context::ContextOptions;
+    pub use crate::engine::{
+        DraftChoice, EngineSettings, NgramConfig, PyCompletion as Completion, PyEngineCore as Engine,
+        RequestShared as Request,
+    };
+    pub use crate::errors::Error;
+    pub use crate::model::load_checked;
+    pub use crate::sampler::params::PySamplingParams as SamplingParams;
+}
 
 #[pymodule]
 fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -1,6 +1,6 @@
 //! `LlamaModel`: a loaded GGUF model, its tokenizer, metadata and chat template.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use llama_cpp_4::model::params::{LlamaLoadMode, LlamaModelParams};
@@ -173,6 +173,24 @@ fn special(render: bool) -> Special {
     } else {
         Special::Plaintext
     }
+}
+
+/// A local model file checked (`metadata::check_model_file`: before llama.cpp reads it) and
+/// loaded with `params`, for Rust callers of the engine: the model, and whether it reads
+/// learned position embeddings (the engine's `start`).
+///
+/// # Errors
+///
+/// `Error::Value` for a file the checks refuse or a vocabulary llama.cpp's tokenizer would
+/// abort on; a load error when llama.cpp refuses the file.
+pub fn load_checked(path: &Path, params: &LlamaModelParams) -> Result<(Arc<LlamaModel>, bool)> {
+    let facts = metadata::check_model_file(path)?;
+    let backend = backend()?;
+    let model = explained(|| LlamaModel::load_from_file(backend, path, params))?;
+    if let Some(gap) = VocabularyGap::find(&model) {
+        return Err(gap.error());
+    }
+    Ok((Arc::new(model), facts.learned_positions))
 }
 
 #[pymethods]

@@ -31,7 +31,7 @@ macro_rules! context_options {
             pub const NAMES: &'static [&'static str] = &[$(stringify!($name)),*];
 
             /// Reads `new_context`'s keyword arguments; an unknown name raises `TypeError`.
-            pub fn from_kwargs(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+            pub(crate) fn from_kwargs(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
                 let mut options = Self::default();
                 let Some(kwargs) = kwargs else { return Ok(options) };
                 for (key, value) in kwargs.iter() {
@@ -162,7 +162,7 @@ fn cache_type(name: &str) -> Result<(GgmlType, u64)> {
 impl ContextOptions {
     /// The `n_ctx` llama.cpp will use for these options: its default when unset, the model's
     /// training context for 0.
-    pub fn effective_n_ctx(&self, n_ctx_train: u32) -> u32 {
+    pub(crate) fn effective_n_ctx(&self, n_ctx_train: u32) -> u32 {
         match self.n_ctx {
             None => DEFAULT_N_CTX,
             Some(0) => n_ctx_train,
@@ -174,7 +174,7 @@ impl ContextOptions {
     /// `n_ctx_train` positions: llama.cpp asserts on a position past them (third red team: a
     /// draft model with a shorter context aborted the engine once a request passed it). An
     /// unset `n_ctx` is bounded to them, a larger one refused.
-    pub fn within_positions(&self, n_ctx_train: u32) -> Result<Self> {
+    pub(crate) fn within_positions(&self, n_ctx_train: u32) -> Result<Self> {
         let n_ctx = self.effective_n_ctx(n_ctx_train);
         if n_ctx <= n_ctx_train {
             return Ok(self.clone());
@@ -195,7 +195,7 @@ impl ContextOptions {
     /// `n_ctx`, and asserts when they do not fit. An encoder-decoder model's relative position
     /// bias cannot be added to attention split into one KV stream per sequence: llama.cpp
     /// asserts while it reserves the graph.
-    pub fn check_for_model(&self, n_ctx_train: u32, encoder_decoder: bool) -> Result<()> {
+    pub(crate) fn check_for_model(&self, n_ctx_train: u32, encoder_decoder: bool) -> Result<()> {
         let n_seq_max = self.n_seq_max.unwrap_or(1);
         if encoder_decoder && n_seq_max > 1 && !self.kv_unified.unwrap_or(false) {
             return Err(Error::value(format!(
@@ -216,7 +216,7 @@ impl ContextOptions {
 
     /// The crate's params for these options, except `embeddings`, which the context switches
     /// on once it has checked that llama.cpp can pool them (see `OpenContext::check_pooling`).
-    pub fn to_params(&self) -> Result<LlamaContextParams> {
+    pub(crate) fn to_params(&self) -> Result<LlamaContextParams> {
         let mut params = LlamaContextParams::default();
         if let Some(n_ctx) = self.n_ctx {
             params = params.with_n_ctx(NonZeroU32::new(n_ctx));

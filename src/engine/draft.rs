@@ -186,7 +186,7 @@ pub enum DraftChoice {
 impl DraftChoice {
     /// `kind`, drafting for `target`: `ValueError` for a target whose cells cannot be cut (a
     /// recurrent or hybrid model cannot take back a rejected draft).
-    pub fn read(kind: DraftKind, target: &LlamaModel) -> Result<Self> {
+    pub(crate) fn read(kind: DraftKind, target: &LlamaModel) -> Result<Self> {
         check_can_cut(target)?;
         Ok(match kind {
             DraftKind::Ngram(config) => Self::Ngram(config),
@@ -205,7 +205,7 @@ impl DraftChoice {
 
     /// The source: a draft model in a context of its own, opened with `options`
     /// (`draft_options`).
-    pub fn open(self, target: &LlamaModel, options: &ContextOptions) -> Result<DraftSource> {
+    pub(crate) fn open(self, target: &LlamaModel, options: &ContextOptions) -> Result<DraftSource> {
         Ok(match self {
             Self::Ngram(config) => DraftSource::Ngram(config),
             Self::Model {

@@ -173,8 +173,25 @@ impl RequestShared {
         self.progress().outcome.is_some()
     }
 
+    /// Waits for the next piece of text (a Rust caller's reading: it holds no GIL); None once
+    /// the request is over, which `ended` then tells.
+    pub fn next_text(&self) -> Option<String> {
+        let mut progress = self.progress();
+        loop {
+            if let Some((text, _)) = progress.pieces.pop_front() {
+                return Some(text);
+            }
+            if progress.outcome.is_some() {
+                return None;
+            }
+            progress = self
+                .changed
+                .wait(progress)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
     /// The completion, or the failure's message, once the request ended.
-    #[cfg(test)]
     pub fn ended(&self) -> Option<std::result::Result<PyCompletion, String>> {
         match &self.progress().outcome {
             None => None,

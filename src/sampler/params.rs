@@ -176,7 +176,7 @@ impl std::fmt::Display for Repr<'_, BTreeMap<i32, f32>> {
 
 impl PySamplingParams {
     /// `ValueError` for a logit bias on a token the model does not have.
-    pub fn check_vocabulary(&self, n_vocab: i32) -> Result<()> {
+    pub(crate) fn check_vocabulary(&self, n_vocab: i32) -> Result<()> {
         match self.logit_bias.keys().find(|&&token| token < 0 || token >= n_vocab) {
             Some(token) => Err(Error::value(format!(
                 "logit_bias names token {token}, outside the model's vocabulary [0, {n_vocab})"
@@ -195,7 +195,7 @@ impl PySamplingParams {
 
     /// Draws from every token at temperature 1 with `seed` (for the scheduler's tests).
     #[cfg(test)]
-    pub fn seeded(seed: u32) -> Self {
+    pub(crate) fn seeded(seed: u32) -> Self {
         Self {
             temperature: 1.0,
             seed: Some(seed),
@@ -205,7 +205,7 @@ impl PySamplingParams {
 
     /// What `build`'s chain picks, without the chain, when it is `logit_bias` (if any) then
     /// `greedy`: a stateless choice.
-    pub fn greedy_pick(&self) -> Option<GreedyPick> {
+    pub(crate) fn greedy_pick(&self) -> Option<GreedyPick> {
         (self.temperature <= 0.0 && !self.penalised()).then(|| GreedyPick {
             biases: self.logit_bias.iter().map(|(&token, &bias)| (token, bias)).collect(),
         })
@@ -213,7 +213,7 @@ impl PySamplingParams {
 
     /// A new chain for one request of a model with `n_vocab` tokens (checked by
     /// `check_vocabulary`).
-    pub fn build(&self, n_vocab: i32) -> LlamaSampler {
+    pub(crate) fn build(&self, n_vocab: i32) -> LlamaSampler {
         let mut stages = Vec::new();
         if self.penalised() {
             stages.push(LlamaSampler::penalties(
