@@ -105,7 +105,7 @@ pub struct RequestShared {
 }
 
 impl RequestShared {
-    pub fn new(engine: Arc<EngineShared>) -> Self {
+    pub(crate) fn new(engine: Arc<EngineShared>) -> Self {
         Self {
             progress: Mutex::default(),
             changed: Condvar::new(),
@@ -141,17 +141,17 @@ impl RequestShared {
 
     /// Hands a piece of text to the reader, with the log-probabilities of the tokens sampled
     /// since the previous piece.
-    pub fn emit(&self, text: String, logprobs: TokenLogprobs) {
+    pub(crate) fn emit(&self, text: String, logprobs: TokenLogprobs) {
         self.progress().pieces.push_back((text, logprobs));
         self.notify(false);
     }
 
     /// Ends the request (the first outcome wins).
-    pub fn complete(&self, completion: PyCompletion) {
+    pub(crate) fn complete(&self, completion: PyCompletion) {
         self.settle(Outcome::Done(completion));
     }
 
-    pub fn fail(&self, error: Error) {
+    pub(crate) fn fail(&self, error: Error) {
         self.settle(Outcome::Failed(error));
     }
 
