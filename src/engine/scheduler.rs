@@ -485,7 +485,7 @@ impl<B: Backend> Scheduler<B> {
             reused,
             phase: if job.max_tokens == 0 {
                 Phase::Ended(End::Finished(Finish::Length))
-            } else if reused == job.prompt.len() {
+            } else if job.held.is_some() && reused == job.prompt.len() {
                 Phase::Ready
             } else {
                 Phase::Reading
