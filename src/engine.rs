@@ -1,6 +1,7 @@
 //! The engine: one context and a scheduler thread that serves many requests at once
-//! (continuous batching). Python submits token ids and reads pieces; scheduling, decoding and
-//! sampling run on the engine's own thread, without the GIL.
+//! (continuous batching). Python (or Rust, through `lib.rs`'s `engine_api`) submits token ids
+//! and reads pieces; scheduling, decoding and sampling run on the engine's own thread, without
+//! the GIL. The same scheduler runs on a caller's context in `context_loop.rs`.
 
 mod backend;
 mod context_loop;
@@ -117,7 +118,7 @@ struct Limits {
     max_waiting: usize,
 }
 
-/// The native engine behind `llamactx.Engine`.
+/// The native engine behind `llamactx.Engine`, and `engine_api::Engine` for Rust programs.
 #[pyclass(frozen, weakref, module = "llamactx", name = "_EngineCore")]
 pub struct PyEngineCore {
     shared: Arc<EngineShared>,

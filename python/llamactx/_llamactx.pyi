@@ -1279,7 +1279,7 @@ class _RequestCore:
 
 @final
 class _EngineCore:
-    """The native engine behind `llamactx.Engine`."""
+    """The native engine behind `llamactx.Engine`, and `engine_api::Engine` for Rust programs."""
 
     def __new__(
         cls,
