@@ -144,3 +144,18 @@ def test_stream_reports_prompt_progress(model: llamactx.LlamaModel) -> None:
     assert calls[-1] == (total, total)
     assert [done for done, _ in calls] == sorted(done for done, _ in calls)
     assert len(calls) == -(-total // 64)
+
+
+def test_a_sequence_outside_the_context_is_refused_before_any_step(model: llamactx.LlamaModel) -> None:
+    with model.new_context(n_ctx=256, n_seq_max=1) as ctx:
+        for seq_id in (1, -1, 2**31 - 1):
+            with pytest.raises(ValueError, match=f"sequence id {seq_id} is out of range"):
+                llamactx.generate(ctx, PARIS_PROMPT, max_tokens=4, seq_id=seq_id)
+            history = model.str_to_token(PARIS_PROMPT, model.add_bos_token())
+            ctx.clear_kv_cache()
+            llamactx.prefill(ctx, history, 0)
+            greedy = llamactx.LlamaSampler.greedy()
+            pieces = llamactx.continue_sequence(ctx, history, max_tokens=4, sampler=greedy, seq_id=seq_id)
+            with pytest.raises(ValueError, match=f"seq_id {seq_id} is outside"):
+                next(pieces)
+        assert llamactx.generate(ctx, PARIS_PROMPT, max_tokens=4, seq_id=0)
