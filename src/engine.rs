@@ -4,7 +4,6 @@
 //! the GIL. The same scheduler runs on a caller's context in `context_loop.rs`.
 
 mod backend;
-mod context_loop;
 mod draft;
 mod draft_cost;
 mod draft_model;
@@ -14,14 +13,14 @@ mod media_prompt;
 mod ngram;
 mod plan;
 mod prefix_cache;
+pub mod python;
 mod request;
 mod scheduler;
 #[cfg(test)]
 mod scripted;
 mod slots;
-pub mod speculative_options;
-pub mod stats;
-pub mod waker;
+mod stats;
+pub mod wake_pipe;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -29,31 +28,26 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use llama_cpp_4::model::LlamaModel;
-use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use crate::batch::BatchState;
 use crate::context::adapters::check_scale;
 use crate::context::{ContextOptions, OpenContext};
 use crate::errors::{Error, ExcClass, Result};
-use crate::gil::detached;
-use crate::lora::PyLlamaLoraAdapter;
-use crate::media::{PyMtmdContext, PyMtmdInputChunks};
-use crate::model::PyLlamaModel;
+use crate::lora::LoraAdapter;
+use crate::media::SharedMtmd;
 use crate::prompt_checks::{self, PromptShape};
-use crate::sampler::params::PySamplingParams;
-use crate::sampler::{guidance, PyLlamaSampler, SendSampler};
+use crate::sampler::params::SamplingParams;
+use crate::sampler::{guidance, SendSampler};
 use crate::tokens::{check_vocab, to_llama_tokens};
-pub use context_loop::PyContextLoop;
 use draft::{draft_options, Speculation};
 pub use draft::{DraftChoice, NgramConfig};
 use llama_backend::LlamaBackend;
-use media_prompt::{assemble, MediaInput, MediaPrompt};
-pub use request::{PyCompletion, PyRequestCore, RequestShared};
+pub use media_prompt::MediaInput;
+use media_prompt::{assemble, MediaPrompt};
+pub use request::{Completion, RequestShared};
 use scheduler::{Choosing, Job, Scheduler};
 use slots::SlotChore;
-use speculative_options::SpeculativeOptions;
-pub use stats::PyEngineStats;
+pub use stats::EngineStats;
 
 /// Requests that wait for a sequence slot, chores on slots, and whether the engine is closing.
 #[derive(Default)]
@@ -118,9 +112,9 @@ struct Limits {
     max_waiting: usize,
 }
 
-/// The native engine behind `llamactx.Engine`, and `engine_api::Engine` for Rust programs.
-#[pyclass(frozen, weakref, module = "llamactx", name = "_EngineCore")]
-pub struct PyEngineCore {
+/// The engine: `engine_api::Engine` for Rust programs, and the one `llamactx.Engine` wraps
+/// (`python.rs`).
+pub struct Engine {
     shared: Arc<EngineShared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     limits: Limits,
@@ -131,7 +125,7 @@ pub struct PyEngineCore {
     /// The process the engine thread runs in: a forked child has none of it.
     pid: u32,
     /// The projector of prompts with images, which they are encoded by at submit.
-    mtmd: Option<Py<PyMtmdContext>>,
+    mtmd: Option<Arc<SharedMtmd>>,
     /// Whether the engine drafts (prompts with images are not drafted for).
     drafts: bool,
     /// The scale of the engine's LoRA adapter for requests that name none (None: no adapter).
@@ -140,7 +134,7 @@ pub struct PyEngineCore {
 
 /// `ValueError` unless `projector` was loaded for `model` and places media as the engine
 /// does (one position per embedding: M-RoPE projectors are not served yet).
-fn check_projector(projector: &PyMtmdContext, model: &Arc<LlamaModel>) -> Result<()> {
+fn check_projector(projector: &SharedMtmd, model: &Arc<LlamaModel>) -> Result<()> {
     if !projector.is_for(model) {
         return Err(Error::value(
             "the MtmdContext was loaded for another model than the engine's",
@@ -169,10 +163,11 @@ pub struct EngineSettings {
     pub prefix_cache: bool,
     /// Where drafts come from, and whether only where they pay (`only_where_faster`).
     pub drafting: Option<(DraftChoice, bool)>,
-    /// The projector of prompts with images.
-    pub projector: Option<Projector>,
+    /// The projector of prompts with images: they are encoded with it at submit, and its
+    /// steps decode their embeddings.
+    pub projector: Option<Arc<SharedMtmd>>,
     /// A LoRA adapter, and its scale for requests that name none.
-    pub lora: Option<(Py<PyLlamaLoraAdapter>, f32)>,
+    pub lora: Option<(Arc<LoraAdapter>, f32)>,
 }
 
 impl Default for EngineSettings {
@@ -189,14 +184,33 @@ impl Default for EngineSettings {
     }
 }
 
-/// An engine's projector: the reference prompts are encoded with at submit, and the one its
-/// steps decode their embeddings with (two references to one `MtmdContext`).
-pub struct Projector {
-    pub submit: Py<PyMtmdContext>,
-    pub steps: Py<PyMtmdContext>,
+/// One request, as `Engine::submit` takes it.
+pub struct Submission {
+    /// The prompt's text tokens.
+    pub tokens: Vec<i32>,
+    /// Media chunks from the engine's projector, each to go before text token `at`.
+    pub media: Vec<MediaInput>,
+    pub max_tokens: usize,
+    /// Strings that end the request where they appear (excluded from its text).
+    pub stop: Vec<String>,
+    pub sampling: SamplingParams,
+    /// What holds the text to a grammar, if anything.
+    pub constraint: Option<Constraint>,
+    /// How many of the most likely tokens' log-probabilities to report per token (0: none).
+    pub logprobs: usize,
+    /// The scale of the engine's LoRA adapter (None: the engine's own).
+    pub lora_scale: Option<f32>,
 }
 
-impl PyEngineCore {
+/// What holds a request's text to a grammar.
+pub enum Constraint {
+    /// A sampler that constrains (a copy of a prepared one).
+    Sampler(SendSampler),
+    /// llguidance's `kind` of grammar ("json", "lark", "regex"...) from `text`, built at submit.
+    Grammar { kind: String, text: String },
+}
+
+impl Engine {
     /// Starts an engine (its context opened with `options`, its thread serving requests until
     /// `stop`) on `model`, which reads learned position embeddings if `learned_positions`
     /// (they bound `n_ctx`).
@@ -224,7 +238,7 @@ impl PyEngineCore {
             ));
         }
         if let Some(projector) = &settings.projector {
-            check_projector(projector.submit.get(), &model)?;
+            check_projector(projector, &model)?;
         }
         let lora_scale = settings.lora.as_ref().map(|(_, scale)| *scale);
         let mut native = OpenContext::open(Arc::clone(&model), options, learned_positions)?;
@@ -251,11 +265,7 @@ impl PyEngineCore {
         let shared = EngineShared::new();
         let batch = BatchState::new(native.with(|context| context.n_batch()) as usize, 1)?;
         let scheduled = Arc::clone(&shared);
-        let (submit_projector, steps_projector) = settings
-            .projector
-            .map(|projector| (projector.submit, projector.steps))
-            .unzip();
-        let backend = LlamaBackend::new(native, batch, steps_projector, lora_scale)?;
+        let backend = LlamaBackend::new(native, batch, settings.projector.clone(), lora_scale)?;
         let prefix_cache = settings.prefix_cache;
         let thread = std::thread::Builder::new()
             .name("llamactx-engine".to_owned())
@@ -269,7 +279,7 @@ impl PyEngineCore {
             n_ctx,
             n_seq_max,
             pid: std::process::id(),
-            mtmd: submit_projector,
+            mtmd: settings.projector,
             drafts,
             lora_scale: lora_scale.map(Mutex::new),
         })
@@ -288,7 +298,7 @@ impl PyEngineCore {
         tokens: &[i32],
         max_tokens: usize,
         stop: Vec<String>,
-        sampling: PySamplingParams,
+        sampling: SamplingParams,
     ) -> Result<Arc<RequestShared>> {
         self.refuse_shape(tokens, 0, false, &sampling)?;
         self.queue(Job {
@@ -305,18 +315,6 @@ impl PyEngineCore {
         })
     }
 
-    /// Refuses a prompt of `tokens` and `media` that can never run, before its media are
-    /// encoded: its positions (each image's counted from its chunks) must fit a sequence.
-    fn refuse(
-        &self,
-        tokens: &[i32],
-        media: &[(usize, Bound<'_, PyMtmdInputChunks>)],
-        sampling: &PySamplingParams,
-    ) -> Result<()> {
-        let image_positions = media.iter().map(|(_, chunks)| chunks.get().positions()).sum::<usize>();
-        self.refuse_shape(tokens, image_positions, !media.is_empty(), sampling)
-    }
-
     /// Refuses a prompt of `tokens` and `image_positions` more (with `images`) that can never
     /// run, or `sampling` outside the vocabulary.
     fn refuse_shape(
@@ -324,7 +322,7 @@ impl PyEngineCore {
         tokens: &[i32],
         image_positions: usize,
         images: bool,
-        sampling: &PySamplingParams,
+        sampling: &SamplingParams,
     ) -> Result<()> {
         let shape = PromptShape {
             positions: tokens.len() + image_positions,
@@ -336,14 +334,62 @@ impl PyEngineCore {
         sampling.check_vocabulary(self.limits.n_vocab)
     }
 
+    /// Queues `submission`, checked before its media are encoded or its grammar built: its
+    /// positions (each image's counted from its chunks) must fit a sequence, its tokens and
+    /// biases the vocabulary.
+    ///
+    /// # Errors
+    ///
+    /// `Error::Value` for a request that can never run, a scale without an adapter, media
+    /// without the engine's projector, or once the engine is stopped (or was started in the
+    /// parent of a forked process); `SchemaError` for a constraint llguidance cannot compile;
+    /// `EngineBusy` when `max_waiting` requests already wait.
+    pub fn submit(&self, submission: Submission) -> Result<Arc<RequestShared>> {
+        let Submission {
+            tokens,
+            media,
+            max_tokens,
+            stop,
+            sampling,
+            constraint,
+            logprobs,
+            lora_scale,
+        } = submission;
+        let lora_scale = self.request_scale(lora_scale)?;
+        if logprobs > logprobs::MAX_TOP {
+            return Err(Error::value(format!(
+                "logprobs must be in 0..={}, got {logprobs}",
+                logprobs::MAX_TOP
+            )));
+        }
+        if std::process::id() != self.pid {
+            return Err(Error::value(FORKED));
+        }
+        let image_positions = media.iter().map(|input| input.chunks.positions()).sum::<usize>();
+        self.refuse_shape(&tokens, image_positions, !media.is_empty(), &sampling)?;
+        let prompt = self.with_media(tokens, &media)?;
+        let grammar = match constraint {
+            Some(Constraint::Sampler(sampler)) => Some(sampler),
+            Some(Constraint::Grammar { kind, text }) => Some(SendSampler(guidance::new(&self.model, &kind, &text)?)),
+            None => None,
+        };
+        self.queue(Job {
+            request: Arc::new(RequestShared::new(Arc::clone(&self.shared))),
+            prompt: prompt.tokens,
+            max_tokens,
+            stop,
+            choosing: Choosing::Params(sampling, grammar),
+            logprobs,
+            submitted: Instant::now(),
+            media: prompt.media,
+            lora_scale,
+            held: None,
+        })
+    }
+
     /// The prompt of `tokens` with `media` spliced in (their media encoded now, in this
-    /// thread, without the GIL).
-    fn with_media(
-        &self,
-        py: Python<'_>,
-        tokens: Vec<i32>,
-        media: Vec<(usize, Bound<'_, PyMtmdInputChunks>)>,
-    ) -> Result<MediaPrompt> {
+    /// thread).
+    fn with_media(&self, tokens: Vec<i32>, media: &[MediaInput]) -> Result<MediaPrompt> {
         if media.is_empty() {
             return Ok(MediaPrompt::text_only(tokens));
         }
@@ -352,16 +398,7 @@ impl PyEngineCore {
                 "this engine was started without a projector (mtmd): it cannot read images",
             ));
         };
-        let inputs: Vec<MediaInput> = media
-            .iter()
-            .map(|(at, chunks)| MediaInput {
-                at: *at,
-                chunks: Arc::clone(&chunks.get().chunks),
-                made_by: chunks.get().made_by,
-            })
-            .collect();
-        let mtmd = mtmd.get();
-        detached(py, || assemble(mtmd, &self.model, &tokens, &inputs)).map_err(Error::Python)
+        assemble(mtmd, &self.model, &tokens, media)
     }
 
     /// The adapter scale a request asking for `scale` is generated with.
@@ -400,13 +437,80 @@ impl PyEngineCore {
         Ok(request)
     }
 
+    /// The model the engine runs.
+    pub fn model(&self) -> &Arc<LlamaModel> {
+        &self.model
+    }
+
     /// Whether the engine thread has ended (or was never started in this process).
-    fn thread_ended(&self) -> bool {
+    pub(crate) fn thread_ended(&self) -> bool {
         std::process::id() != self.pid
             || self
                 .thread
                 .lock()
                 .map_or(true, |thread| thread.as_ref().is_none_or(JoinHandle::is_finished))
+    }
+
+    /// The engine's counts now.
+    pub fn stats(&self) -> EngineStats {
+        let waiting = self.shared.inbox().waiting.len();
+        let counters = *self.shared.counters();
+        let tokens_per_second = if counters.busy_seconds > 0.0 {
+            // A rate for display: the precision lost past 2**52 tokens does not matter.
+            #[allow(clippy::cast_precision_loss)]
+            let tokens = counters.tokens_generated as f64;
+            tokens / counters.busy_seconds
+        } else {
+            0.0
+        };
+        EngineStats {
+            running: counters.running,
+            waiting,
+            kv_cells_used: counters.kv_cells_used,
+            kv_cells_cached: counters.kv_cells_cached,
+            kv_cells_total: self.n_ctx,
+            n_seq_max: self.n_seq_max,
+            prefix_cache_hits: counters.prefix_cache_hits,
+            tokens_generated: counters.tokens_generated,
+            prompt_tokens_computed: counters.prompt_tokens_computed,
+            drafted_tokens: counters.drafted_tokens,
+            accepted_tokens: counters.accepted_tokens,
+            tokens_per_second,
+        }
+    }
+
+    /// KV cells of one sequence (`n_ctx / n_seq_max`): a prompt must be shorter.
+    pub fn n_ctx_seq(&self) -> usize {
+        self.limits.n_ctx_seq
+    }
+
+    /// Whether `stop()` was called.
+    pub fn closed(&self) -> bool {
+        self.shared.inbox().closed
+    }
+
+    /// The scale of the engine's LoRA adapter for requests that name none (None without an
+    /// adapter).
+    ///
+    /// # Errors
+    ///
+    /// `Error::Poisoned` if a thread panicked while setting it.
+    pub fn lora_scale(&self) -> Result<Option<f32>> {
+        self.request_scale(None)
+    }
+
+    /// Sets the scale of the engine's LoRA adapter for the requests submitted from now on that
+    /// name none.
+    ///
+    /// # Errors
+    ///
+    /// `Error::Value` without an adapter, or for a scale that is not finite.
+    pub fn set_lora_scale(&self, scale: f32) -> Result<()> {
+        let Some(default) = &self.lora_scale else {
+            return Err(Error::value("this engine has no LoRA adapter to scale"));
+        };
+        *default.lock().map_err(|_| Error::Poisoned("Engine"))? = check_scale(scale)?;
+        Ok(())
     }
 
     /// Stops the engine: requests still waiting or running end as "cancelled"; returns once
@@ -435,170 +539,7 @@ impl PyEngineCore {
     }
 }
 
-#[pymethods]
-impl PyEngineCore {
-    #[new]
-    #[pyo3(signature = (model, max_waiting, prefix_cache, *, speculative=None, mtmd=None, lora=None, **options))]
-    #[allow(clippy::too_many_arguments)] // Python's keywords, each its own
-    fn new(
-        py: Python<'_>,
-        model: &Bound<'_, PyLlamaModel>,
-        max_waiting: usize,
-        prefix_cache: bool,
-        speculative: Option<&Bound<'_, PyAny>>,
-        mtmd: Option<Py<PyMtmdContext>>,
-        lora: Option<(Py<PyLlamaLoraAdapter>, f32)>,
-        options: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<Self> {
-        let options = ContextOptions::from_kwargs(options)?;
-        let speculative = speculative.map(SpeculativeOptions::read).transpose()?;
-        let native_model = model.get().tokenizer()?;
-        let drafting = speculative
-            .map(|speculative| {
-                DraftChoice::read(speculative.kind, &native_model).map(|choice| (choice, speculative.gated))
-            })
-            .transpose()?;
-        let projector = mtmd.map(|projector| Projector {
-            steps: projector.clone_ref(py),
-            submit: projector,
-        });
-        let settings = EngineSettings {
-            max_waiting,
-            prefix_cache,
-            drafting,
-            projector,
-            lora,
-        };
-        let learned_positions = model.get().learned_positions();
-        detached(py, || Self::start(native_model, learned_positions, &options, settings))
-    }
-
-    /// Queues a request for `tokens`, with each of `media` (`(at, chunks)`: an image's chunks
-    /// from the engine's projector, to go before text token `at`) spliced in, generated with the
-    /// engine's LoRA adapter at `lora_scale` (None: the engine's scale). `ValueError` for a
-    /// prompt that can never run or a scale without an adapter, `EngineBusy` when `max_waiting`
-    /// requests already wait.
-    #[pyo3(signature = (tokens, max_tokens, stop, sampling, logprobs, constraint, media=Vec::new(), lora_scale=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn submit(
-        &self,
-        py: Python<'_>,
-        tokens: Vec<i32>,
-        max_tokens: i64,
-        stop: Vec<String>,
-        sampling: Option<&Bound<'_, PySamplingParams>>,
-        logprobs: usize,
-        constraint: Option<&Bound<'_, PyAny>>,
-        media: Vec<(usize, Bound<'_, PyMtmdInputChunks>)>,
-        lora_scale: Option<f32>,
-    ) -> PyResult<PyRequestCore> {
-        let lora_scale = self.request_scale(lora_scale)?;
-        if logprobs > logprobs::MAX_TOP {
-            return Err(Error::value(format!("logprobs must be in 0..={}, got {logprobs}", logprobs::MAX_TOP)).into());
-        }
-        let max_tokens = prompt_checks::max_tokens(max_tokens)?;
-        if std::process::id() != self.pid {
-            return Err(Error::value(FORKED).into());
-        }
-        let sampling = sampling.map_or_else(PySamplingParams::greedy, |sampling| sampling.get().clone());
-        self.refuse(&tokens, &media, &sampling)?;
-        let prompt = self.with_media(py, tokens, media)?;
-        let grammar = match constraint {
-            Some(prepared) if prepared.is_instance_of::<PyLlamaSampler>() => {
-                Some(prepared.cast::<PyLlamaSampler>()?.get().copy_for(py, &self.model)?)
-            }
-            Some(spec) => {
-                let (kind, text): (String, String) = spec.extract()?;
-                let model = Arc::clone(&self.model);
-                Some(detached(py, move || {
-                    Ok(SendSampler(guidance::new(&model, &kind, &text)?))
-                })?)
-            }
-            None => None,
-        };
-        let job = Job {
-            request: Arc::new(RequestShared::new(Arc::clone(&self.shared))),
-            prompt: prompt.tokens,
-            max_tokens,
-            stop,
-            choosing: Choosing::Params(sampling, grammar),
-            logprobs,
-            submitted: Instant::now(),
-            media: prompt.media,
-            lora_scale,
-            held: None,
-        };
-        Ok(PyRequestCore {
-            shared: self.queue(job)?,
-        })
-    }
-
-    /// The engine's counts now (`EngineStats`).
-    fn stats(&self) -> PyEngineStats {
-        let waiting = self.shared.inbox().waiting.len();
-        let counters = *self.shared.counters();
-        let tokens_per_second = if counters.busy_seconds > 0.0 {
-            // A rate for display: the precision lost past 2**52 tokens does not matter.
-            #[allow(clippy::cast_precision_loss)]
-            let tokens = counters.tokens_generated as f64;
-            tokens / counters.busy_seconds
-        } else {
-            0.0
-        };
-        PyEngineStats {
-            running: counters.running,
-            waiting,
-            kv_cells_used: counters.kv_cells_used,
-            kv_cells_cached: counters.kv_cells_cached,
-            kv_cells_total: self.n_ctx,
-            n_seq_max: self.n_seq_max,
-            prefix_cache_hits: counters.prefix_cache_hits,
-            tokens_generated: counters.tokens_generated,
-            prompt_tokens_computed: counters.prompt_tokens_computed,
-            drafted_tokens: counters.drafted_tokens,
-            accepted_tokens: counters.accepted_tokens,
-            tokens_per_second,
-        }
-    }
-
-    /// Stops the engine: requests still waiting or running end as "cancelled"; returns once
-    /// the engine thread has ended (after the step it is computing).
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        detached(py, || self.stop())
-    }
-
-    /// KV cells of one sequence (`n_ctx / n_seq_max`): a prompt must be shorter.
-    #[getter]
-    fn n_ctx_seq(&self) -> usize {
-        self.limits.n_ctx_seq
-    }
-
-    /// Whether `close()` was called.
-    #[getter]
-    fn closed(&self) -> bool {
-        self.shared.inbox().closed
-    }
-
-    /// The scale of the engine's LoRA adapter for requests that name none (None without an
-    /// adapter).
-    #[getter]
-    fn lora_scale(&self) -> Result<Option<f32>> {
-        self.request_scale(None)
-    }
-
-    /// Sets the scale of the engine's LoRA adapter for the requests submitted from now on that
-    /// name none (llama-server's `POST /lora-adapters`). `ValueError` without an adapter, or for
-    /// a scale that is not finite.
-    fn set_lora_scale(&self, scale: f32) -> Result<()> {
-        let Some(default) = &self.lora_scale else {
-            return Err(Error::value("this engine has no LoRA adapter to scale"));
-        };
-        *default.lock().map_err(|_| Error::Poisoned("Engine"))? = check_scale(scale)?;
-        Ok(())
-    }
-}
-
-impl Drop for PyEngineCore {
+impl Drop for Engine {
     fn drop(&mut self) {
         // The engine thread never needs the GIL, so waiting for it here cannot deadlock.
         let _ = self.stop();

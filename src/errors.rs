@@ -1,9 +1,7 @@
-//! Every Python exception of llamactx, and the one place where Rust errors become them.
-//!
-//! Each crate error enum gets its own class, derived from `LlamaCppError`. An instance carries
-//! the variant name in `.kind` and, where llama.cpp returned one, the integer code in `.code`.
-//! The classes are built with `type()` at import time because two of them need a second base
-//! (`KvCacheConversionError` is also an `OverflowError`), which `create_exception!` cannot do.
+//! Everything that can go wrong in llamactx, as one Rust enum, and the classes of failure it
+//! names (one per crate error enum, derived from `LlamaCppError`: the classes of the Python
+//! exceptions). This module needs no Python; `python.rs` builds the exception classes and turns
+//! an `Error` into one.
 
 use std::fmt::Display;
 
@@ -16,13 +14,8 @@ use llama_cpp_4::{
     LlamaLoraAdapterInitError, LlamaLoraAdapterRemoveError, LlamaLoraAdapterSetError, LlamaModelLoadError,
     NewLlamaChatMessageError, StringFromModelError, StringToTokenError, TokenToStringError,
 };
-use pyo3::exceptions::{
-    PyConnectionError, PyException, PyFileNotFoundError, PyIndexError, PyOverflowError, PyRuntimeError, PyTypeError,
-    PyValueError,
-};
-use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyTuple, PyType};
+
+pub mod python;
 
 /// The exception classes: `Name(Base[, ExtraBase]): "docstring";`, bases first. This list is
 /// the one source of the classes; `tests/context/test_errors.py` checks that the package's `__all__`,
@@ -43,15 +36,24 @@ macro_rules! exception_classes {
         }),*];
     };
     (@extra) => { None };
-    (@extra $extra:ident) => { Some(|py| py.get_type::<$extra>()) };
+    (@extra $extra:ident) => { Some(BuiltinBase::$extra) };
 }
 
 struct ClassSpec {
     class: ExcClass,
     name: &'static str,
     base: ExcClass,
-    extra_base: Option<fn(Python<'_>) -> Bound<'_, PyType>>,
+    extra_base: Option<BuiltinBase>,
     doc: &'static str,
+}
+
+/// A built-in exception class some classes also derive from, so that `except ValueError`
+/// (or `OverflowError`, `ConnectionError`) catches them.
+#[derive(Debug, Clone, Copy)]
+enum BuiltinBase {
+    Overflow,
+    Value,
+    Connection,
 }
 
 exception_classes! {
@@ -66,7 +68,7 @@ exception_classes! {
         "`llama_encode` failed (crate enum `EncodeError`).";
     EmbeddingsError(LlamaCppError):
         "Embeddings are not available (crate enum `EmbeddingsError`).";
-    KvCacheConversionError(LlamaCppError, PyOverflowError):
+    KvCacheConversionError(LlamaCppError, Overflow):
         "A sequence id or position does not fit llama.cpp's 32-bit integers.";
     SaveSessionError(LlamaCppError):
         "Writing a session file failed.";
@@ -100,70 +102,31 @@ exception_classes! {
         "A call through the crate's C++ shim failed (crate enum `ShimError`), e.g. sampling.";
     SamplerInitError(LlamaCppError):
         "llama.cpp could not build a sampler (e.g. a grammar it cannot parse).";
-    SchemaError(LlamaCppError, PyValueError):
+    SchemaError(LlamaCppError, Value):
         "A JSON Schema or grammar that llguidance cannot compile, that admits no output, or \
          that failed while generating; nothing unconstrained is generated.";
     StateError(LlamaCppError):
         "A state function returned failure (`false` or `0`) without an error enum.";
-    RpcError(LlamaCppError, PyConnectionError):
+    RpcError(LlamaCppError, Connection):
         "An RPC server could not be reached, speaks another protocol version, or failed while \
          the model used it; the message names its host:port. A model whose server failed \
          refuses further work: load it again.";
     MtmdError(LlamaCppError):
         "The multimodal projector failed (crate enum `MtmdError`): it could not be loaded, or \
          could not tokenize or encode the media.";
-    ImageError(LlamaCppError, PyValueError):
+    ImageError(LlamaCppError, Value):
         "Image data that llamactx refuses before decoding it, or that does not decode: `kind` \
          is `NotAnImage`, `Animated`, `TooLarge`, `Empty` or `Corrupt`.";
-    AudioError(LlamaCppError, PyValueError):
+    AudioError(LlamaCppError, Value):
         "Audio data that llamactx refuses or that does not decode: `kind` is `NotAudio`, \
          `Unsupported`, `TooLong`, `Empty` or `Corrupt`.";
     EngineBusy(LlamaCppError):
         "The engine's queue of waiting requests is full (`max_waiting`): retry later.";
 }
 
-static TYPES: [PyOnceLock<Py<PyType>>; CLASSES.len()] = [const { PyOnceLock::new() }; CLASSES.len()];
-
+/// Where `class` stands in `CLASSES` (their order is the enum's).
 fn index_of(class: ExcClass) -> usize {
     class as usize
-}
-
-/// The Python class of `class`. Panics only if called before `register` ran, which cannot
-/// happen: the module registers its exceptions before any other name.
-pub fn class_object(py: Python<'_>, class: ExcClass) -> &Bound<'_, PyType> {
-    PyOnceLock::get(&TYPES[index_of(class)], py)
-        .expect("llamactx exceptions are registered at import")
-        .bind(py)
-}
-
-/// Creates every exception class and adds it to the module.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = m.py();
-    let builtins_type = py.get_type::<PyType>();
-    for spec in CLASSES {
-        let first_base = if spec.class == ExcClass::LlamaCppError {
-            py.get_type::<PyException>()
-        } else {
-            class_object(py, spec.base).clone()
-        };
-        let bases = match spec.extra_base {
-            Some(extra) => PyTuple::new(py, [first_base, extra(py)])?,
-            None => PyTuple::new(py, [first_base])?,
-        };
-        let namespace = PyDict::new(py);
-        namespace.set_item("__module__", "llamactx")?;
-        namespace.set_item("__doc__", spec.doc)?;
-        if spec.class == ExcClass::LlamaCppError {
-            namespace.set_item("kind", py.None())?;
-            namespace.set_item("code", py.None())?;
-        }
-        let class = builtins_type
-            .call1((spec.name, bases, namespace))?
-            .cast_into::<PyType>()?;
-        m.add(spec.name, &class)?;
-        let _ = TYPES[index_of(spec.class)].set(py, class.unbind());
-    }
-    Ok(())
 }
 
 /// Everything that can go wrong in llamactx, before it becomes a Python exception.
@@ -190,8 +153,9 @@ pub enum Error {
     Runtime(String),
     /// A lock poisoned by a panic in another thread.
     Poisoned(&'static str),
-    /// An exception raised by Python code we called (a callback).
-    Python(PyErr),
+    /// A failure of the caller's own code (a Python callback's exception, in the extension),
+    /// carried through unchanged: `python.rs` raises the same exception again.
+    Foreign(Box<dyn std::error::Error + Send + Sync>),
     /// A Rust panic caught at the boundary: a bug of llamactx.
     Panic(String),
 }
@@ -244,71 +208,6 @@ impl Error {
             },
             other => other,
         }
-    }
-}
-
-impl From<PyErr> for Error {
-    fn from(err: PyErr) -> Self {
-        Self::Python(err)
-    }
-}
-
-impl From<Error> for PyErr {
-    fn from(err: Error) -> Self {
-        match err {
-            Error::Llama {
-                class,
-                kind,
-                code,
-                message,
-            } => Python::attach(|py| instance(py, class, &kind, code, &message)),
-            // Python's own handler saw the SIGINT too: running it raises `KeyboardInterrupt`
-            // (or whatever the program's handler does; if it raises nothing, the decode was
-            // still aborted).
-            Error::Aborted { interrupted: true } => Python::attach(|py| match py.check_signals() {
-                Err(raised) => raised,
-                Ok(()) => instance(
-                    py,
-                    ExcClass::DecodeAborted,
-                    "Interrupted",
-                    Some(2),
-                    "decode interrupted by SIGINT",
-                ),
-            }),
-            Error::Aborted { interrupted: false } => Python::attach(|py| {
-                instance(
-                    py,
-                    ExcClass::DecodeAborted,
-                    "Aborted",
-                    Some(2),
-                    "decode aborted by the abort callback",
-                )
-            }),
-            Error::Value(message) => PyValueError::new_err(message),
-            Error::Index(message) => PyIndexError::new_err(message),
-            Error::Type(message) => PyTypeError::new_err(message),
-            Error::FileNotFound(message) => PyFileNotFoundError::new_err(message),
-            Error::Runtime(message) => PyRuntimeError::new_err(message),
-            Error::Poisoned(what) => {
-                PyRuntimeError::new_err(format!("{what} is unusable: a thread panicked while holding it"))
-            }
-            Error::Python(err) => err,
-            Error::Panic(message) => PyRuntimeError::new_err(format!(
-                "internal error in llamactx (a bug, please report it): {message}"
-            )),
-        }
-    }
-}
-
-fn instance(py: Python<'_>, class: ExcClass, kind: &str, code: Option<i64>, message: &str) -> PyErr {
-    let built = class_object(py, class).call1((message,)).and_then(|exc| {
-        exc.setattr("kind", kind)?;
-        exc.setattr("code", code)?;
-        Ok(exc)
-    });
-    match built {
-        Ok(exc) => PyErr::from_value(exc),
-        Err(err) => err,
     }
 }
 

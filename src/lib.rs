@@ -41,12 +41,12 @@ use pyo3::prelude::*;
 pub mod engine_api {
     pub use crate::context::ContextOptions;
     pub use crate::engine::{
-        DraftChoice, EngineSettings, NgramConfig, PyCompletion as Completion, PyEngineCore as Engine,
-        RequestShared as Request,
+        Completion, Constraint, DraftChoice, Engine, EngineSettings, EngineStats, NgramConfig,
+        RequestShared as Request, Submission,
     };
     pub use crate::errors::Error;
     pub use crate::model::load_checked;
-    pub use crate::sampler::params::PySamplingParams as SamplingParams;
+    pub use crate::sampler::params::SamplingParams;
 }
 
 #[pymodule]
@@ -54,23 +54,23 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Whether llama.cpp was compiled for the building machine (-march=native), not a CPU level.
     m.add("NATIVE_BUILD", cfg!(feature = "native"))?;
-    errors::register(m)?;
+    errors::python::register(m)?;
     m.add_class::<model::PyLlamaModel>()?;
     m.add_class::<context::PyLlamaContext>()?;
     m.add_class::<batch::PyLlamaBatch>()?;
     m.add_class::<sampler::PyLlamaSampler>()?;
     m.add_class::<token_data::PyLlamaTokenData>()?;
     m.add_class::<token_data::PyLlamaTokenDataArray>()?;
-    m.add_class::<lora::PyLlamaLoraAdapter>()?;
+    m.add_class::<lora::python::PyLlamaLoraAdapter>()?;
     m.add_class::<threadpool::PyThreadPool>()?;
     m.add_class::<perf::PyPerfContextData>()?;
-    m.add_class::<sampler::params::PySamplingParams>()?;
-    m.add_class::<engine::PyCompletion>()?;
-    m.add_class::<engine::PyEngineCore>()?;
-    m.add_class::<engine::PyEngineStats>()?;
-    m.add_class::<engine::PyRequestCore>()?;
-    m.add_class::<engine::waker::PyWaker>()?;
-    m.add_class::<engine::PyContextLoop>()?;
+    m.add_class::<sampler::params::python::PySamplingParams>()?;
+    m.add_class::<engine::python::PyCompletion>()?;
+    m.add_class::<engine::python::PyEngineCore>()?;
+    m.add_class::<engine::python::PyEngineStats>()?;
+    m.add_class::<engine::python::PyRequestCore>()?;
+    m.add_class::<engine::python::PyWaker>()?;
+    m.add_class::<engine::python::PyContextLoop>()?;
     m.add_class::<regex_search::PyRegex>()?;
     m.add_class::<chat_format::PyChatTemplates>()?;
     m.add_class::<chat_format::PyChatApplied>()?;
@@ -82,14 +82,17 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cpu::cpu_features, m)?)?;
     m.add_function(wrap_pyfunction!(prompt_checks::check_prompt, m)?)?;
     m.add_function(wrap_pyfunction!(prompt_checks::check_media_ending, m)?)?;
-    m.add_function(wrap_pyfunction!(engine::speculative_options::check_speculative, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        engine::python::speculative_options::check_speculative,
+        m
+    )?)?;
     m.add_function(wrap_pyfunction!(chat_format::check_reasoning, m)?)?;
     m.add_function(wrap_pyfunction!(chat_format::check_template_variables, m)?)?;
     m.add_function(wrap_pyfunction!(backend::gpu_devices, m)?)?;
     m.add_function(wrap_pyfunction!(tokens::vocabulary_ids, m)?)?;
     m.add_function(wrap_pyfunction!(rerank::rerank_prompt, m)?)?;
-    m.add("_MAX_NGRAM", engine::speculative_options::MAX_NGRAM)?;
-    m.add("_MAX_DRAFT", engine::speculative_options::MAX_DRAFT)?;
+    m.add("_MAX_NGRAM", engine::python::speculative_options::MAX_NGRAM)?;
+    m.add("_MAX_DRAFT", engine::python::speculative_options::MAX_DRAFT)?;
     m.add("_REASONING_FORMATS", chat_format::reasoning_format_names())?;
     Ok(())
 }

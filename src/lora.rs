@@ -1,4 +1,4 @@
-//! `LlamaLoraAdapter`: a LoRA adapter loaded for one model.
+//! A LoRA adapter loaded for one model (`LlamaLoraAdapter` in Python: `python.rs`).
 //!
 //! llama.cpp frees an adapter with its model, and `llama_adapter_lora_free` reaches into the
 //! model, so an adapter must be freed before its model: the adapter holds an `Arc` of the
@@ -9,11 +9,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use llama_cpp_4::model::{LlamaLoraAdapter, LlamaModel};
-use pyo3::prelude::*;
-
 use crate::errors::{Error, Result};
-use crate::gil::close_unless_in_use;
+use llama_cpp_4::model::{LlamaLoraAdapter, LlamaModel};
+
+pub mod python;
 
 pub struct SendAdapter(pub LlamaLoraAdapter);
 
@@ -21,9 +20,8 @@ pub struct SendAdapter(pub LlamaLoraAdapter);
 // weights after loading; every mutable use goes through the `Mutex` that holds it.
 unsafe impl Send for SendAdapter {}
 
-/// A LoRA adapter for one model; set it on a context with `LlamaContext.lora_adapter_set`.
-#[pyclass(frozen, module = "llamactx", name = "LlamaLoraAdapter")]
-pub struct PyLlamaLoraAdapter {
+/// A LoRA adapter for one model, shared by its handle and the contexts that set it.
+pub struct LoraAdapter {
     adapter: Mutex<Option<SendAdapter>>,
     /// Dropped after `adapter` (field order): the adapter must not outlive its model.
     model: Arc<LlamaModel>,
@@ -31,7 +29,7 @@ pub struct PyLlamaLoraAdapter {
     path: PathBuf,
 }
 
-impl PyLlamaLoraAdapter {
+impl LoraAdapter {
     pub fn new(adapter: LlamaLoraAdapter, model: Arc<LlamaModel>, path: PathBuf) -> Self {
         Self {
             adapter: Mutex::new(Some(SendAdapter(adapter))),
@@ -53,82 +51,44 @@ impl PyLlamaLoraAdapter {
         }
         Ok(guard)
     }
+
+    /// The adapter itself (None once closed), for closing it.
+    pub fn slot(&self) -> &Mutex<Option<SendAdapter>> {
+        &self.adapter
+    }
+
+    /// Path of the GGUF file it was loaded from.
+    pub fn path(&self) -> &PathBuf {
+        &self.path
+    }
+
+    /// Whether a context has this adapter set now.
+    pub fn in_use(&self) -> bool {
+        self.leases.load(Ordering::Acquire) > 0
+    }
 }
 
 /// A context's hold on an adapter it has set; releases it when dropped.
-pub struct AdapterLease(Py<PyLlamaLoraAdapter>);
+pub struct AdapterLease(Arc<LoraAdapter>);
 
 impl AdapterLease {
     /// Counts a lease; take it before using the adapter (see `close`).
-    pub fn new(adapter: Py<PyLlamaLoraAdapter>) -> Self {
-        adapter.get().leases.fetch_add(1, Ordering::AcqRel);
+    pub fn new(adapter: Arc<LoraAdapter>) -> Self {
+        adapter.leases.fetch_add(1, Ordering::AcqRel);
         Self(adapter)
     }
 
-    pub fn adapter(&self) -> &PyLlamaLoraAdapter {
-        self.0.get()
+    pub fn adapter(&self) -> &LoraAdapter {
+        &self.0
     }
 
-    pub fn is(&self, adapter: &Py<PyLlamaLoraAdapter>) -> bool {
-        self.0.is(adapter)
+    pub fn is(&self, adapter: &Arc<LoraAdapter>) -> bool {
+        Arc::ptr_eq(&self.0, adapter)
     }
 }
 
 impl Drop for AdapterLease {
     fn drop(&mut self) {
-        self.0.get().leases.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-#[pymethods]
-impl PyLlamaLoraAdapter {
-    /// Path of the GGUF file it was loaded from.
-    #[getter]
-    fn path(&self) -> PathBuf {
-        self.path.clone()
-    }
-
-    /// Whether a context has this adapter set now.
-    #[getter]
-    fn in_use(&self) -> bool {
-        self.leases.load(Ordering::Acquire) > 0
-    }
-
-    /// Frees the adapter now. `ValueError` while a context has it set.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        // A context counts its lease before it locks and uses the adapter.
-        let refusal = "remove the adapter from every context before closing it";
-        close_unless_in_use(py, &self.adapter, "LlamaLoraAdapter", || self.in_use(), refusal)
-    }
-
-    /// Whether `close()` was called.
-    #[getter]
-    fn closed(&self) -> bool {
-        self.adapter.try_lock().is_ok_and(|guard| guard.is_none())
-    }
-
-    fn __repr__(&self) -> String {
-        let state = if self.closed() {
-            " (closed)"
-        } else if self.in_use() {
-            " (in use)"
-        } else {
-            ""
-        };
-        format!("<LlamaLoraAdapter{state}>")
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        _exc: &Bound<'_, PyAny>,
-        _tb: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.close(py)
+        self.0.leases.fetch_sub(1, Ordering::AcqRel);
     }
 }

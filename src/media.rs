@@ -65,18 +65,24 @@ impl OpenMtmd {
     }
 }
 
+/// A projector shared by its Python handle (`MtmdContext`) and the engines that read media
+/// with it.
+pub struct SharedMtmd {
+    native: Mutex<Option<OpenMtmd>>,
+    /// Dropped after `native` (field order): mtmd keeps pointers into the text model.
+    text_model: Arc<LlamaModel>,
+    id: u64,
+}
+
 /// A multimodal projector (an mmproj GGUF) loaded for one text model: the vision or audio
 /// encoder whose outputs the model reads as embeddings.
 #[pyclass(frozen, module = "llamactx", name = "MtmdContext")]
 pub struct PyMtmdContext {
-    native: Mutex<Option<OpenMtmd>>,
-    /// Dropped after `native` (field order): mtmd keeps pointers into the text model.
-    text_model: Arc<LlamaModel>,
+    pub shared: Arc<SharedMtmd>,
     model: Py<PyLlamaModel>,
-    id: u64,
 }
 
-impl PyMtmdContext {
+impl SharedMtmd {
     /// The open projector, locked.
     pub fn lock(&self) -> Result<MutexGuard<'_, Option<OpenMtmd>>> {
         let guard = self.native.lock().map_err(|_| Error::Poisoned("MtmdContext"))?;
@@ -106,9 +112,9 @@ impl PyMtmdContext {
         Arc::ptr_eq(&self.text_model, model)
     }
 
-    /// `ValueError` unless `chunks` were tokenized by this projector.
-    pub fn check_made(&self, chunks: &PyMtmdInputChunks) -> Result<()> {
-        if chunks.made_by == self.id {
+    /// `ValueError` unless chunks `made_by` a projector were tokenized by this one.
+    pub fn check_made(&self, made_by: u64) -> Result<()> {
+        if made_by == self.id {
             Ok(())
         } else {
             Err(Error::value(
@@ -121,6 +127,23 @@ impl PyMtmdContext {
         let guard = self.lock()?;
         let open = guard.as_ref().ok_or_else(|| Error::closed("MtmdContext"))?;
         Ok(read(&open.native))
+    }
+
+    /// Frees the projector now; later uses are `ValueError`.
+    fn close(&self) -> Result<()> {
+        let mut guard = self.native.lock().map_err(|_| Error::Poisoned("MtmdContext"))?;
+        guard.take();
+        Ok(())
+    }
+}
+
+impl PyMtmdContext {
+    fn read<T>(&self, read: impl FnOnce(&MtmdContext) -> T) -> Result<T> {
+        self.shared.read(read)
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Option<OpenMtmd>>> {
+        self.shared.lock()
     }
 
     fn chunks(
@@ -137,7 +160,7 @@ impl PyMtmdContext {
         })?;
         Ok(PyMtmdInputChunks {
             chunks: Arc::new(chunks),
-            made_by: self.id,
+            made_by: self.shared.id,
         })
     }
 }
@@ -212,15 +235,18 @@ impl PyMtmdContext {
             }
             explained(|| MtmdContext::init_from_file(&path, &text_model, params))
         })?;
-        Ok(Self {
+        let shared = SharedMtmd {
             native: Mutex::new(Some(OpenMtmd {
                 native,
                 encodes: 0,
                 kept: KeptEncodings::default(),
             })),
             text_model: model.get().native()?,
-            model: model.clone().unbind(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        };
+        Ok(Self {
+            shared: Arc::new(shared),
+            model: model.clone().unbind(),
         })
     }
 
@@ -344,9 +370,9 @@ impl PyMtmdContext {
         logits_last: bool,
     ) -> PyResult<i32> {
         let chunks = chunks.get();
-        self.check_made(chunks)?;
+        self.shared.check_made(chunks.made_by)?;
         ctx.get().run(py, |context| {
-            if !self.is_for(context.model()) {
+            if !self.shared.is_for(context.model()) {
                 return Err(Error::value(
                     "the context runs another model than the one this MtmdContext was loaded for",
                 ));
@@ -359,11 +385,7 @@ impl PyMtmdContext {
 
     /// Frees the projector now; later calls raise `ValueError`.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        detached(py, || {
-            let mut guard = self.native.lock().map_err(|_| Error::Poisoned("MtmdContext"))?;
-            guard.take();
-            Ok(())
-        })
+        detached(py, || self.shared.close())
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

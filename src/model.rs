@@ -14,7 +14,8 @@ use crate::backend::{backend, explained};
 use crate::context::{ContextOptions, PyLlamaContext};
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
-use crate::lora::PyLlamaLoraAdapter;
+use crate::lora::python::PyLlamaLoraAdapter;
+use crate::lora::LoraAdapter;
 use crate::metadata::{self, ModelFileFacts};
 use crate::paths::existing_file;
 use crate::rpc::{self, ModelLinks};
@@ -551,7 +552,7 @@ impl PyLlamaModel {
         detached(py, move || {
             metadata::check_adapter_file(&path)?;
             let adapter = explained(|| model.lora_adapter_init(&path))?;
-            Ok(PyLlamaLoraAdapter::new(adapter, model, path))
+            Ok(PyLlamaLoraAdapter(Arc::new(LoraAdapter::new(adapter, model, path))))
         })
     }
 

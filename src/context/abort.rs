@@ -80,7 +80,7 @@ impl AbortFlags {
         // A Ctrl-C that lands while the Python callback runs is raised inside it: the
         // callback's exception is then the `KeyboardInterrupt` to re-raise.
         match self.raised.lock().ok().and_then(|mut raised| raised.take()) {
-            Some(exception) => Error::Python(exception),
+            Some(exception) => Error::from(exception),
             None => Error::Aborted {
                 interrupted: self.sigint(),
             },

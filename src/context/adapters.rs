@@ -7,7 +7,8 @@ use pyo3::prelude::*;
 
 use super::{OpenContext, PyLlamaContext};
 use crate::errors::{Error, ExcClass, Result};
-use crate::lora::{AdapterLease, PyLlamaLoraAdapter};
+use crate::lora::python::PyLlamaLoraAdapter;
+use crate::lora::{AdapterLease, LoraAdapter};
 
 /// A control vector as one flat float32 buffer (any array-like: 2-D `(n_layer - 1, n_embd)`
 /// arrays are flattened), or `None` for "clear".
@@ -35,9 +36,9 @@ impl OpenContext {
     /// Applies `adapter` with weight `scale` (`lora_adapter_set`, and an engine's adapter),
     /// keeping it alive while set. `ValueError` for a scale that is not finite or an adapter of
     /// another model.
-    pub(crate) fn set_lora(&mut self, adapter: Py<PyLlamaLoraAdapter>, scale: f32) -> Result<()> {
+    pub(crate) fn set_lora(&mut self, adapter: Arc<LoraAdapter>, scale: f32) -> Result<()> {
         check_scale(scale)?;
-        if !Arc::ptr_eq(adapter.get().model(), self.model()) {
+        if !Arc::ptr_eq(adapter.model(), self.model()) {
             return Err(Error::value("this adapter was loaded for another model"));
         }
         // Leased before use, so `close()` refuses from here on.
@@ -72,17 +73,18 @@ impl PyLlamaContext {
     /// adapter set before, as the crate does; the context keeps the adapter alive while set.
     /// `ValueError` for an adapter of another model; `LlamaLoraAdapterSetError` on failure.
     fn lora_adapter_set(&self, py: Python<'_>, adapter: Py<PyLlamaLoraAdapter>, scale: f32) -> PyResult<()> {
-        self.run(py, |native| native.set_lora(adapter, scale))
+        self.run(py, |native| native.set_lora(Arc::clone(&adapter.get().0), scale))
     }
 
     /// Removes the adapter set on this context (the crate clears every adapter).
     /// `ValueError` when `adapter` is not the one set.
     fn lora_adapter_remove(&self, py: Python<'_>, adapter: Py<PyLlamaLoraAdapter>) -> PyResult<()> {
         self.run(py, |native| {
-            if !native.lora.as_ref().is_some_and(|lease| lease.is(&adapter)) {
+            let adapter = &adapter.get().0;
+            if !native.lora.as_ref().is_some_and(|lease| lease.is(adapter)) {
                 return Err(Error::value("this adapter is not set on this context"));
             }
-            let mut guard = adapter.get().lock()?;
+            let mut guard = adapter.lock()?;
             let raw = guard.as_mut().ok_or_else(|| Error::closed("LlamaLoraAdapter"))?;
             native.with_mut(|context| context.lora_adapter_remove(&mut raw.0))?;
             native.lora = None;

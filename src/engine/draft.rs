@@ -11,9 +11,8 @@ use std::sync::Arc;
 use llama_cpp_4::model::LlamaModel;
 use llama_cpp_4::token::LlamaToken;
 
-use super::draft_model::{check_can_cut, DraftContext};
+use super::draft_model::DraftContext;
 use super::ngram::lookup_draft;
-use super::speculative_options::DraftKind;
 use crate::context::{ContextOptions, OpenContext};
 use crate::errors::Result;
 
@@ -184,25 +183,6 @@ pub enum DraftChoice {
 }
 
 impl DraftChoice {
-    /// `kind`, drafting for `target`: `ValueError` for a target whose cells cannot be cut (a
-    /// recurrent or hybrid model cannot take back a rejected draft).
-    pub(crate) fn read(kind: DraftKind, target: &LlamaModel) -> Result<Self> {
-        check_can_cut(target)?;
-        Ok(match kind {
-            DraftKind::Ngram(config) => Self::Ngram(config),
-            DraftKind::Model {
-                model,
-                n_draft_max,
-                p_min,
-            } => Self::Model {
-                model: model.get().vocabulary()?,
-                learned_positions: model.get().learned_positions(),
-                n_draft_max: usize::from(n_draft_max),
-                p_min,
-            },
-        })
-    }
-
     /// The source: a draft model in a context of its own, opened with `options`
     /// (`draft_options`).
     pub(crate) fn open(self, target: &LlamaModel, options: &ContextOptions) -> Result<DraftSource> {

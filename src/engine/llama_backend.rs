@@ -1,20 +1,20 @@
 //! The engine's `Backend` on llama.cpp: its context, the batch its decodes go through, and the
 //! projector that image and audio prompts are encoded by. The engine owns its context; the
-//! step loop on a caller's `LlamaContext` (`context_loop.rs`) locks the caller's for each call.
+//! step loop on a caller's `LlamaContext` (`context_loop.rs`) locks the caller's for each call
+//! (its `Native`).
 
 use std::sync::Arc;
 
 use llama_cpp_4::model::LlamaModel;
 use llama_cpp_4::token::LlamaToken;
-use pyo3::Py;
 
 use super::backend::{Backend, Entry, Sizes};
 use super::prefix_cache::Adapter;
 use super::scheduler::MediaSpan;
 use crate::batch::BatchState;
-use crate::context::{OpenContext, PyLlamaContext};
+use crate::context::OpenContext;
 use crate::errors::{Error, Result};
-use crate::media::PyMtmdContext;
+use crate::media::SharedMtmd;
 use crate::steps::token_bytes;
 use crate::tokens::{check_vocab, to_llama_tokens};
 
@@ -35,17 +35,6 @@ impl Native for OpenContext {
     }
 }
 
-/// A caller's context, locked for each call: between steps the caller may use it too.
-impl Native for Py<PyLlamaContext> {
-    fn open<T>(&self, work: impl FnOnce(&OpenContext) -> Result<T>) -> Result<T> {
-        self.get().with_open(|native| work(native))
-    }
-
-    fn open_mut<T>(&mut self, work: impl FnOnce(&mut OpenContext) -> Result<T>) -> Result<T> {
-        self.get().with_open(work)
-    }
-}
-
 pub struct LlamaBackend<N: Native> {
     native: N,
     /// The model `native` runs, for what a token is.
@@ -53,7 +42,7 @@ pub struct LlamaBackend<N: Native> {
     batch: BatchState,
     sizes: Sizes,
     /// The projector whose embeddings media prompts decode, if the engine reads media.
-    mtmd: Option<Py<PyMtmdContext>>,
+    mtmd: Option<Arc<SharedMtmd>>,
     /// The adapter's scale the context has now.
     adapter: Adapter,
 }
@@ -64,7 +53,7 @@ impl<N: Native> LlamaBackend<N> {
     pub fn new(
         native: N,
         batch: BatchState,
-        mtmd: Option<Py<PyMtmdContext>>,
+        mtmd: Option<Arc<SharedMtmd>>,
         adapter_scale: Option<f32>,
     ) -> Result<Self> {
         let (sizes, model) = native.open(|open| {
@@ -204,8 +193,7 @@ impl<N: Native> Backend for LlamaBackend<N> {
         let mtmd = self
             .mtmd
             .as_ref()
-            .ok_or_else(|| Error::value("this engine reads no media (it has no MtmdContext)"))?
-            .get();
+            .ok_or_else(|| Error::value("this engine reads no media (it has no MtmdContext)"))?;
         let mut guard = match mtmd.try_lock()? {
             Some(guard) => guard,
             None if !wait => return Ok(false),

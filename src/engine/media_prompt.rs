@@ -14,7 +14,7 @@ use llama_cpp_4::token::LlamaToken;
 
 use super::scheduler::MediaSpan;
 use crate::errors::{Error, Result};
-use crate::media::{PyMtmdContext, SharedChunks};
+use crate::media::{SharedChunks, SharedMtmd};
 use crate::prompt_checks;
 
 /// An image's chunks and where they go among the prompt's text tokens.
@@ -37,7 +37,7 @@ pub struct MediaPrompt {
 /// earlier encode) behind placeholders. `ValueError` for chunks of another projector, positions
 /// out of order or past the text, and a prompt that ends with an image (its last token must
 /// have logits).
-pub fn assemble(mtmd: &PyMtmdContext, model: &LlamaModel, tokens: &[i32], media: &[MediaInput]) -> Result<MediaPrompt> {
+pub fn assemble(mtmd: &SharedMtmd, model: &LlamaModel, tokens: &[i32], media: &[MediaInput]) -> Result<MediaPrompt> {
     let mut assembled = MediaPrompt {
         tokens: Vec::with_capacity(tokens.len()),
         text: Vec::with_capacity(tokens.len()),

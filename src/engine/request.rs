@@ -1,73 +1,73 @@
 //! A request's side shared by the engine thread (which writes pieces and the outcome) and by
-//! Python (which waits for them: blocking with the GIL released, or from asyncio through a
-//! `_Waker`).
+//! its readers: a Rust thread (`next_text`), or Python (`python.rs`: blocking with the GIL
+//! released, or from asyncio through a `WakePipe`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use pyo3::exceptions::PyTimeoutError;
-use pyo3::prelude::*;
-
-use super::waker::{PyWaker, WakePipe};
+use super::wake_pipe::WakePipe;
 use super::EngineShared;
-use crate::errors::Error;
+use crate::errors::{Error, Result};
 
-/// How often a blocked wait looks for Ctrl-C (Python runs signal handlers only between waits).
-const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+pub mod python;
 
 /// Why a request unfinished at a fork cannot be awaited in the child.
 const FORKED_REQUEST: &str = "this request was submitted in the parent of this forked process, where its engine \
                               thread stays; it will never finish here";
 
-/// A finished request: its text and tokens, why it ended, what it cost.
-#[pyclass(frozen, module = "llamactx", name = "Completion", get_all)]
-#[derive(Debug, Clone)]
-pub struct PyCompletion {
-    /// The generated text (stop strings excluded).
-    pub text: String,
-    /// The generated token ids (an end-of-generation token excluded).
-    pub tokens: Vec<i32>,
-    /// Per generated token when `logprobs` was asked for: `(token, log-probability)` of that
-    /// token, then of the most likely others, under the model's own distribution.
-    pub logprobs: TokenLogprobs,
-    /// "stop" (end of generation or a stop string), "length" (`max_tokens` or the context
-    /// size), "cancelled".
-    pub finish_reason: &'static str,
-    /// Tokens of the prompt.
-    pub prompt_tokens: usize,
-    /// Prompt tokens whose KV was reused instead of computed.
-    pub cached_tokens: usize,
-    /// Tokens sampled (an end-of-generation token included).
-    pub completion_tokens: usize,
-    /// Tokens proposed by speculative drafts and verified (0 without speculation).
-    pub drafted_tokens: usize,
-    /// Drafted tokens that were what the model sampled: each saved a decode.
-    pub accepted_tokens: usize,
-    /// Seconds from `submit` until the engine took the request.
-    pub queue_seconds: f64,
-    /// Seconds from `submit` until the first token was sampled (None if none was).
-    pub first_token_seconds: Option<f64>,
-    /// Sampled tokens per second, from the first token to the last.
-    pub tokens_per_second: f64,
+/// Declares `Completion`'s fields once: the struct below, and the getters of the Python class
+/// (`python.rs`).
+macro_rules! completion_fields {
+    ($declare:ident) => {
+        $declare! {
+            /// The generated text (stop strings excluded).
+            text: String,
+            /// The generated token ids (an end-of-generation token excluded).
+            tokens: Vec<i32>,
+            /// Per generated token when `logprobs` was asked for: `(token, log-probability)` of that
+            /// token, then of the most likely others, under the model's own distribution.
+            logprobs: $crate::engine::request::TokenLogprobs,
+            /// "stop" (end of generation or a stop string), "length" (`max_tokens` or the context
+            /// size), "cancelled".
+            finish_reason: &'static str,
+            /// Tokens of the prompt.
+            prompt_tokens: usize,
+            /// Prompt tokens whose KV was reused instead of computed.
+            cached_tokens: usize,
+            /// Tokens sampled (an end-of-generation token included).
+            completion_tokens: usize,
+            /// Tokens proposed by speculative drafts and verified (0 without speculation).
+            drafted_tokens: usize,
+            /// Drafted tokens that were what the model sampled: each saved a decode.
+            accepted_tokens: usize,
+            /// Seconds from `submit` until the engine took the request.
+            queue_seconds: f64,
+            /// Seconds from `submit` until the first token was sampled (None if none was).
+            first_token_seconds: Option<f64>,
+            /// Sampled tokens per second, from the first token to the last.
+            tokens_per_second: f64,
+        }
+    };
 }
+pub(crate) use completion_fields;
 
-#[pymethods]
-impl PyCompletion {
-    fn __repr__(&self) -> String {
-        format!(
-            "<Completion finish_reason={:?} completion_tokens={} text={:?}>",
-            self.finish_reason, self.completion_tokens, self.text
-        )
-    }
+macro_rules! declare_completion {
+    ($($(#[doc = $doc:literal])* $name:ident: $kept:ty,)*) => {
+        /// A finished request: its text and tokens, why it ended, what it cost.
+        #[derive(Debug, Clone)]
+        pub struct Completion {
+            $($(#[doc = $doc])* pub $name: $kept,)*
+        }
+    };
 }
+completion_fields!(declare_completion);
 
-enum Outcome {
-    Done(PyCompletion),
-    /// A failure not yet turned into a Python exception (that needs the GIL).
+/// How a request ended.
+pub enum Outcome {
+    Done(Completion),
     Failed(Error),
-    Raised(PyErr),
 }
 
 /// Log-probabilities of generated tokens: per token, `(token, log-probability)` of that token,
@@ -76,7 +76,7 @@ pub type TokenLogprobs = Vec<Vec<(i32, f32)>>;
 
 /// Text ready for the reader, with the log-probabilities (when asked for) of the tokens
 /// sampled since the previous piece.
-type Piece = (String, TokenLogprobs);
+pub type Piece = (String, TokenLogprobs);
 
 #[derive(Default)]
 struct Progress {
@@ -84,7 +84,27 @@ struct Progress {
     outcome: Option<Outcome>,
 }
 
-/// What the engine thread and the waiting Python code share of one request.
+/// What a reader waits for.
+#[derive(Clone, Copy)]
+pub enum Want {
+    /// The next piece, or the end.
+    Piece,
+    /// The end.
+    End,
+}
+
+/// What a reader finds: the next piece, the end (every piece read), or nothing yet.
+pub enum Next {
+    Piece(Piece),
+    Ended,
+    Pending,
+}
+
+fn ready(progress: &Progress, want: Want) -> bool {
+    progress.outcome.is_some() || (matches!(want, Want::Piece) && !progress.pieces.is_empty())
+}
+
+/// What the engine thread and the request's readers share of one request.
 pub struct RequestShared {
     progress: Mutex<Progress>,
     /// Signalled for every piece and at the end.
@@ -147,7 +167,7 @@ impl RequestShared {
     }
 
     /// Ends the request (the first outcome wins).
-    pub(crate) fn complete(&self, completion: PyCompletion) {
+    pub(crate) fn complete(&self, completion: Completion) {
         self.settle(Outcome::Done(completion));
     }
 
@@ -169,7 +189,8 @@ impl RequestShared {
         self.engine.wake_scheduler();
     }
 
-    fn finished(&self) -> bool {
+    /// Whether the request is over.
+    pub fn finished(&self) -> bool {
         self.progress().outcome.is_some()
     }
 
@@ -192,12 +213,11 @@ impl RequestShared {
     }
 
     /// The completion, or the failure's message, once the request ended.
-    pub fn ended(&self) -> Option<std::result::Result<PyCompletion, String>> {
+    pub fn ended(&self) -> Option<std::result::Result<Completion, String>> {
         match &self.progress().outcome {
             None => None,
             Some(Outcome::Done(completion)) => Some(Ok(completion.clone())),
             Some(Outcome::Failed(err)) => Some(Err(format!("{err:?}"))),
-            Some(Outcome::Raised(err)) => Some(Err(err.to_string())),
         }
     }
 
@@ -208,183 +228,65 @@ impl RequestShared {
             .try_lock()
             .is_ok_and(|progress| progress.outcome.is_some())
     }
-}
 
-/// What a reader waits for.
-#[derive(Clone, Copy)]
-enum Want {
-    /// The next piece, or the end.
-    Piece,
-    /// The end.
-    End,
-}
-
-fn ready(progress: &Progress, want: Want) -> bool {
-    progress.outcome.is_some() || (matches!(want, Want::Piece) && !progress.pieces.is_empty())
-}
-
-/// The Python handle of one request (wrapped by `llamactx.Request`).
-#[pyclass(frozen, module = "llamactx", name = "_RequestCore")]
-pub struct PyRequestCore {
-    pub shared: Arc<RequestShared>,
-}
-
-impl PyRequestCore {
-    /// Waits, with the GIL released, until `want` is ready or `timeout` (seconds) passes;
-    /// checks for Ctrl-C in between (a wait it interrupts cancels the request).
-    fn wait(&self, py: Python<'_>, want: Want, timeout: Option<f64>) -> PyResult<()> {
-        let deadline = timeout
-            .map(|seconds| {
-                Duration::try_from_secs_f64(seconds)
-                    .map(|wait| Instant::now() + wait)
-                    .map_err(|_| Error::value(format!("timeout must be a number of seconds >= 0, got {seconds}")))
-            })
-            .transpose()?;
-        self.refuse_in_a_forked_child()?;
-        loop {
-            let done = py.detach(|| {
-                let progress = self.shared.progress();
-                let slice = deadline.map_or(SIGNAL_CHECK, |deadline| {
-                    SIGNAL_CHECK.min(deadline.saturating_duration_since(Instant::now()))
-                });
-                let signal = match want {
-                    Want::Piece => &self.shared.changed,
-                    Want::End => &self.shared.ended,
-                };
-                let (progress, _) = signal
-                    .wait_timeout_while(progress, slice, |progress| !ready(progress, want))
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                ready(&progress, want)
-            });
-            if done {
-                return Ok(());
-            }
-            if let Err(interrupt) = py.check_signals() {
-                self.shared.cancel();
-                return Err(interrupt);
-            }
-            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                return Err(PyTimeoutError::new_err("the request has not finished yet"));
-            }
-        }
-    }
-
-    /// `ValueError` in a forked child for a request that had not ended: the engine thread that
-    /// would end it stayed in the parent, so waiting would never return.
-    fn refuse_in_a_forked_child(&self) -> PyResult<()> {
-        if std::process::id() != self.shared.pid && !self.shared.ended_before_a_fork() {
-            return Err(Error::value(FORKED_REQUEST).into());
+    /// Refuses to wait in a forked child for a request that had not ended: the engine thread
+    /// that would end it stayed in the parent, so waiting would never return.
+    ///
+    /// # Errors
+    ///
+    /// `Error::Value` in such a child.
+    pub fn refuse_in_a_forked_child(&self) -> Result<()> {
+        if std::process::id() != self.pid && !self.ended_before_a_fork() {
+            return Err(Error::value(FORKED_REQUEST));
         }
         Ok(())
     }
 
-    /// The outcome as a Python value: the completion, or the failure raised (every time).
-    fn outcome(&self, py: Python<'_>) -> PyResult<Option<PyCompletion>> {
-        let mut progress = self.shared.progress();
-        let raised = match progress.outcome.take() {
-            None => return Ok(None),
-            Some(Outcome::Done(completion)) => {
-                progress.outcome = Some(Outcome::Done(completion.clone()));
-                return Ok(Some(completion));
-            }
-            Some(Outcome::Failed(error)) => PyErr::from(error),
-            Some(Outcome::Raised(raised)) => raised,
+    /// Waits at most `slice` until `want` is ready; whether it is.
+    pub fn wait_for(&self, want: Want, slice: Duration) -> bool {
+        let signal = match want {
+            Want::Piece => &self.changed,
+            Want::End => &self.ended,
         };
-        progress.outcome = Some(Outcome::Raised(raised.clone_ref(py)));
-        Err(raised)
+        let (progress, _) = signal
+            .wait_timeout_while(self.progress(), slice, |progress| !ready(progress, want))
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        ready(&progress, want)
     }
 
-    /// The next piece, the end (raising the failure, if it failed), or nothing yet: another
-    /// reader of the same request may have taken the piece a wait saw.
-    fn take(&self, py: Python<'_>) -> PyResult<Taken> {
-        let mut progress = self.shared.progress();
-        if let Some(piece) = progress.pieces.pop_front() {
-            return Ok(Taken::Piece(piece));
-        }
-        if progress.outcome.is_none() {
-            return Ok(Taken::Nothing);
-        }
-        drop(progress);
-        self.outcome(py).map(|_| Taken::End)
+    /// Whether `want` is ready now.
+    pub fn is_ready(&self, want: Want) -> bool {
+        ready(&self.progress(), want)
     }
-}
 
-/// What a reader found.
-enum Taken {
-    Piece(Piece),
-    End,
-    Nothing,
-}
-
-#[pymethods]
-impl PyRequestCore {
-    /// The next piece, `(text, logprobs of its tokens)`; None once the request is over (its
-    /// failure is raised then). Blocks with the GIL released.
-    fn next_piece(&self, py: Python<'_>) -> PyResult<Option<Piece>> {
-        loop {
-            self.wait(py, Want::Piece, None)?;
-            match self.take(py)? {
-                Taken::Piece(piece) => return Ok(Some(piece)),
-                Taken::End => return Ok(None),
-                Taken::Nothing => {}
-            }
+    /// The oldest piece not yet read, else whether the request ended.
+    pub fn next(&self) -> Next {
+        let mut progress = self.progress();
+        match progress.pieces.pop_front() {
+            Some(piece) => Next::Piece(piece),
+            None if progress.outcome.is_some() => Next::Ended,
+            None => Next::Pending,
         }
     }
 
-    /// `("piece", (text, logprobs))`, `("end", None)` or `("wait", None)`, without blocking.
-    fn poll(&self, py: Python<'_>) -> PyResult<(&'static str, Option<Piece>)> {
-        self.refuse_in_a_forked_child()?;
-        Ok(match self.take(py)? {
-            Taken::Piece(piece) => ("piece", Some(piece)),
-            Taken::End => ("end", None),
-            Taken::Nothing => ("wait", None),
-        })
+    /// Reads or replaces the outcome under the request's lock (None: not ended yet).
+    pub fn with_outcome<T>(&self, read: impl FnOnce(&mut Option<Outcome>) -> T) -> T {
+        read(&mut self.progress().outcome)
     }
 
-    /// The `Completion`, waiting up to `timeout` seconds (None: no limit) with the GIL
-    /// released; the failure is raised if the request failed, `TimeoutError` after `timeout`.
-    #[pyo3(signature = (timeout=None))]
-    fn result(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyCompletion> {
-        self.wait(py, Want::End, timeout)?;
-        self.outcome(py)?
-            .ok_or_else(|| Error::Runtime("the request ended without an outcome".to_owned()).into())
-    }
-
-    /// The `Completion` if the request is over (raising its failure), else None.
-    fn result_now(&self, py: Python<'_>) -> PyResult<Option<PyCompletion>> {
-        self.refuse_in_a_forked_child()?;
-        self.outcome(py)
-    }
-
-    /// Whether the awaited news is there: a piece or the end (`end_only`: the end).
-    fn ready(&self, end_only: bool) -> bool {
-        ready(&self.shared.progress(), if end_only { Want::End } else { Want::Piece })
-    }
-
-    /// Asks the engine to stop the request at its next step.
-    fn cancel(&self) {
-        self.shared.cancel();
-    }
-
-    /// Whether the request is over.
-    #[getter]
-    fn done(&self) -> bool {
-        self.shared.finished()
-    }
-
-    /// Wakes `waker`'s loop at the end, and on every piece from now on if `pieces`; every
-    /// loop that watches is woken.
-    fn watch(&self, waker: &PyWaker, pieces: bool) {
+    /// Wakes `pipe` at the end, and on every piece from now on if `pieces`; every pipe that
+    /// watches is woken.
+    pub fn watch(&self, pipe: &Arc<WakePipe>, pieces: bool) {
         if pieces {
-            self.shared.wake_on_pieces.store(true, Ordering::Release);
+            self.wake_on_pieces.store(true, Ordering::Release);
         }
-        let mut wakers = self.shared.wakers();
+        let mut wakers = self.wakers();
         wakers.retain(|watching| watching.strong_count() > 0);
         if !wakers
             .iter()
-            .any(|watching| std::ptr::eq(watching.as_ptr(), Arc::as_ptr(&waker.pipe)))
+            .any(|watching| std::ptr::eq(watching.as_ptr(), Arc::as_ptr(pipe)))
         {
-            wakers.push(Arc::downgrade(&waker.pipe));
+            wakers.push(Arc::downgrade(pipe));
         }
     }
 }

@@ -27,13 +27,13 @@ use super::draft_cost::DraftCosts;
 use super::logprobs::top_logprobs;
 use super::plan;
 use super::prefix_cache::{Adapter, Placement, PrefixCache};
-use super::request::{PyCompletion, RequestShared, TokenLogprobs};
+use super::request::{Completion, RequestShared, TokenLogprobs};
 use super::{Counters, EngineShared, Inbox};
 use crate::backend::log_warning;
 use crate::errors::{Error, Result};
 use crate::media::SharedChunks;
 use crate::sampler::custom::prepare_first_stages;
-use crate::sampler::params::{GreedyPick, PySamplingParams};
+use crate::sampler::params::{GreedyPick, SamplingParams};
 use crate::sampler::{no_token_left, refuse_unfinished_end, select_from, try_accept, SendSampler};
 use crate::steps::{Finish, Steps};
 
@@ -62,7 +62,7 @@ pub struct Job {
 pub enum Choosing {
     /// `SamplingParams`, after a constraint's sampler (a GBNF grammar, a JSON Schema) if there
     /// is one.
-    Params(PySamplingParams, Option<SendSampler>),
+    Params(SamplingParams, Option<SendSampler>),
     /// A caller's sampler, whole; the request's sequence samples with a copy of its state.
     Sampler(SendSampler),
 }
@@ -248,13 +248,13 @@ impl Running {
         length.wanted(left.min(before_end))
     }
 
-    fn completion(&self, finish_reason: &'static str) -> PyCompletion {
+    fn completion(&self, finish_reason: &'static str) -> Completion {
         let seconds = |from: Instant, to: Option<Instant>| to.map(|to| to.duration_since(from).as_secs_f64());
         let generating = match (self.first_token, self.last_token) {
             (Some(first), Some(last)) if self.sampled > 1 => last.duration_since(first).as_secs_f64(),
             _ => 0.0,
         };
-        PyCompletion {
+        Completion {
             text: self.text.clone(),
             tokens: self.tokens.clone(),
             logprobs: self.logprobs.clone(),
@@ -291,8 +291,8 @@ struct GenerationPlan {
 }
 
 /// A completion for a request that ended before it held a slot.
-fn unstarted(job: &Job, finish_reason: &'static str) -> PyCompletion {
-    PyCompletion {
+fn unstarted(job: &Job, finish_reason: &'static str) -> Completion {
+    Completion {
         text: String::new(),
         tokens: Vec::new(),
         logprobs: Vec::new(),

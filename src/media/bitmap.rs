@@ -36,7 +36,7 @@ fn contiguous<'a, T: Copy, D: Dimension>(array: &'a ArrayView<'_, T, D>) -> Resu
     }
     let mut elements = Vec::new();
     elements.try_reserve_exact(array.len()).map_err(|_| {
-        Error::Python(PyMemoryError::new_err(format!(
+        Error::from(PyMemoryError::new_err(format!(
             "no memory for a copy of {} array elements",
             array.len()
         )))

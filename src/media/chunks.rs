@@ -10,6 +10,14 @@ use pyo3::prelude::*;
 /// The crate's chunk list, shared read-only.
 pub struct SharedChunks(pub MtmdInputChunks);
 
+impl SharedChunks {
+    /// The KV positions all chunks take, as a count (a negative one, which llama.cpp never
+    /// gives, counts none).
+    pub fn positions(&self) -> usize {
+        usize::try_from(self.0.n_pos()).unwrap_or(0)
+    }
+}
+
 // SAFETY: `MtmdInputChunks` is `!Send`/`!Sync` only for its raw pointer. The list is never
 // changed after `tokenize` filled it, and mtmd's chunk accessors only read it.
 unsafe impl Send for SharedChunks {}
@@ -33,7 +41,7 @@ impl PyMtmdInputChunks {
     /// The KV positions all chunks take, as a count (a negative one, which llama.cpp never
     /// gives, counts none).
     pub fn positions(&self) -> usize {
-        usize::try_from(self.chunks.0.n_pos()).unwrap_or(0)
+        self.chunks.positions()
     }
 
     pub fn len(&self) -> usize {

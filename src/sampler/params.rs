@@ -5,12 +5,10 @@ use std::collections::BTreeMap;
 
 use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
-use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::{Error, Result};
-use crate::model::PyLlamaModel;
-use crate::sampler::PyLlamaSampler;
+
+pub mod python;
 
 /// llama.cpp's seed that asks its random generator for a seed of its own [llama.cpp internal].
 const RANDOM_SEED: u32 = u32::MAX;
@@ -18,84 +16,76 @@ const RANDOM_SEED: u32 = u32::MAX;
 /// Declares `SamplingParams` once: each field with the type it is kept as, its default (what
 /// Python sees in the constructor's signature, where the server, the CLI and Ray read it), the
 /// argument type Python passes, the check that turns the argument into the kept value, and the
-/// value that switches the field off (`greedy`). The struct, its constructor, `greedy`,
-/// pickling and `repr` are generated from this one list, so a new parameter is one entry here
-/// plus its stage in `build`.
-macro_rules! sampling_params {
+/// value that switches the field off (`greedy`). The struct and `greedy` (below), and the Python
+/// class's constructor, getters, pickling and `repr` (`python.rs`) are generated from this one
+/// list, so a new parameter is one entry here plus its stage in `build`.
+macro_rules! sampling_param_list {
+    ($declare:ident) => {
+        $declare! {
+            /// Scales the logits; 0 picks the most likely token (greedy).
+            temperature: f32 = 0.8, from (f32) by temperature, off 0.0;
+            /// Keeps the `top_k` most likely tokens (0 keeps all).
+            top_k: i32 = 40, from (i32) by top_k, off 0;
+            /// Keeps the most likely tokens whose probabilities add up to `top_p` (1: all).
+            top_p: f32 = 0.95, from (f32) by probability, off 1.0;
+            /// Drops tokens less likely than `min_p` times the most likely one (0: none).
+            min_p: f32 = 0.05, from (f32) by probability, off 0.0;
+            /// Locally typical sampling mass (1: off).
+            typical_p: f32 = 1.0, from (f32) by probability, off 1.0;
+            /// Divides the logits of tokens seen in the window (1: off).
+            repeat_penalty: f32 = 1.0, from (f32) by finite, off 1.0;
+            /// Subtracted per occurrence in the window (0: off).
+            frequency_penalty: f32 = 0.0, from (f32) by finite, off 0.0;
+            /// Subtracted once for tokens present in the window (0: off).
+            presence_penalty: f32 = 0.0, from (f32) by finite, off 0.0;
+            /// The window of last tokens the penalties look at (0: off).
+            penalty_last_n: i32 = 64, from (i32) by penalty_window, off 0;
+            /// Token id to a value added to its logit.
+            logit_bias: BTreeMap<i32, f32> = None, from (Option<BTreeMap<i32, f32>>) by logit_bias, off BTreeMap::new();
+            /// The random generator's seed; None draws one.
+            seed: Option<u32> = None, from (Option<u32>) by seed, off None;
+        }
+    };
+}
+pub(crate) use sampling_param_list;
+
+/// What `SamplingParams` is, for the Rust struct and the Python class alike.
+macro_rules! sampling_params_doc {
+    () => {
+        "How a request samples: `temperature` 0 is greedy (penalties and `logit_bias` still \
+         apply); otherwise the candidates pass `top_k` (0: all), `typical_p`, `top_p` and `min_p` \
+         (1, 1 and 0 switch them off), are scaled by the temperature and drawn with `seed` (None: \
+         random). Penalties look at the last `penalty_last_n` tokens (1 and 0 switch them off). \
+         `logit_bias` maps token ids to values added to their logits (`-inf` bans a token). \
+         The defaults are llama.cpp's (`common/common.h`)."
+    };
+}
+pub(crate) use sampling_params_doc;
+
+macro_rules! declare_sampling_params {
     ($(
         $(#[doc = $doc:literal])*
         $name:ident: $kept:ty = $default:tt, from ($argument:ty) by $check:ident, off $off:expr;
     )*) => {
-        /// How a request samples: `temperature` 0 is greedy (penalties and `logit_bias` still
-        /// apply); otherwise the candidates pass `top_k` (0: all), `typical_p`, `top_p` and `min_p`
-        /// (1, 1 and 0 switch them off), are scaled by the temperature and drawn with `seed` (None:
-        /// random). Penalties look at the last `penalty_last_n` tokens (1 and 0 switch them off).
-        /// `logit_bias` maps token ids to values added to their logits (`-inf` bans a token).
-        /// The defaults are llama.cpp's (`common/common.h`).
-        #[pyclass(frozen, module = "llamactx", name = "SamplingParams", get_all)]
+        #[doc = sampling_params_doc!()]
         #[derive(Debug, Clone)]
-        pub struct PySamplingParams {
-            $( $(#[doc = $doc])* $name: $kept, )*
+        pub struct SamplingParams {
+            $( $(#[doc = $doc])* pub $name: $kept, )*
         }
 
-        impl PySamplingParams {
+        impl SamplingParams {
             /// Greedy, with nothing else: what `generate` does by default.
+            #[must_use]
             pub fn greedy() -> Self {
                 Self { $( $name: $off, )* }
             }
         }
-
-        #[pymethods]
-        impl PySamplingParams {
-            #[new]
-            #[pyo3(signature = (*, $( $name = $default ),*))]
-            #[allow(clippy::too_many_arguments)]
-            fn new($( $name: $argument ),*) -> PyResult<Self> {
-                Ok(Self { $( $name: checks::$check(stringify!($name), $name)?, )* })
-            }
-
-            /// Pickling (Ray ships parameters to its workers this way): the keywords that rebuild it.
-            fn __getnewargs_ex__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyTuple>, Bound<'py, PyDict>)> {
-                let keywords = PyDict::new(py);
-                $( keywords.set_item(stringify!($name), self.$name.clone())?; )*
-                Ok((PyTuple::empty(py), keywords))
-            }
-
-            fn __repr__(&self) -> String {
-                let fields = [$( format!("{}={}", stringify!($name), Repr(&self.$name)) ),*];
-                format!("SamplingParams({})", fields.join(", "))
-            }
-        }
     };
 }
-
-sampling_params! {
-    /// Scales the logits; 0 picks the most likely token (greedy).
-    temperature: f32 = 0.8, from (f32) by temperature, off 0.0;
-    /// Keeps the `top_k` most likely tokens (0 keeps all).
-    top_k: i32 = 40, from (i32) by top_k, off 0;
-    /// Keeps the most likely tokens whose probabilities add up to `top_p` (1: all).
-    top_p: f32 = 0.95, from (f32) by probability, off 1.0;
-    /// Drops tokens less likely than `min_p` times the most likely one (0: none).
-    min_p: f32 = 0.05, from (f32) by probability, off 0.0;
-    /// Locally typical sampling mass (1: off).
-    typical_p: f32 = 1.0, from (f32) by probability, off 1.0;
-    /// Divides the logits of tokens seen in the window (1: off).
-    repeat_penalty: f32 = 1.0, from (f32) by finite, off 1.0;
-    /// Subtracted per occurrence in the window (0: off).
-    frequency_penalty: f32 = 0.0, from (f32) by finite, off 0.0;
-    /// Subtracted once for tokens present in the window (0: off).
-    presence_penalty: f32 = 0.0, from (f32) by finite, off 0.0;
-    /// The window of last tokens the penalties look at (0: off).
-    penalty_last_n: i32 = 64, from (i32) by penalty_window, off 0;
-    /// Token id to a value added to its logit.
-    logit_bias: BTreeMap<i32, f32> = None, from (Option<BTreeMap<i32, f32>>) by logit_bias, off BTreeMap::new();
-    /// The random generator's seed; None draws one.
-    seed: Option<u32> = None, from (Option<u32>) by seed, off None;
-}
+sampling_param_list!(declare_sampling_params);
 
 /// The checks that turn a constructor's argument into the value kept, by field.
-mod checks {
+pub(crate) mod checks {
     use std::collections::BTreeMap;
 
     use super::RANDOM_SEED;
@@ -143,38 +133,7 @@ mod checks {
     }
 }
 
-/// A kept value as `repr` shows it: numbers as Rust prints them (0.8, not the f64 of an f32),
-/// no seed as Python's None, the biases as a dict.
-struct Repr<'a, T>(&'a T);
-
-impl std::fmt::Display for Repr<'_, f32> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-impl std::fmt::Display for Repr<'_, i32> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-impl std::fmt::Display for Repr<'_, Option<u32>> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(value) => write!(f, "{value}"),
-            None => f.write_str("None"),
-        }
-    }
-}
-
-impl std::fmt::Display for Repr<'_, BTreeMap<i32, f32>> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", self.0)
-    }
-}
-
-impl PySamplingParams {
+impl SamplingParams {
     /// `ValueError` for a logit bias on a token the model does not have.
     pub(crate) fn check_vocabulary(&self, n_vocab: i32) -> Result<()> {
         match self.logit_bias.keys().find(|&&token| token < 0 || token >= n_vocab) {
@@ -280,19 +239,6 @@ impl GreedyPick {
         }
         best.filter(|&(_, logit)| logit != f32::NEG_INFINITY)
             .map(|(token, _)| LlamaToken::new(token))
-    }
-}
-
-#[pymethods]
-impl PySamplingParams {
-    /// These parameters as a `LlamaSampler` chain for `model`, for `generate` and friends (each
-    /// call builds a fresh chain: samplers keep state). `ValueError` for a logit bias on a token
-    /// the model does not have.
-    fn sampler(&self, model: &Bound<'_, PyLlamaModel>) -> PyResult<PyLlamaSampler> {
-        let model = model.get().vocabulary()?;
-        let n_vocab = model.n_vocab();
-        self.check_vocabulary(n_vocab)?;
-        Ok(PyLlamaSampler::for_model(self.build(n_vocab), model))
     }
 }
 

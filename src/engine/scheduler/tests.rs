@@ -78,7 +78,7 @@ fn job(shared: &Arc<EngineShared>, prompt: &[i32], max_tokens: usize) -> Job {
         prompt: prompt.iter().map(|&token| LlamaToken::new(token)).collect(),
         max_tokens,
         stop: Vec::new(),
-        choosing: Choosing::Params(PySamplingParams::greedy(), None),
+        choosing: Choosing::Params(SamplingParams::greedy(), None),
         logprobs: 0,
         submitted: Instant::now(),
         media: Vec::new(),
@@ -107,7 +107,7 @@ impl Harness {
     }
 
     /// `job`'s completion, submitted alone and run to its end.
-    fn alone(&mut self, job: Job) -> PyCompletion {
+    fn alone(&mut self, job: Job) -> Completion {
         let request = self.submit_job(job);
         self.finish();
         completion(&request)
@@ -161,7 +161,7 @@ impl Harness {
     }
 }
 
-fn completion(request: &RequestShared) -> PyCompletion {
+fn completion(request: &RequestShared) -> Completion {
     match request.ended() {
         Some(Ok(completion)) => completion,
         other => panic!("the request did not complete: {other:?}"),
@@ -338,7 +338,7 @@ fn a_failed_decode_fails_every_request_in_it_and_no_other() {
 }
 
 /// The same completion: tokens, text, why it ended, tokens sampled, log-probabilities.
-fn same_output(first: &PyCompletion, second: &PyCompletion) {
+fn same_output(first: &Completion, second: &Completion) {
     assert_eq!(
         (&first.tokens, &first.text, first.finish_reason, first.completion_tokens),
         (
@@ -355,7 +355,7 @@ fn same_output(first: &PyCompletion, second: &PyCompletion) {
 fn without_and_with_drafts(
     backend: impl Fn() -> Scripted,
     make: impl Fn(&Arc<EngineShared>) -> Job,
-) -> [PyCompletion; 2] {
+) -> [Completion; 2] {
     let mut plain = harness_of(backend(), false, None);
     let without = plain.alone(make(&plain.shared));
     let mut drafting = harness_of(backend(), false, Some(ngram()));
@@ -447,7 +447,7 @@ fn seeded_sampling_draws_with_drafts_what_it_draws_without() {
     for seed in 0..6 {
         let [without, with] = without_and_with_drafts(flat, |shared| {
             let mut job = job(shared, &prompt, 24);
-            job.choosing = Choosing::Params(PySamplingParams::seeded(seed), None);
+            job.choosing = Choosing::Params(SamplingParams::seeded(seed), None);
             job
         });
         same_output(&with, &without);

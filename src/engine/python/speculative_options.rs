@@ -6,8 +6,11 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-use super::draft::NgramConfig;
-use crate::errors::Error;
+use llama_cpp_4::model::LlamaModel;
+
+use crate::engine::draft_model::check_can_cut;
+use crate::engine::{DraftChoice, NgramConfig};
+use crate::errors::{Error, Result};
 use crate::model::PyLlamaModel;
 
 /// The longest repeat `NgramDraft` looks for, and its longest draft.
@@ -66,6 +69,25 @@ impl SpeculativeOptions {
         };
         let gated = value.getattr("only_where_faster")?.extract()?;
         Ok(Self { kind, gated })
+    }
+
+    /// The drafts asked for, drafting for `target`: `ValueError` for a target whose cells
+    /// cannot be cut (a recurrent or hybrid model cannot take back a rejected draft).
+    pub fn choice(self, target: &LlamaModel) -> Result<DraftChoice> {
+        check_can_cut(target)?;
+        Ok(match self.kind {
+            DraftKind::Ngram(config) => DraftChoice::Ngram(config),
+            DraftKind::Model {
+                model,
+                n_draft_max,
+                p_min,
+            } => DraftChoice::Model {
+                model: model.get().vocabulary()?,
+                learned_positions: model.get().learned_positions(),
+                n_draft_max: usize::from(n_draft_max),
+                p_min,
+            },
+        })
     }
 }
 

@@ -10,19 +10,31 @@ use std::time::Instant;
 use llama_cpp_4::model::LlamaModel;
 use pyo3::prelude::*;
 
-use super::draft::{draft_options, DraftChoice, Speculation};
-use super::llama_backend::LlamaBackend;
-use super::request::{PyRequestCore, RequestShared};
-use super::scheduler::{Choosing, Ended, Held, Job, Scheduler};
 use super::speculative_options::SpeculativeOptions;
-use super::EngineShared;
 use crate::batch::BatchState;
-use crate::context::PyLlamaContext;
+use crate::context::{OpenContext, PyLlamaContext};
+use crate::engine::draft::{draft_options, Speculation};
+use crate::engine::llama_backend::{LlamaBackend, Native};
+use crate::engine::request::python::PyRequestCore;
+use crate::engine::request::RequestShared;
+use crate::engine::scheduler::{Choosing, Ended, Held, Job, Scheduler};
+use crate::engine::EngineShared;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::prompt_checks;
 use crate::sampler::PyLlamaSampler;
 use crate::tokens::{check_vocab, to_llama_tokens};
+
+/// A caller's context, locked for each call: between steps the caller may use it too.
+impl Native for Py<PyLlamaContext> {
+    fn open<T>(&self, work: impl FnOnce(&OpenContext) -> Result<T>) -> Result<T> {
+        self.get().with_open(|native| work(native))
+    }
+
+    fn open_mut<T>(&mut self, work: impl FnOnce(&mut OpenContext) -> Result<T>) -> Result<T> {
+        self.get().with_open(work)
+    }
+}
 
 type CallerScheduler = Scheduler<LlamaBackend<Py<PyLlamaContext>>>;
 
@@ -90,10 +102,13 @@ impl PyContextLoop {
                 )));
             }
             let speculation = match speculative {
-                Some(speculative) => Some(Speculation {
-                    source: DraftChoice::read(speculative.kind, &model)?.open(&model, &options)?,
-                    gated: speculative.gated,
-                }),
+                Some(speculative) => {
+                    let gated = speculative.gated;
+                    Some(Speculation {
+                        source: speculative.choice(&model)?.open(&model, &options)?,
+                        gated,
+                    })
+                }
                 None => None,
             };
             let n_batch = options.n_batch.map_or(1, |n_batch| n_batch as usize);

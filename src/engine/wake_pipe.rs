@@ -1,24 +1,20 @@
-//! `_Waker`: a pipe that wakes an asyncio loop without the GIL. The engine writes a byte when
-//! a request that the loop awaits has news; the loop reads the pipe with `add_reader`.
+//! A pipe that wakes an event loop (asyncio's, through `_Waker`) without the GIL: the engine
+//! writes a byte when a request the loop awaits has news; the loop watches the read end.
 //!
-//! The pipe is owned here, not by Python, and lives as long as its loop's `_Waker`: requests
-//! hold it weakly and keep it open only while they write, so a closed loop frees its pipe and
-//! a closed and reused descriptor number can never receive the byte.
+//! The pipe lives as long as its loop's handle: requests hold it weakly and keep it open only
+//! while they write, so a closed loop frees its pipe and a closed and reused descriptor number
+//! can never receive the byte.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
 
-use pyo3::prelude::*;
-
-use crate::errors::Error;
-
+/// The two ends of a non-blocking pipe.
 pub struct WakePipe {
     read: OwnedFd,
     write: OwnedFd,
 }
 
 impl WakePipe {
-    fn new() -> std::io::Result<Self> {
+    pub fn new() -> std::io::Result<Self> {
         let mut fds = [0; 2];
         // SAFETY: `fds` has room for the two descriptors pipe2 writes.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
@@ -40,35 +36,16 @@ impl WakePipe {
         let _ = unsafe { libc::write(self.write.as_raw_fd(), std::ptr::from_ref(&byte).cast(), 1) };
     }
 
-    fn drain(&self) {
+    /// Empties the pipe (after it woke the loop).
+    pub fn drain(&self) {
         let mut buffer = [0u8; 256];
         // SAFETY: reads into a live local buffer of the given length from a descriptor this
         // value owns; non-blocking, so the loop ends when the pipe is empty.
         while unsafe { libc::read(self.read.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len()) } > 0 {}
     }
-}
-
-/// The pipe an asyncio loop watches for news of the requests it awaits (one per loop).
-#[pyclass(frozen, module = "llamactx", name = "_Waker")]
-pub struct PyWaker {
-    pub pipe: Arc<WakePipe>,
-}
-
-#[pymethods]
-impl PyWaker {
-    #[new]
-    fn new() -> PyResult<Self> {
-        let pipe = WakePipe::new().map_err(|err| Error::Runtime(format!("could not create a pipe: {err}")))?;
-        Ok(Self { pipe: Arc::new(pipe) })
-    }
 
     /// The descriptor to watch for reading.
-    fn fileno(&self) -> RawFd {
-        self.pipe.read.as_raw_fd()
-    }
-
-    /// Empties the pipe (after it woke the loop).
-    fn drain(&self) {
-        self.pipe.drain();
+    pub fn fileno(&self) -> RawFd {
+        self.read.as_raw_fd()
     }
 }
