@@ -17,7 +17,8 @@ use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
 use crate::model::PyLlamaModel;
 use crate::sampler::custom::into_sampler;
-use crate::sampler::{guidance, lazy_grammar, PyLlamaSampler};
+use crate::sampler::python::PyLlamaSampler;
+use crate::sampler::{guidance, lazy_grammar};
 use crate::work_limit;
 
 /// A model's chat templates, parsed once (internal: the renderer of every chat, see

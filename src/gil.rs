@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 
-use crate::backend::flush_logs;
+use crate::backend::python::flush_logs;
 use crate::errors::{Error, Result};
 
 /// Runs `work` with the GIL released, so other Python threads run meanwhile and llama.cpp's

@@ -57,12 +57,12 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::python::register(m)?;
     m.add_class::<model::PyLlamaModel>()?;
     m.add_class::<context::PyLlamaContext>()?;
-    m.add_class::<batch::PyLlamaBatch>()?;
-    m.add_class::<sampler::PyLlamaSampler>()?;
+    m.add_class::<batch::python::PyLlamaBatch>()?;
+    m.add_class::<sampler::python::PyLlamaSampler>()?;
     m.add_class::<token_data::PyLlamaTokenData>()?;
     m.add_class::<token_data::PyLlamaTokenDataArray>()?;
     m.add_class::<lora::python::PyLlamaLoraAdapter>()?;
-    m.add_class::<threadpool::PyThreadPool>()?;
+    m.add_class::<threadpool::python::PyThreadPool>()?;
     m.add_class::<perf::PyPerfContextData>()?;
     m.add_class::<sampler::params::python::PySamplingParams>()?;
     m.add_class::<engine::python::PyCompletion>()?;
@@ -80,16 +80,16 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<media::PyMtmdInputChunk>()?;
     m.add_function(wrap_pyfunction!(rpc::server::serve_rpc, m)?)?;
     m.add_function(wrap_pyfunction!(cpu::cpu_features, m)?)?;
-    m.add_function(wrap_pyfunction!(prompt_checks::check_prompt, m)?)?;
-    m.add_function(wrap_pyfunction!(prompt_checks::check_media_ending, m)?)?;
+    m.add_function(wrap_pyfunction!(prompt_checks::python::check_prompt, m)?)?;
+    m.add_function(wrap_pyfunction!(prompt_checks::python::check_media_ending, m)?)?;
     m.add_function(wrap_pyfunction!(
         engine::python::speculative_options::check_speculative,
         m
     )?)?;
     m.add_function(wrap_pyfunction!(chat_format::check_reasoning, m)?)?;
     m.add_function(wrap_pyfunction!(chat_format::check_template_variables, m)?)?;
-    m.add_function(wrap_pyfunction!(backend::gpu_devices, m)?)?;
-    m.add_function(wrap_pyfunction!(tokens::vocabulary_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(backend::python::gpu_devices, m)?)?;
+    m.add_function(wrap_pyfunction!(tokens::python::vocabulary_ids, m)?)?;
     m.add_function(wrap_pyfunction!(rerank::rerank_prompt, m)?)?;
     m.add("_MAX_NGRAM", engine::python::speculative_options::MAX_NGRAM)?;
     m.add("_MAX_DRAFT", engine::python::speculative_options::MAX_DRAFT)?;

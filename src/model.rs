@@ -19,7 +19,8 @@ use crate::lora::LoraAdapter;
 use crate::metadata::{self, ModelFileFacts};
 use crate::paths::existing_file;
 use crate::rpc::{self, ModelLinks};
-use crate::tokens::{check_vocab, extract_token_ids, to_ids, to_llama_tokens};
+use crate::tokens::python::extract_token_ids;
+use crate::tokens::{check_vocab, to_ids, to_llama_tokens};
 
 /// A model loaded from a GGUF file. Shared by every context made from it, and kept alive by
 /// them: closing or deleting the Python object while contexts exist is safe.

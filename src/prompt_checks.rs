@@ -1,9 +1,9 @@
 //! The checks a generation request passes before anything is decoded, for the engine and for
 //! `generate`/`stream`/`chat`/`ChatSession` alike: each rule and its message are written once.
 
-use pyo3::prelude::*;
-
 use crate::errors::{Error, Result};
+
+pub mod python;
 
 /// What the checks see of a request's prompt.
 #[derive(Debug, Clone, Copy)]
@@ -48,29 +48,4 @@ pub fn ends_with_text(tokens_after_last_medium: usize) -> Result<()> {
         return Err(Error::value("a prompt must end with text after its last image"));
     }
     Ok(())
-}
-
-/// Python's `MediaPrompt` checks its text after the last medium here (`ends_with_text`).
-#[pyfunction]
-#[pyo3(name = "_check_media_ending")]
-pub fn check_media_ending(tokens_after_last_medium: usize) -> Result<()> {
-    ends_with_text(tokens_after_last_medium)
-}
-
-/// Python's one-sequence paths check a request here: `ValueError` for a prompt of `positions`
-/// that a sequence of `n_ctx_seq` cells can never generate after (`prompt`), or a negative
-/// `max_tokens`; returns `max_tokens` as a count.
-#[pyfunction]
-#[pyo3(name = "_check_prompt", signature = (positions, n_ctx_seq, *, max_tokens=0, images=false, drafts=false))]
-pub fn check_prompt(positions: usize, n_ctx_seq: usize, max_tokens: i64, images: bool, drafts: bool) -> Result<usize> {
-    let max_tokens = self::max_tokens(max_tokens)?;
-    prompt(
-        PromptShape {
-            positions,
-            images,
-            drafts,
-        },
-        n_ctx_seq,
-    )?;
-    Ok(max_tokens)
 }

@@ -2,13 +2,13 @@
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use llama_cpp_sys_4::ggml_threadpool;
-use pyo3::prelude::*;
 
 use crate::errors::{Error, Result};
-use crate::gil::{close_unless_in_use, detached};
+
+pub mod python;
 
 /// ggml's limit (`GGML_MAX_N_THREADS`) [llama.cpp internal].
 const MAX_THREADS: i32 = 512;
@@ -64,7 +64,7 @@ pub struct RawPool {
 
 // SAFETY: a ggml thread pool is a heap object with its own worker threads; the handle may be
 // used from any thread. Concurrent use is prevented by allowing one attachment at a time
-// (`PyThreadPool::attach`) and by the context lock of that one context, or, for the shared
+// (`ThreadPool::attach`) and by the context lock of that one context, or, for the shared
 // pools, by the mutex each is held under while it computes.
 unsafe impl Send for RawPool {}
 
@@ -109,26 +109,44 @@ impl Drop for RawPool {
             return;
         }
         // SAFETY: the pool was made by `ggml_threadpool_new` and is freed once, here; nothing
-        // is attached to it any more (see `PyThreadPool::close` and `OpenContext`'s field order).
+        // is attached to it any more (see `ThreadPool`'s `close` and `OpenContext`'s field order).
         unsafe { llama_cpp_sys_4::ggml_threadpool_free(self.pool.as_ptr()) };
     }
 }
 
-/// A pool of `n_threads` ggml compute threads, for `LlamaContext.attach_threadpool`.
-///
-/// Contexts without one share a pool per thread count; a pool of your own gives a context
-/// its own threads or other settings (priority, polling, CPU pinning). It can be attached to
-/// one context at a time (ggml pools are not reentrant); the context keeps it alive while
-/// attached, and `close()` refuses while it is. A pool started before `os.fork()` has no
-/// threads in the child: the child refuses to use it (`ValueError`).
-#[pyclass(frozen, module = "llamactx", name = "ThreadPool")]
-pub struct PyThreadPool {
+/// A pool of ggml compute threads that a context may have for its own (`ThreadPool` in Python:
+/// `python.rs`), attached to one context at a time.
+pub struct ThreadPool {
     pool: Mutex<Option<RawPool>>,
     attachments: AtomicUsize,
     n_threads: i32,
 }
 
-impl PyThreadPool {
+impl ThreadPool {
+    /// A pool of `n_threads` threads started with `settings`.
+    pub fn new(n_threads: i32, settings: &PoolSettings) -> Result<Self> {
+        Ok(Self {
+            pool: Mutex::new(Some(RawPool::new(n_threads, settings)?)),
+            attachments: AtomicUsize::new(0),
+            n_threads,
+        })
+    }
+
+    /// Number of threads in the pool.
+    pub fn n_threads(&self) -> i32 {
+        self.n_threads
+    }
+
+    /// Whether the pool is attached to a context now.
+    pub fn attached(&self) -> bool {
+        self.attachments.load(Ordering::Acquire) > 0
+    }
+
+    /// The pool itself (None once closed), for closing it.
+    pub fn slot(&self) -> &Mutex<Option<RawPool>> {
+        &self.pool
+    }
+
     /// The raw pool for `llama_attach_threadpool`, counting the attachment. The caller must
     /// call `detach` once the context no longer uses it.
     pub fn attach(&self) -> Result<*mut ggml_threadpool> {
@@ -163,91 +181,24 @@ impl PyThreadPool {
 pub const FORKED: &str =
     "this ThreadPool was started in the parent of this forked process, where its threads stay; make a new one here";
 
-#[pymethods]
-impl PyThreadPool {
-    /// Starts `n_threads` compute threads (1..=512). `prio` is ggml's scheduling priority
-    /// (-1 low .. 3 realtime), `poll` how long idle workers spin (0..=100), `strict_cpu` pins
-    /// them to CPUs, `paused` starts them paused.
-    #[new]
-    #[pyo3(signature = (n_threads, *, prio=0, poll=50, strict_cpu=false, paused=false))]
-    fn new(py: Python<'_>, n_threads: i32, prio: i32, poll: u32, strict_cpu: bool, paused: bool) -> PyResult<Self> {
-        if !(-1..=3).contains(&prio) || poll > 100 {
-            return Err(Error::value("prio must be in -1..=3 and poll in 0..=100").into());
-        }
-        let settings = PoolSettings {
-            prio,
-            poll,
-            strict_cpu,
-            paused,
-        };
-        let pool = detached(py, || RawPool::new(n_threads, &settings))?;
-        Ok(Self {
-            pool: Mutex::new(Some(pool)),
-            attachments: AtomicUsize::new(0),
-            n_threads,
-        })
-    }
-
-    /// Number of threads in the pool.
-    #[getter]
-    fn n_threads(&self) -> i32 {
-        self.n_threads
-    }
-
-    /// Whether the pool is attached to a context now.
-    #[getter]
-    fn attached(&self) -> bool {
-        self.attachments.load(Ordering::Acquire) > 0
-    }
-
-    /// Stops the threads now. `ValueError` while attached to a context.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        // `attach` counts under the same lock.
-        let refusal = "detach the ThreadPool from its context before closing it";
-        close_unless_in_use(py, &self.pool, "ThreadPool", || self.attached(), refusal)
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        _exc: &Bound<'_, PyAny>,
-        _tb: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.close(py)
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "<ThreadPool n_threads={}{}>",
-            self.n_threads,
-            if self.attached() { " attached" } else { "" }
-        )
-    }
-}
-
 /// A context's hold on an attached pool; detaches the count when dropped (after the context
 /// that used the pool is freed, see `OpenContext`'s field order).
-pub struct PoolLease(Py<PyThreadPool>);
+pub struct PoolLease(Arc<ThreadPool>);
 
 impl PoolLease {
     /// Counts the attachment and returns the raw pool with the lease.
-    pub fn attach(pool: Py<PyThreadPool>) -> Result<(Self, *mut ggml_threadpool)> {
-        let raw = pool.get().attach()?;
+    pub fn attach(pool: Arc<ThreadPool>) -> Result<(Self, *mut ggml_threadpool)> {
+        let raw = pool.attach()?;
         Ok((Self(pool), raw))
     }
 
     pub fn usable(&self) -> bool {
-        self.0.get().usable()
+        self.0.usable()
     }
 }
 
 impl Drop for PoolLease {
     fn drop(&mut self) {
-        self.0.get().detach();
+        self.0.detach();
     }
 }

@@ -1,13 +1,16 @@
 //! What the context hands to llama.cpp and must keep alive: the abort callback, thread pools
 //! and backend samplers.
 
+use std::sync::Arc;
+
 use llama_cpp_4::sampling::LlamaSampler;
 use pyo3::prelude::*;
 
 use super::PyLlamaContext;
 use crate::errors::Error;
-use crate::sampler::PyLlamaSampler;
-use crate::threadpool::{PoolLease, PyThreadPool};
+use crate::sampler::python::PyLlamaSampler;
+use crate::threadpool::python::PyThreadPool;
+use crate::threadpool::PoolLease;
 
 #[pymethods]
 impl PyLlamaContext {
@@ -37,11 +40,11 @@ impl PyLlamaContext {
         let batch_pool = threadpool_batch.filter(|batch| !batch.is(&threadpool));
         self.run(py, |native| {
             native.detach_pools();
-            let (lease, raw) = PoolLease::attach(threadpool)?;
+            let (lease, raw) = PoolLease::attach(Arc::clone(&threadpool.get().0))?;
             let mut leases = vec![lease];
             let raw_batch = match batch_pool {
                 Some(pool) => {
-                    let (lease, raw_batch) = PoolLease::attach(pool)?;
+                    let (lease, raw_batch) = PoolLease::attach(Arc::clone(&pool.get().0))?;
                     leases.push(lease);
                     raw_batch
                 }

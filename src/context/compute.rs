@@ -7,7 +7,8 @@ use pyo3::prelude::*;
 
 use super::{OpenContext, PyLlamaContext};
 use crate::backend::explained;
-use crate::batch::{BatchState, PyLlamaBatch};
+use crate::batch::python::PyLlamaBatch;
+use crate::batch::BatchState;
 use crate::cpu_budget::CpuShare;
 use crate::errors::{Error, Result};
 use crate::interrupt::SigintWatch;

@@ -18,7 +18,8 @@ use crate::backend::explained;
 use crate::batch::MAX_POSITION;
 use crate::errors::{Error, ExcClass, Result};
 use crate::paths::{existing_file, extract_path};
-use crate::tokens::{check_vocab, extract_token_ids, to_llama_tokens};
+use crate::tokens::python::extract_token_ids;
+use crate::tokens::{check_vocab, to_llama_tokens};
 
 /// The largest token buffer a load may ask for (64 MiB of ids): a guard against a typo that
 /// would make the allocation abort the process.

@@ -25,7 +25,7 @@ use crate::model::PyLlamaModel;
 use crate::prompt_checks;
 use crate::sampler::params::python::PySamplingParams;
 use crate::sampler::params::SamplingParams;
-use crate::sampler::PyLlamaSampler;
+use crate::sampler::python::PyLlamaSampler;
 pub use context_loop::PyContextLoop;
 use speculative_options::SpeculativeOptions;
 

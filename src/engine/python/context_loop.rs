@@ -22,7 +22,7 @@ use crate::engine::EngineShared;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::prompt_checks;
-use crate::sampler::PyLlamaSampler;
+use crate::sampler::python::PyLlamaSampler;
 use crate::tokens::{check_vocab, to_llama_tokens};
 
 /// A caller's context, locked for each call: between steps the caller may use it too.

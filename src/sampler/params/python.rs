@@ -8,7 +8,7 @@ use pyo3::types::{PyDict, PyTuple};
 
 use super::{checks, sampling_param_list, sampling_params_doc, SamplingParams};
 use crate::model::PyLlamaModel;
-use crate::sampler::PyLlamaSampler;
+use crate::sampler::python::PyLlamaSampler;
 
 #[doc = sampling_params_doc!()]
 #[pyclass(frozen, module = "llamactx", name = "SamplingParams")]
