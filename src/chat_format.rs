@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
-use crate::model::PyLlamaModel;
+use crate::model::python::PyLlamaModel;
 use crate::sampler::custom::into_sampler;
 use crate::sampler::python::PyLlamaSampler;
 use crate::sampler::{guidance, lazy_grammar};

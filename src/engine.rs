@@ -30,11 +30,11 @@ use std::time::Instant;
 use llama_cpp_4::model::LlamaModel;
 
 use crate::batch::BatchState;
-use crate::context::adapters::check_scale;
-use crate::context::{ContextOptions, OpenContext};
 use crate::errors::{Error, ExcClass, Result};
 use crate::lora::LoraAdapter;
 use crate::media::SharedMtmd;
+use crate::open_context::adapters::check_scale;
+use crate::open_context::{ContextOptions, OpenContext};
 use crate::prompt_checks::{self, PromptShape};
 use crate::sampler::params::SamplingParams;
 use crate::sampler::{guidance, SendSampler};

@@ -16,6 +16,7 @@ mod lora;
 mod media;
 mod metadata;
 mod model;
+mod open_context;
 mod owned_lock;
 mod paths;
 mod perf;
@@ -55,7 +56,7 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Whether llama.cpp was compiled for the building machine (-march=native), not a CPU level.
     m.add("NATIVE_BUILD", cfg!(feature = "native"))?;
     errors::python::register(m)?;
-    m.add_class::<model::PyLlamaModel>()?;
+    m.add_class::<model::python::PyLlamaModel>()?;
     m.add_class::<context::PyLlamaContext>()?;
     m.add_class::<batch::python::PyLlamaBatch>()?;
     m.add_class::<sampler::python::PyLlamaSampler>()?;
@@ -74,10 +75,10 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<regex_search::PyRegex>()?;
     m.add_class::<chat_format::PyChatTemplates>()?;
     m.add_class::<chat_format::PyChatApplied>()?;
-    m.add_class::<media::PyMtmdContext>()?;
-    m.add_class::<media::PyMtmdBitmap>()?;
-    m.add_class::<media::PyMtmdInputChunks>()?;
-    m.add_class::<media::PyMtmdInputChunk>()?;
+    m.add_class::<media::python::PyMtmdContext>()?;
+    m.add_class::<media::python::PyMtmdBitmap>()?;
+    m.add_class::<media::python::PyMtmdInputChunks>()?;
+    m.add_class::<media::python::PyMtmdInputChunk>()?;
     m.add_function(wrap_pyfunction!(rpc::server::serve_rpc, m)?)?;
     m.add_function(wrap_pyfunction!(cpu::cpu_features, m)?)?;
     m.add_function(wrap_pyfunction!(prompt_checks::python::check_prompt, m)?)?;

@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 
 use crate::errors::Result;
 use crate::gil::detached;
-use crate::model::PyLlamaModel;
+use crate::model::python::PyLlamaModel;
 use crate::tokens::to_ids;
 
 const QUERY: &str = "{query}";

@@ -6,8 +6,8 @@ use llama_cpp_4::token::data::LlamaTokenData;
 use llama_cpp_4::token::data_array::LlamaTokenDataArray;
 use llama_cpp_4::token::LlamaToken;
 
-use crate::context::OpenContext;
 use crate::errors::{shim_error, Error, ExcClass, Result};
+use crate::open_context::OpenContext;
 
 mod backend_stages;
 pub mod custom;

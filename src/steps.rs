@@ -7,7 +7,6 @@ use llama_cpp_4::model::LlamaModel;
 use llama_cpp_4::token::LlamaToken;
 
 use crate::errors::Result;
-use crate::model::PyLlamaModel;
 
 /// Why a sequence ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,7 +169,7 @@ impl Steps {
 
 /// The bytes `token` adds to generated text (special tokens render as nothing).
 pub fn token_bytes(model: &LlamaModel, token: LlamaToken) -> Result<Vec<u8>> {
-    PyLlamaModel::piece(model, token.0, false)
+    crate::model::piece(model, token.0, false)
 }
 
 #[cfg(test)]

@@ -1032,12 +1032,11 @@ class PerfContextData:
 
 @final
 class SamplingParams:
-    """How a request samples: `temperature` 0 is greedy (penalties and `logit_bias` still
-    apply); otherwise the candidates pass `top_k` (0: all), `typical_p`, `top_p` and `min_p`
-    (1, 1 and 0 switch them off), are scaled by the temperature and drawn with `seed` (None:
-    random). Penalties look at the last `penalty_last_n` tokens (1 and 0 switch them off).
-    `logit_bias` maps token ids to values added to their logits (`-inf` bans a token).
-    The defaults are llama.cpp's (`common/common.h`).
+    """How a request samples: `temperature` 0 is greedy (penalties and `logit_bias` still apply); otherwise the
+    candidates pass `top_k` (0: all), `typical_p`, `top_p` and `min_p` (1, 1 and 0 switch them off), are
+    scaled by the temperature and drawn with `seed` (None: random). Penalties look at the last
+    `penalty_last_n` tokens (1 and 0 switch them off). `logit_bias` maps token ids to values added to their
+    logits (`-inf` bans a token). The defaults are llama.cpp's (`common/common.h`).
     """
 
     def __new__(
@@ -1098,10 +1097,10 @@ class SamplingParams:
 
 @final
 class EngineStats:
-    """An engine's counts at one moment (`Engine.stats()`): requests running and waiting, KV cells
-    used by running requests, kept for prefix reuse and in total, the sequences, prefix-cache
-    hits, tokens generated and prompt tokens computed, speculative tokens drafted and accepted,
-    and generated tokens per second of engine work.
+    """An engine's counts at one moment (`Engine.stats()`): requests running and waiting, KV cells used by
+    running requests, kept for prefix reuse and in total, the sequences, prefix-cache hits, tokens generated
+    and prompt tokens computed, speculative tokens drafted and accepted, and generated tokens per second of
+    engine work.
     """
 
     @property
@@ -1279,7 +1278,7 @@ class _RequestCore:
 
 @final
 class _EngineCore:
-    """The native engine behind `llamactx.Engine`, and `engine_api::Engine` for Rust programs."""
+    """The native engine behind `llamactx.Engine`."""
 
     def __new__(
         cls,

@@ -1,14 +1,13 @@
-//! LoRA adapters and control vectors on a context.
+//! `LlamaContext`'s methods for LoRA adapters and control vectors (`open_context/adapters.rs`).
 
 use std::sync::Arc;
 
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 
-use super::{OpenContext, PyLlamaContext};
-use crate::errors::{Error, ExcClass, Result};
+use super::PyLlamaContext;
+use crate::errors::{Error, ExcClass};
 use crate::lora::python::PyLlamaLoraAdapter;
-use crate::lora::{AdapterLease, LoraAdapter};
 
 /// A control vector as one flat float32 buffer (any array-like: 2-D `(n_layer - 1, n_embd)`
 /// arrays are flattened), or `None` for "clear".
@@ -21,50 +20,6 @@ fn control_vector(data: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<f32>>>
     let flat: PyReadonlyArray1<'_, f32> = flat.extract()?;
     let values = flat.as_slice()?.to_vec();
     Ok((!values.is_empty()).then_some(values))
-}
-
-/// `scale` when it is finite (an adapter's weight); `ValueError` otherwise.
-pub(crate) fn check_scale(scale: f32) -> Result<f32> {
-    if scale.is_finite() {
-        Ok(scale)
-    } else {
-        Err(Error::value(format!("scale must be finite, got {scale}")))
-    }
-}
-
-impl OpenContext {
-    /// Applies `adapter` with weight `scale` (`lora_adapter_set`, and an engine's adapter),
-    /// keeping it alive while set. `ValueError` for a scale that is not finite or an adapter of
-    /// another model.
-    pub(crate) fn set_lora(&mut self, adapter: Arc<LoraAdapter>, scale: f32) -> Result<()> {
-        check_scale(scale)?;
-        if !Arc::ptr_eq(adapter.model(), self.model()) {
-            return Err(Error::value("this adapter was loaded for another model"));
-        }
-        // Leased before use, so `close()` refuses from here on.
-        let lease = AdapterLease::new(adapter);
-        self.apply_lora(&lease, scale)?;
-        self.lora = Some(lease);
-        Ok(())
-    }
-
-    /// Sets the adapter already set (`set_lora`) at `scale` instead. `ValueError` without one,
-    /// or for a scale that is not finite.
-    pub(crate) fn set_lora_scale(&mut self, scale: f32) -> Result<()> {
-        check_scale(scale)?;
-        let lease = self.lora.take().ok_or_else(|| Error::value("no LoRA adapter is set"))?;
-        let applied = self.apply_lora(&lease, scale);
-        self.lora = Some(lease);
-        applied
-    }
-
-    /// Sets `lease`'s adapter on the context at `scale` (llama.cpp's `llama_set_adapter_lora`).
-    fn apply_lora(&mut self, lease: &AdapterLease, scale: f32) -> Result<()> {
-        let mut guard = lease.adapter().lock()?;
-        let raw = guard.as_mut().ok_or_else(|| Error::closed("LlamaLoraAdapter"))?;
-        self.with_mut(|context| context.lora_adapter_set(&mut raw.0, scale))?;
-        Ok(())
-    }
 }
 
 #[pymethods]

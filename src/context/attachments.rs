@@ -6,8 +6,10 @@ use std::sync::Arc;
 use llama_cpp_4::sampling::LlamaSampler;
 use pyo3::prelude::*;
 
+use super::abort::PythonAbortCheck;
 use super::PyLlamaContext;
 use crate::errors::Error;
+use crate::open_context::abort::AbortCheck;
 use crate::sampler::python::PyLlamaSampler;
 use crate::threadpool::python::PyThreadPool;
 use crate::threadpool::PoolLease;
@@ -24,7 +26,8 @@ impl PyLlamaContext {
                 return Err(Error::Type("the abort callback must be callable or None".to_owned()).into());
             }
         }
-        self.run(py, |native| native.abort_flags.set_callback(callback))
+        let check = callback.map(|callback| Arc::new(PythonAbortCheck(callback)) as Arc<dyn AbortCheck>);
+        self.run(py, |native| native.abort_flags.set_callback(check))
     }
 
     /// Runs computation on `threadpool` (and batches on `threadpool_batch`, default the same

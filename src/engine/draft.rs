@@ -13,8 +13,8 @@ use llama_cpp_4::token::LlamaToken;
 
 use super::draft_model::DraftContext;
 use super::ngram::lookup_draft;
-use crate::context::{ContextOptions, OpenContext};
 use crate::errors::Result;
+use crate::open_context::{ContextOptions, OpenContext};
 
 /// The engine's n-gram speculation: at least `size_ngram` tokens must repeat for a draft, of at
 /// most `size_mgram` tokens.

@@ -11,8 +11,8 @@ use llama_cpp_4::token::LlamaToken;
 
 use super::draft::DraftRequest;
 use crate::batch::BatchState;
-use crate::context::{ContextOptions, OpenContext};
 use crate::errors::{Error, Result};
+use crate::open_context::{ContextOptions, OpenContext};
 
 /// The draft model's context, with one sequence per target sequence.
 pub struct DraftContext {

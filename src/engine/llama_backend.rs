@@ -12,9 +12,9 @@ use super::backend::{Backend, Entry, Sizes};
 use super::prefix_cache::Adapter;
 use super::scheduler::MediaSpan;
 use crate::batch::BatchState;
-use crate::context::OpenContext;
 use crate::errors::{Error, Result};
 use crate::media::SharedMtmd;
+use crate::open_context::OpenContext;
 use crate::steps::token_bytes;
 use crate::tokens::{check_vocab, to_llama_tokens};
 

@@ -15,13 +15,12 @@ use pyo3::types::{PyBytes, PyDict};
 use super::slots::SlotChore;
 use super::stats::{engine_stats_doc, engine_stats_fields};
 use super::{Constraint, Engine, EngineSettings, EngineStats, MediaInput, Submission};
-use crate::context::ContextOptions;
 pub use crate::engine::request::python::{PyCompletion, PyRequestCore, PyWaker};
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::lora::python::PyLlamaLoraAdapter;
-use crate::media::{PyMtmdContext, PyMtmdInputChunks};
-use crate::model::PyLlamaModel;
+use crate::media::python::{PyMtmdContext, PyMtmdInputChunks};
+use crate::model::python::PyLlamaModel;
 use crate::prompt_checks;
 use crate::sampler::params::python::PySamplingParams;
 use crate::sampler::params::SamplingParams;
@@ -48,7 +47,7 @@ impl PyEngineCore {
         lora: Option<(Py<PyLlamaLoraAdapter>, f32)>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let options = ContextOptions::from_kwargs(options)?;
+        let options = crate::context::params::from_kwargs(options)?;
         let speculative = speculative.map(SpeculativeOptions::read).transpose()?;
         let native_model = model.get().tokenizer()?;
         let drafting = speculative

@@ -21,7 +21,6 @@ use llama_cpp_sys_4::llama_token_data_array;
 use regex::bytes::RegexBuilder;
 
 use crate::errors::{Error, Result};
-use crate::model::PyLlamaModel;
 use crate::sampler::custom::{into_sampler, RustSampler};
 use crate::sampler::guidance::{self, Guidance};
 
@@ -214,11 +213,11 @@ impl LazyGrammar {
         match &mut self.state {
             State::Triggered(grammar) => RustSampler::accept(&mut **grammar, token),
             State::Awaiting(_) if spec.trigger_tokens.contains(&token) => {
-                let piece = PyLlamaModel::piece(&spec.model, token.0, true)?;
+                let piece = crate::model::piece(&spec.model, token.0, true)?;
                 self.trigger(&piece)
             }
             State::Awaiting(text) => {
-                text.extend_from_slice(&PyLlamaModel::piece(&spec.model, token.0, true)?);
+                text.extend_from_slice(&crate::model::piece(&spec.model, token.0, true)?);
                 match trigger_start(&spec.patterns, text)? {
                     // A grammar that does not take the trigger's own text (Functionary's calls
                     // start after the `>>>` that triggers them) starts after the match.

@@ -13,11 +13,10 @@ use super::{
     finite, guidance, lazy_grammar, probability, refuse_unfinished_end, select, temperature, try_accept, window,
     SendSampler,
 };
-
 use crate::context::PyLlamaContext;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
-use crate::model::PyLlamaModel;
+use crate::model::python::PyLlamaModel;
 use crate::token_data::PyLlamaTokenDataArray;
 use crate::tokens::python::extract_token_ids;
 use crate::tokens::{check_vocab, to_llama_tokens};
@@ -169,7 +168,7 @@ fn check_infill_vocabulary(model: &LlamaModel) -> Result<()> {
         ));
     }
     for id in 0..model.n_vocab() {
-        let length = PyLlamaModel::piece(model, id, false)?.len();
+        let length = crate::model::piece(model, id, false)?.len();
         if length > INFILL_PIECE_BYTES {
             return Err(Error::value(format!(
                 "infill cannot handle token {id}: its text is {length} bytes, over llama.cpp's \

@@ -34,7 +34,10 @@ pub fn extract_token_ids(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<i32>> {
 /// one check every path makes, for Python's (`embed`'s ids). `ValueError` for one outside it.
 #[pyfunction]
 #[pyo3(name = "_vocabulary_ids")]
-pub fn vocabulary_ids(model: &Bound<'_, crate::model::PyLlamaModel>, tokens: &Bound<'_, PyAny>) -> PyResult<Vec<i32>> {
+pub fn vocabulary_ids(
+    model: &Bound<'_, crate::model::python::PyLlamaModel>,
+    tokens: &Bound<'_, PyAny>,
+) -> PyResult<Vec<i32>> {
     let ids = extract_token_ids(tokens)?;
     check_vocab(&ids, model.get().vocabulary()?.n_vocab())?;
     Ok(ids)

@@ -3,15 +3,14 @@
 //! once. Their constructors call `_check_speculative`; the engine and `stream`'s drafter read
 //! them the same way.
 
+use llama_cpp_4::model::LlamaModel;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-
-use llama_cpp_4::model::LlamaModel;
 
 use crate::engine::draft_model::check_can_cut;
 use crate::engine::{DraftChoice, NgramConfig};
 use crate::errors::{Error, Result};
-use crate::model::PyLlamaModel;
+use crate::model::python::PyLlamaModel;
 
 /// The longest repeat `NgramDraft` looks for, and its longest draft.
 pub const MAX_NGRAM: u16 = 256;

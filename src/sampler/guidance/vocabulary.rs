@@ -10,7 +10,6 @@ use llguidance::ParserFactory;
 use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
 use crate::errors::{Error, Result};
-use crate::model::PyLlamaModel;
 
 /// A model's vocabulary, indexed for llguidance.
 pub struct Indexed {
@@ -76,11 +75,11 @@ fn build(model: &Arc<LlamaModel>, end: TokenId) -> Result<ParserFactory> {
 /// special (control tokens such as `<|im_end|>`) that text after llguidance's marker byte, so
 /// a grammar can name it but never produces it from plain text.
 fn token_bytes(model: &LlamaModel, id: i32) -> Result<Vec<u8>> {
-    let plain = PyLlamaModel::piece(model, id, false)?;
+    let plain = crate::model::piece(model, id, false)?;
     if !plain.is_empty() {
         return Ok(plain);
     }
-    let special = PyLlamaModel::piece(model, id, true)?;
+    let special = crate::model::piece(model, id, true)?;
     if special.is_empty() {
         return Ok(special);
     }

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use super::{checks, sampling_param_list, sampling_params_doc, SamplingParams};
-use crate::model::PyLlamaModel;
+use crate::model::python::PyLlamaModel;
 use crate::sampler::python::PyLlamaSampler;
 
 #[doc = sampling_params_doc!()]

@@ -153,6 +153,24 @@ def speculative_generation(
     llamactx.generate(ctx, prompt, max_tokens=max_tokens, stop=stop, seq_id=seq, speculative=draft)
 
 
+def continued_sequence(history: list[int], max_tokens: int, seq: int, drafts: bool, stop: list[str]) -> None:
+    """``continue_sequence`` called directly, as a caller that keeps its own history would: the
+    history any ids (outside the vocabulary, or not what the sequence holds), the sequence any
+    id, drafts or none; the caller's context may hold anything from the program before."""
+    draft = llamactx.NgramDraft(1, 3, only_where_faster=False) if drafts else None
+    pieces = llamactx.continue_sequence(
+        ctx,
+        history,
+        max_tokens=max_tokens,
+        sampler=llamactx.LlamaSampler.greedy(),
+        stop=stop,
+        seq_id=seq,
+        speculative=draft,
+    )
+    for _piece in pieces:
+        pass
+
+
 def image_file_bytes(kind: str, width: int, height: int, colour: int, cut: int, noise: bytes) -> bytes:
     """Image and audio bytes of every sort: a valid PNG of any size and colour type or a WAV
     file of any length and rate (cut short by ``cut`` bytes when positive), a header claiming
@@ -842,6 +860,14 @@ OPS: dict[str, tuple[Callable[..., Any], st.SearchStrategy[tuple[Any, ...]]]] = 
             st.lists(st.text(max_size=3), max_size=2),
             seqs,
         ),
+    ),
+    "continue_sequence": (
+        continued_sequence,
+        st.tuples(token_lists, small_ints, seqs, st.booleans(), st.lists(st.text(max_size=3), max_size=2)),
+    ),
+    "generate_batch": (
+        lambda prompts, max_tokens: llamactx.generate_batch(ctx, prompts, max_tokens=max_tokens),
+        st.tuples(st.lists(st.one_of(token_lists, st.text(max_size=12)), max_size=5), small_ints),
     ),
     "constrained_generation": (
         constrained_generation,

@@ -15,7 +15,7 @@ use super::rollback::Checkpoint;
 use super::OpenContext;
 use crate::batch::BatchState;
 use crate::errors::{Error, Result};
-use crate::media::{OpenMtmd, PyMtmdInputChunks};
+use crate::media::{OpenMtmd, SharedChunks};
 
 impl OpenContext {
     /// Evaluates `chunks` into `seq` from `n_past` (see `MtmdContext.eval_chunks`); the position
@@ -23,7 +23,7 @@ impl OpenContext {
     pub fn eval_chunks(
         &mut self,
         mtmd: &mut OpenMtmd,
-        chunks: &PyMtmdInputChunks,
+        chunks: &SharedChunks,
         n_past: i32,
         seq: i32,
         logits_last: bool,
@@ -50,10 +50,10 @@ impl OpenContext {
         outcome
     }
 
-    fn eval_each(
+    pub(crate) fn eval_each(
         &mut self,
         mtmd: &mut OpenMtmd,
-        chunks: &PyMtmdInputChunks,
+        chunks: &SharedChunks,
         n_past: i32,
         seq: i32,
         logits_last: bool,
@@ -73,7 +73,7 @@ impl OpenContext {
     }
 
     /// Decodes a text chunk in batches of `n_batch` tokens.
-    fn decode_text(&mut self, tokens: &[i32], n_past: i32, seq: i32, wants_logits: bool) -> Result<i32> {
+    pub(crate) fn decode_text(&mut self, tokens: &[i32], n_past: i32, seq: i32, wants_logits: bool) -> Result<i32> {
         let n_batch = usize::try_from(self.n_batch).unwrap_or(usize::MAX).max(1);
         let mut state = BatchState::new(n_batch.min(tokens.len().max(1)), 1)?;
         let mut position = n_past;
@@ -94,10 +94,10 @@ impl OpenContext {
 
     /// Encodes image or audio chunk `index` of `chunks` (or takes its kept embeddings) and
     /// decodes them.
-    fn decode_media(
+    pub(crate) fn decode_media(
         &mut self,
         mtmd: &mut OpenMtmd,
-        chunks: &PyMtmdInputChunks,
+        chunks: &SharedChunks,
         index: usize,
         n_past: i32,
         seq: i32,
@@ -108,7 +108,7 @@ impl OpenContext {
         let model = Arc::clone(self.model());
         let embeddings = {
             let _cpus = self.claim_cpus(chunk.n_tokens())?;
-            mtmd.encoded(&model, &chunks.chunks.0, index)?
+            mtmd.encoded(&model, &chunks.0, index)?
         };
         self.decode_encoded(mtmd, &chunk, &embeddings, n_past, seq)
     }
@@ -156,7 +156,7 @@ impl OpenContext {
 
 /// The helper's failure as the `DecodeError` of the `llama_decode` it reports (its other
 /// failures cannot happen: the chunk is media).
-fn decode_failure(err: MtmdError) -> Error {
+pub(crate) fn decode_failure(err: MtmdError) -> Error {
     match err {
         MtmdError::EvalError(code) => NonZeroI32::new(code).map_or_else(
             || Error::from(MtmdError::EvalError(code)),

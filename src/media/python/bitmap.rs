@@ -16,11 +16,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 use sha2::{Digest, Sha256};
 
-use super::audio_file::{self, MAX_SAMPLES};
-use super::image_file::{self, image_error, DEFAULT_MAX_PIXELS};
 use crate::backend::explained;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
+use crate::media::audio_file::{self, MAX_SAMPLES};
+use crate::media::image_file::{self, image_error, DEFAULT_MAX_PIXELS};
 use crate::paths::existing_file;
 
 /// Audio shorter than this many samples is refused: llama.cpp's mel spectrogram asserts on a

@@ -15,7 +15,7 @@ use crate::errors::{Error, Result};
 
 /// What llama.cpp keeps per cell of a KV cache on the host: position, extra position,
 /// shift and a bitset of `LLAMA_MAX_SEQ` (256) sequences [llama.cpp internal].
-const CELL_BOOKKEEPING_BYTES: u64 = 4 + 8 + 4 + 256 / 8;
+pub(crate) const CELL_BOOKKEEPING_BYTES: u64 = 4 + 8 + 4 + 256 / 8;
 
 /// Refuses options whose context would need more memory than the machine has available. The
 /// estimate errs low, so that it does not refuse a context that would fit: recurrent models
@@ -38,14 +38,14 @@ pub fn check_host_memory(options: &ContextOptions, model: &LlamaModel) -> Result
     )))
 }
 
-fn gib(bytes: u64) -> f64 {
+pub(crate) fn gib(bytes: u64) -> f64 {
     // Precision lost past 2**53 bytes does not show at one decimal of a GiB.
     #[allow(clippy::cast_precision_loss)]
     let bytes = bytes as f64;
     bytes / f64::from(1u32 << 30)
 }
 
-fn lower_bound_bytes(options: &ContextOptions, model: &LlamaModel) -> Result<u64> {
+pub(crate) fn lower_bound_bytes(options: &ContextOptions, model: &LlamaModel) -> Result<u64> {
     if model.is_recurrent() {
         // One cell per sequence, whatever n_ctx says.
         return Ok(0);
@@ -67,7 +67,7 @@ fn lower_bound_bytes(options: &ContextOptions, model: &LlamaModel) -> Result<u64
 
 /// `MemAvailable` from `/proc/meminfo`: what the kernel can give without swapping. `None` where
 /// there is no such file (not Linux), which leaves the check to llama.cpp's own.
-fn available_bytes() -> Option<u64> {
+pub(crate) fn available_bytes() -> Option<u64> {
     let meminfo = fs::read_to_string("/proc/meminfo").ok()?;
     let line = meminfo.lines().find(|line| line.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

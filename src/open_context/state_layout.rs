@@ -29,13 +29,13 @@ use crate::batch::MAX_POSITION;
 use crate::errors::{Error, Result};
 
 /// A cell's position and sequence count, before its extension and sequence ids.
-const CELL_HEAD_BYTES: usize = 8;
+pub(crate) const CELL_HEAD_BYTES: usize = 8;
 /// llama.cpp's cell extension (M-RoPE positions), in the models that have one.
-const EXTENSION_BYTES: usize = 12;
+pub(crate) const EXTENSION_BYTES: usize = 12;
 /// `v_trans`, the layer count and the two rotation sizes that start a stream's data.
-const DATA_HEAD_BYTES: usize = 16;
+pub(crate) const DATA_HEAD_BYTES: usize = 16;
 /// A K or V layer's type and row size.
-const ROWS_HEAD_BYTES: usize = 12;
+pub(crate) const ROWS_HEAD_BYTES: usize = 12;
 
 /// The kind of memory a model's states hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,14 +79,14 @@ pub fn check_recurrent_cells(state: &[u8], at: usize) -> Result<()> {
     }
 }
 
-fn ownerless() -> Error {
+pub(crate) fn ownerless() -> Error {
     Error::state(
         "Cells",
         "the state holds a cell that belongs to no sequence (llama.cpp never writes one)",
     )
 }
 
-fn out_of_range(position: i32) -> Error {
+pub(crate) fn out_of_range(position: i32) -> Error {
     Error::state(
         "Positions",
         format!("the state puts a cell at position {position}, outside 0..={MAX_POSITION}"),
@@ -130,7 +130,7 @@ pub fn kv_part_end(memory: &[u8], n_layer: u32) -> Result<Option<usize>> {
 }
 
 /// A run of cells as the walk read it.
-struct CellRun {
+pub(crate) struct CellRun {
     /// Where it ends.
     end: usize,
     /// Whether every cell names a sequence.
@@ -140,7 +140,7 @@ struct CellRun {
 }
 
 /// The run of `cells` cells starting at `at`; `None` past the end of the state.
-fn cells_end(state: &[u8], mut at: usize, cells: Option<u32>, extension: usize) -> Option<CellRun> {
+pub(crate) fn cells_end(state: &[u8], mut at: usize, cells: Option<u32>, extension: usize) -> Option<CellRun> {
     let mut owned = true;
     let mut out_of_range = None;
     for _ in 0..cells? {
@@ -164,20 +164,20 @@ fn cells_end(state: &[u8], mut at: usize, cells: Option<u32>, extension: usize) 
     })
 }
 
-fn word(state: &[u8], at: usize) -> Option<u32> {
+pub(crate) fn word(state: &[u8], at: usize) -> Option<u32> {
     let bytes = state.get(at..at.checked_add(4)?)?;
     Some(u32::from_le_bytes(bytes.try_into().ok()?))
 }
 
 /// Whether a stream's data plausibly starts at `at`: `v_trans` then at most `n_layer` layers.
-fn data_starts_at(state: &[u8], at: usize, n_layer: u32) -> bool {
+pub(crate) fn data_starts_at(state: &[u8], at: usize, n_layer: u32) -> bool {
     matches!((word(state, at), word(state, at + 4)), (Some(0 | 1), Some(layers)) if layers <= n_layer)
 }
 
 /// Where a stream's data starting at `at` ends: tried with V rows in every layer and in none
 /// (the models llama.cpp knows), kept when the next stream's cells and data follow or, after
 /// the `last` stream, when it fits.
-fn data_end(state: &[u8], at: usize, cells: Option<u32>, n_layer: u32, last: bool) -> Option<usize> {
+pub(crate) fn data_end(state: &[u8], at: usize, cells: Option<u32>, n_layer: u32, last: bool) -> Option<usize> {
     let cells = u64::from(cells?);
     let v_trans = word(state, at)? == 1;
     let layers = word(state, at + 4)?;
@@ -195,7 +195,7 @@ fn data_end(state: &[u8], at: usize, cells: Option<u32>, n_layer: u32, last: boo
 }
 
 /// Where `layers` K or V sections of `cells` rows starting at `at` end.
-fn rows_end(state: &[u8], mut at: usize, layers: u32, cells: u64, transposed: bool) -> Option<usize> {
+pub(crate) fn rows_end(state: &[u8], mut at: usize, layers: u32, cells: u64, transposed: bool) -> Option<usize> {
     for _ in 0..layers {
         let bytes = if transposed {
             let element = u64::from(word(state, at + 4)?);
@@ -222,7 +222,7 @@ mod tests {
     const LAYERS: u32 = 2;
 
     /// A KV stream of cells `(position, sequence ids)`, each layer's K and V rows 4 bytes wide.
-    fn stream(cells: &[(i32, &[u32])]) -> Vec<u32> {
+    pub(crate) fn stream(cells: &[(i32, &[u32])]) -> Vec<u32> {
         let mut words = vec![u32::try_from(cells.len()).unwrap()];
         if cells.is_empty() {
             return words;
@@ -239,14 +239,14 @@ mod tests {
         words
     }
 
-    fn state(streams: &[Vec<u32>]) -> Vec<u8> {
+    pub(crate) fn state(streams: &[Vec<u32>]) -> Vec<u8> {
         let mut words = vec![u32::try_from(streams.len()).unwrap()];
         words.extend(streams.iter().flatten());
         words.iter().flat_map(|word| word.to_le_bytes()).collect()
     }
 
     #[test]
-    fn finds_a_cell_without_a_sequence_in_any_stream() {
+    pub(crate) fn finds_a_cell_without_a_sequence_in_any_stream() {
         let owned = stream(&[(0, &[0]), (1, &[0, 1])]);
         let ownerless = stream(&[(0, &[1]), (1, &[])]);
         let owned_state = state(std::slice::from_ref(&owned));
@@ -260,7 +260,7 @@ mod tests {
     }
 
     #[test]
-    fn finds_a_recurrent_cell_without_a_sequence() {
+    pub(crate) fn finds_a_recurrent_cell_without_a_sequence() {
         let words = |n_seq_id: u32| [2, 5, 1, 0, 7, n_seq_id, 1];
         let bytes = |words: &[u32]| -> Vec<u8> { words.iter().flat_map(|word| word.to_le_bytes()).collect() };
         assert!(check_owners(&bytes(&words(1)), Memory::Recurrent, LAYERS).is_ok());
@@ -268,7 +268,7 @@ mod tests {
     }
 
     #[test]
-    fn finds_where_a_hybrids_recurrent_part_starts() {
+    pub(crate) fn finds_where_a_hybrids_recurrent_part_starts() {
         let kv = state(&[stream(&[(0, &[0])]), stream(&[])]);
         let recurrent = |n_seq_id: u32| [1u32, 3, n_seq_id, 0].map(u32::to_le_bytes).concat();
         let hybrid = |n_seq_id: u32| [kv.clone(), recurrent(n_seq_id)].concat();
@@ -278,7 +278,7 @@ mod tests {
     }
 
     #[test]
-    fn finds_positions_out_of_range_with_and_without_the_extension() {
+    pub(crate) fn finds_positions_out_of_range_with_and_without_the_extension() {
         // Extension words that do not also read as cells without one (the walk tries both).
         let with_extension = |positions: &[i32]| -> Vec<u8> {
             let mut words = vec![1, u32::try_from(positions.len()).unwrap()];
@@ -302,7 +302,7 @@ mod tests {
     }
 
     #[test]
-    fn a_recurrent_sequence_state_is_one_cell() {
+    pub(crate) fn a_recurrent_sequence_state_is_one_cell() {
         let cells = |count: u32| count.to_le_bytes().to_vec();
         assert!(check_recurrent_cells(&cells(0), 0).is_ok());
         assert!(check_recurrent_cells(&cells(1), 0).is_ok());
@@ -310,7 +310,7 @@ mod tests {
     }
 
     #[test]
-    fn unknown_layouts_and_truncated_states_pass_to_llama_cpp() {
+    pub(crate) fn unknown_layouts_and_truncated_states_pass_to_llama_cpp() {
         assert!(check_owners(&[0; 3], Memory::Kv, LAYERS).is_ok());
         let mut truncated = state(&[stream(&[(0, &[])])]);
         truncated.truncate(12);

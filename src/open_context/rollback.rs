@@ -13,7 +13,7 @@ use crate::errors::{Error, Result};
 /// Rope types with several positions per token, whose positions may jump forward (llama.cpp's
 /// M-RoPE rule in `llama_batch_allocr::init`; the checks below copy that function's)
 /// [llama.cpp internal].
-const MULTI_POSITION_ROPE_TYPES: [llama_cpp_sys_4::llama_rope_type; 3] = [
+pub(crate) const MULTI_POSITION_ROPE_TYPES: [llama_cpp_sys_4::llama_rope_type; 3] = [
     llama_cpp_sys_4::LLAMA_ROPE_TYPE_MROPE,
     llama_cpp_sys_4::LLAMA_ROPE_TYPE_IMROPE,
     llama_cpp_sys_4::LLAMA_ROPE_TYPE_VISION,
@@ -26,7 +26,7 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// The checkpoint of one sequence that ends at `end`.
-    pub(super) fn of(seq: i32, end: i32) -> Self {
+    pub(crate) fn of(seq: i32, end: i32) -> Self {
         Self { ends: vec![(seq, end)] }
     }
 }
@@ -35,7 +35,7 @@ impl OpenContext {
     /// Refuses, with a `ValueError` naming the sequence and positions, a batch whose positions
     /// llama.cpp would refuse with its catch-all -1, and records where each sequence ends.
     /// `memory` is false for computations that do not write the KV cache (encoders).
-    pub(super) fn checkpoint(&self, batch: &BatchState, memory: bool) -> Result<Checkpoint> {
+    pub(crate) fn checkpoint(&self, batch: &BatchState, memory: bool) -> Result<Checkpoint> {
         let memory = memory && self.has_memory;
         let may_jump = MULTI_POSITION_ROPE_TYPES.contains(&self.model().rope_type());
         let mut ends = Vec::with_capacity(batch.spans.len());
@@ -71,7 +71,7 @@ impl OpenContext {
     /// Where `seq` ends in the KV cache (-1: empty), refusing with a `ValueError` a computation
     /// that would not continue it at `first`: right after its end, or anywhere after it for
     /// models with several positions per token.
-    pub(super) fn continuation_end(&self, seq: i32, first: i32) -> Result<i32> {
+    pub(crate) fn continuation_end(&self, seq: i32, first: i32) -> Result<i32> {
         let end = self.with(|context| context.kv_cache_seq_pos_max(seq));
         if MULTI_POSITION_ROPE_TYPES.contains(&self.model().rope_type()) {
             if end >= 0 && first <= end {
@@ -93,7 +93,7 @@ impl OpenContext {
     /// Sequences that share a token need one KV stream for all sequences, and the same cached
     /// range (llama.cpp: "sequential split is not supported when there are coupled sequences",
     /// "coupled ... but have diverged").
-    fn check_couplings(&self, batch: &BatchState) -> Result<()> {
+    pub(crate) fn check_couplings(&self, batch: &BatchState) -> Result<()> {
         if let Some(&(a, b)) = batch.couplings.iter().next().filter(|_| !self.kv_unified) {
             return Err(Error::value(format!(
                 "a token of the batch belongs to sequences {a} and {b}, which needs one KV stream for all \
@@ -116,7 +116,7 @@ impl OpenContext {
     }
 
     /// Removes from the KV cache whatever a failed decode left past each sequence's old end.
-    pub(super) fn roll_back(&mut self, checkpoint: &Checkpoint) {
+    pub(crate) fn roll_back(&mut self, checkpoint: &Checkpoint) {
         if !self.has_memory {
             return;
         }
