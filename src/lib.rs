@@ -79,7 +79,7 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<media::python::PyMtmdBitmap>()?;
     m.add_class::<media::python::PyMtmdInputChunks>()?;
     m.add_class::<media::python::PyMtmdInputChunk>()?;
-    m.add_function(wrap_pyfunction!(rpc::server::serve_rpc, m)?)?;
+    m.add_function(wrap_pyfunction!(rpc::python::serve_rpc, m)?)?;
     m.add_function(wrap_pyfunction!(cpu::cpu_features, m)?)?;
     m.add_function(wrap_pyfunction!(prompt_checks::python::check_prompt, m)?)?;
     m.add_function(wrap_pyfunction!(prompt_checks::python::check_media_ending, m)?)?;

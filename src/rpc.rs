@@ -4,7 +4,7 @@
 
 mod protocol;
 mod relay;
-pub mod server;
+pub mod python;
 
 use std::ffi::{CStr, CString};
 use std::path::Path;

@@ -1,4 +1,5 @@
-//! `serve_rpc`: llama.cpp's RPC server for this machine's devices, in this process.
+//! `serve_rpc`: llama.cpp's RPC server for this machine's devices, in this process, for Python
+//! (`llamactx rpc-server`), which waits for it with the GIL released and checks for Ctrl-C.
 
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
