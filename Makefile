@@ -34,7 +34,7 @@ PYTEST_PARALLEL := -n auto --dist loadscope -m "not whole_machine"
 PYTEST_SERIAL := -m whole_machine
 
 test: build model ## set up, then run the Rust unit tests, the Python tests and stubtest
-	$(TOOLCHAIN) cargo test --release --lib
+	$(TOOLCHAIN) cargo test --release --workspace --lib
 	$(PY) -m pytest $(PYTEST_PARALLEL)
 	$(PY) -m pytest $(PYTEST_SERIAL)
 	$(PY) -m mypy.stubtest llamactx._llamactx --allowlist .mypy-stubtest-allowlist
@@ -104,8 +104,8 @@ wheel-venv: wheel ## the wheel installed into a bare venv, WHEEL_VENV
 	cd / && $(CURDIR)/$(WHEEL_VENV)/bin/python -c "import llamactx, sys; assert '$(WHEEL_VENV)/lib' in llamactx.__file__, llamactx.__file__"
 
 lint: build ## rustfmt, clippy, ruff, mypy --strict and actionlint
-	cargo fmt --check
-	$(TOOLCHAIN) cargo clippy --release --all-targets -- -D warnings
+	cargo fmt --all --check
+	$(TOOLCHAIN) cargo clippy --release --workspace --all-targets -- -D warnings
 	$(PY) -m ruff check python tests benches scripts
 	$(PY) -m ruff format --check python tests benches scripts
 	$(PY) -m mypy --strict python/llamactx tests/support/children

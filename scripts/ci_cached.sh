@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 # script and the C++ it compiles, the Python build backend and wheel scripts, the packaging and
 # requirements, the Makefile that drives them, and the CPU-level selection the wheel ships.
 BUILD_INPUTS=(
-    Cargo.lock Cargo.toml build.rs rust-toolchain.toml src/*.cpp
+    Cargo.lock Cargo.toml crates/llamactx-engine/Cargo.toml build.rs rust-toolchain.toml src/*.cpp
     pyproject.toml requirements-dev.txt Makefile .ci/run
     scripts/llamactx_build.py scripts/portable_wheel.py scripts/bare-build-check.sh scripts/ci_cached.sh
     src/cpu.rs python/llamactx/_cpu.py

@@ -1,54 +1,76 @@
-//! The native module `llamactx._llamactx`: registers classes and exceptions; and, for Rust
-//! programs, the engine without Python (`engine_api`).
+//! The native module `llamactx._llamactx`: registers classes and exceptions. It is the Python
+//! binding of the engine core, `crates/llamactx-engine`, which Rust programs use directly.
 
 mod arrays;
-mod backend;
-mod batch;
 mod chat_format;
 mod context;
 mod cpu;
-mod cpu_budget;
-mod engine;
-mod errors;
 mod gil;
-mod interrupt;
-mod lora;
-mod media;
-mod metadata;
-mod model;
-mod open_context;
-mod owned_lock;
 mod paths;
 mod perf;
-mod prompt_checks;
 mod regex_search;
 mod rerank;
-mod rpc;
-mod sampler;
-mod shared_pool;
-mod steps;
-mod threadpool;
 mod token_data;
-mod tokens;
 mod work_limit;
 
-use pyo3::prelude::*;
+// The engine core (`crates/llamactx-engine`), each module with the Python classes of its types
+// beside it: the `python` modules here wrap the core's types, which these modules re-export.
+use llamactx_engine::{errors, interrupt, metadata, open_context, owned_lock};
 
-/// The engine from Rust: the one `llamactx.Engine` wraps, used without Python. Load a model
-/// with `load_checked`, `Engine::start` an engine on it, `submit_tokens` prompts (token ids,
-/// from the model's `str_to_token`), read each request's text as it comes
-/// (`Request::next_text`, from any thread) and then its `Completion` (`Request::ended`), and
-/// `stop` the engine. `examples/engine_stream.rs` streams concurrent requests this way.
-pub mod engine_api {
-    pub use crate::context::ContextOptions;
-    pub use crate::engine::{
-        Completion, Constraint, DraftChoice, Engine, EngineSettings, EngineStats, NgramConfig,
-        RequestShared as Request, Submission,
-    };
-    pub use crate::errors::Error;
-    pub use crate::model::load_checked;
-    pub use crate::sampler::params::SamplingParams;
+mod backend {
+    pub use llamactx_engine::backend::*;
+    pub mod python;
 }
+mod batch {
+    pub use llamactx_engine::batch::*;
+    pub mod python;
+}
+mod engine {
+    pub use llamactx_engine::engine::*;
+    pub mod python;
+    pub mod request {
+        pub use llamactx_engine::engine::request::*;
+        pub mod python;
+    }
+}
+mod lora {
+    pub use llamactx_engine::lora::*;
+    pub mod python;
+}
+mod media {
+    pub use llamactx_engine::media::*;
+    pub mod python;
+}
+mod model {
+    pub use llamactx_engine::model::*;
+    pub mod python;
+}
+mod prompt_checks {
+    pub use llamactx_engine::prompt_checks::*;
+    pub mod python;
+}
+mod rpc {
+    pub use llamactx_engine::rpc::*;
+    pub mod python;
+}
+mod sampler {
+    pub use llamactx_engine::sampler::*;
+    pub mod python;
+    pub mod params {
+        pub use llamactx_engine::sampler::params::*;
+        pub mod python;
+    }
+}
+mod threadpool {
+    pub use llamactx_engine::threadpool::*;
+    pub mod python;
+}
+mod tokens {
+    pub use llamactx_engine::tokens::*;
+    pub mod python;
+}
+
+use pyo3::prelude::*;
 
 #[pymodule]
 fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -32,7 +32,7 @@ JsonSchema = Mapping[str, Any] | str | bool | type
 
 #: A grammar starting with this is llguidance's Lark dialect, as llama.cpp marks it; any other
 #: grammar is GBNF. Both compile with llguidance, which bounds the work of every step (GBNF is
-#: translated to Lark: src/sampler/guidance/gbnf.rs).
+#: translated to Lark: crates/llamactx-engine/src/sampler/guidance/gbnf.rs).
 LARK_MARKER = "%llguidance"
 
 

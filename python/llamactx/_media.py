@@ -48,7 +48,7 @@ _DATA_URL = re.compile(r"data:image/[a-z0-9.+-]+;base64,", re.IGNORECASE)
 #: Stands, in a sequence's history, for each position an image takes: no token id is negative.
 MEDIA_POSITION = -1
 #: The most pixels ``MtmdBitmap.from_buf`` may be asked to decode (``MAX_PIXELS_CEILING`` in
-#: ``src/media/image_file.rs``).
+#: ``crates/llamactx-engine/src/media/image_file.rs``).
 MAX_PIXELS_CEILING = 2**27
 #: The content part types that carry media.
 _MEDIA_PARTS = ("image_url", "input_audio")

@@ -81,7 +81,7 @@ impl PyLlamaBatch {
 
     fn __repr__(&self) -> String {
         match self.state.try_lock() {
-            Ok(Some(state)) => format!("<LlamaBatch {}/{} tokens>", state.tokens.len(), state.capacity),
+            Ok(Some(state)) => format!("<LlamaBatch {}/{} tokens>", state.tokens.len(), state.capacity()),
             Ok(None) => "<LlamaBatch (busy)>".to_owned(),
             Err(_) => "<LlamaBatch (poisoned)>".to_owned(),
         }

@@ -1,10 +1,10 @@
 //! The keyword arguments of `LlamaModel.new_context`, read into `ContextOptions`.
 
+use llamactx_engine::context_option_list;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::open_context::params::context_option_list;
 use crate::open_context::ContextOptions;
 
 macro_rules! options_from_kwargs {

@@ -9,11 +9,11 @@ use std::sync::mpsc::{RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
+use llamactx_engine::{engine_stats_doc, engine_stats_fields};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use super::slots::SlotChore;
-use super::stats::{engine_stats_doc, engine_stats_fields};
 use super::{Constraint, Engine, EngineSettings, EngineStats, MediaInput, Submission};
 pub use crate::engine::request::python::{PyCompletion, PyRequestCore, PyWaker};
 use crate::errors::{Error, Result};

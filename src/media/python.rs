@@ -51,7 +51,7 @@ impl PyMtmdContext {
         })?;
         Ok(PyMtmdInputChunks {
             chunks: Arc::new(chunks),
-            made_by: self.shared.id,
+            made_by: self.shared.id(),
         })
     }
 }

@@ -8,7 +8,7 @@ from support.prompts import PARIS_PROMPT
 import llamactx
 from llamactx import _llamactx
 
-# Every class the native module registers (its one list is in src/errors.rs).
+# Every class the native module registers (its one list is in crates/llamactx-engine/src/errors.rs).
 CRATE_ERRORS = sorted(
     name
     for name, value in vars(_llamactx).items()

@@ -1,6 +1,6 @@
-"""The engine from Rust, without Python (``examples/engine_stream.rs``, on the crate's
-``engine_api``): concurrent requests streamed from their own threads, each text what the Python
-engine generates for the same prompt."""
+"""The engine from Rust, without Python (``crates/llamactx-engine/examples/engine_stream.rs``, on
+the engine core crate, which does not depend on PyO3): concurrent requests streamed from their own
+threads, each text what the Python engine generates for the same prompt."""
 
 from __future__ import annotations
 
@@ -28,9 +28,18 @@ def test_the_rust_example_streams_what_the_python_engine_generates(model: llamac
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {**os.environ, "CARGO_TARGET_DIR": target, "PATH": path}
     command = [sys.executable, "scripts/llamactx_build.py", "cargo", "run", "--quiet", "--release"]
-    command += ["--example", "engine_stream", "--", llamactx.default_model_path(), str(MAX_TOKENS), *PROMPTS]
+    command += ["-p", "llamactx-engine", "--example", "engine_stream", "--"]
+    command += [llamactx.default_model_path(), str(MAX_TOKENS), *PROMPTS]
     run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1100, check=False)
     assert run.returncode == 0, run.stderr[-4000:]
+    # A program of the engine core alone: no libpython linked in.
+    linked = subprocess.run(
+        ["ldd", str(Path(target) / "release" / "examples" / "engine_stream")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "libpython" not in linked.stdout, linked.stdout
     lines = [json.loads(line) for line in run.stdout.splitlines()]
     pieces = {
         index: [line["piece"] for line in lines if line["request"] == index and "piece" in line]
@@ -47,3 +56,19 @@ def test_the_rust_example_streams_what_the_python_engine_generates(model: llamac
             # Streamed: the text came in pieces, as generated, and they make it whole.
             assert len(pieces[line["request"]]) > 1
             assert "".join(pieces[line["request"]]) == line["text"]
+
+
+def test_the_engine_core_crate_does_not_depend_on_pyo3() -> None:
+    """``crates/llamactx-engine`` builds without PyO3: only its ``python`` feature (``Error``'s
+    conversions, which the extension turns on) brings it in."""
+    tree = subprocess.run(
+        ["cargo", "tree", "--offline", "-p", "llamactx-engine", "-e", "normal,build", "--prefix", "none"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    crates = {line.split()[0] for line in tree.splitlines() if line.strip()}
+    assert {"llamactx-engine", "llama-cpp-4", "llguidance"} <= crates
+    assert not {name for name in crates if name.startswith(("pyo3", "numpy"))}, sorted(crates)

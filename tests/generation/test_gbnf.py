@@ -36,7 +36,7 @@ x ::= "b" | "bb"
 """
 #: Any text without "<t>", then "<t>" and a word: the right recursion of llama.cpp's tool-call
 #: grammars ("until" rules), which an Earley parser pays for with every character unless it is
-#: rewritten as left recursion (src/sampler/guidance/gbnf/left_linear.rs).
+#: rewritten as left recursion (crates/llamactx-engine/src/sampler/guidance/gbnf/left_linear.rs).
 UNTIL = r"""
 root   ::= until "<t>" [a-z]+
 until  ::= | [<] until1 | [^<] until

@@ -1,4 +1,4 @@
-"""``SamplingParams`` is declared once (``src/sampler/params.rs``): its constructor, defaults,
+"""``SamplingParams`` is declared once (``crates/llamactx-engine/src/sampler/params.rs``): its constructor, defaults,
 pickling and ``repr`` come from that declaration, and the server's request fields, the command
 line's options and Ray's columns take its fields and defaults from the constructor's signature."""
 

@@ -1,6 +1,6 @@
 """Crafted projector (mmproj) files: each is refused with a typed error before llama.cpp's clip
-loader reads it (``src/media/projector_file.rs``), where the loader would abort on an assertion or
-read through a null pointer at the first image. The cases run in child processes
+loader reads it (``crates/llamactx-engine/src/media/projector_file.rs``), where the loader would
+abort on an assertion or read through a null pointer at the first image. The cases run in child processes
 (``support/children/corrupt_files.py``): a case that crashes one is named, and the rest go on in the next."""
 
 from __future__ import annotations

@@ -75,10 +75,14 @@ def test_a_context_option_of_the_wrong_type_names_the_argument(model: llamactx.L
 
 
 def test_the_marked_llama_cpp_internals_are_the_listed_ones() -> None:
-    listed = set(re.findall(r"^\| `(src/[\w/]+\.rs)` \|", (ROOT / "docs" / "llama-internals.md").read_text(), re.M))
+    listed = set(
+        re.findall(
+            r"^\| `((?:crates/[\w-]+/)?src/[\w/]+\.rs)` \|", (ROOT / "docs" / "llama-internals.md").read_text(), re.M
+        )
+    )
     marked = {
         str(path.relative_to(ROOT))
-        for path in (ROOT / "src").rglob("*.rs")
+        for path in [*(ROOT / "src").rglob("*.rs"), *(ROOT / "crates").rglob("*.rs")]
         if "[llama.cpp internal]" in path.read_text()
     }
     assert listed == marked

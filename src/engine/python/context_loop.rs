@@ -26,17 +26,19 @@ use crate::sampler::python::PyLlamaSampler;
 use crate::tokens::{check_vocab, to_llama_tokens};
 
 /// A caller's context, locked for each call: between steps the caller may use it too.
-impl Native for Py<PyLlamaContext> {
+struct CallerContext(Py<PyLlamaContext>);
+
+impl Native for CallerContext {
     fn open<T>(&self, work: impl FnOnce(&OpenContext) -> Result<T>) -> Result<T> {
-        self.get().with_open(|native| work(native))
+        self.0.get().with_open(|native| work(native))
     }
 
     fn open_mut<T>(&mut self, work: impl FnOnce(&mut OpenContext) -> Result<T>) -> Result<T> {
-        self.get().with_open(work)
+        self.0.get().with_open(work)
     }
 }
 
-type CallerScheduler = Scheduler<LlamaBackend<Py<PyLlamaContext>>>;
+type CallerScheduler = Scheduler<LlamaBackend<CallerContext>>;
 
 /// The scheduler, behind the loop's lock.
 struct Stepping(CallerScheduler);
@@ -64,7 +66,7 @@ pub struct PyContextLoop {
 impl PyContextLoop {
     fn queue(&self, job: Job) -> PyRequestCore {
         let request = Arc::clone(&job.request);
-        self.shared.inbox().waiting.push_back(job);
+        self.shared.enqueue(job);
         PyRequestCore { shared: request }
     }
 }
@@ -112,7 +114,7 @@ impl PyContextLoop {
                 None => None,
             };
             let n_batch = options.n_batch.map_or(1, |n_batch| n_batch as usize);
-            let backend = LlamaBackend::new(context, BatchState::new(n_batch, 1)?, None, None)?;
+            let backend = LlamaBackend::new(CallerContext(context), BatchState::new(n_batch, 1)?, None, None)?;
             Ok((backend, model, speculation))
         })?;
         let n_vocab = model.n_vocab();

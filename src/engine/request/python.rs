@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
 
-use super::{completion_fields, Completion, Next, Outcome, Piece, RequestShared, Want};
+use llamactx_engine::completion_fields;
+
+use super::{Completion, Next, Outcome, Piece, RequestShared, Want};
 use crate::engine::wake_pipe::WakePipe;
 use crate::errors::Error;
 

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::{checks, sampling_param_list, sampling_params_doc, SamplingParams};
+use llamactx_engine::{sampling_param_list, sampling_params_doc};
+
+use super::{checks, SamplingParams};
 use crate::model::python::PyLlamaModel;
 use crate::sampler::python::PyLlamaSampler;
 

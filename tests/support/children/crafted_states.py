@@ -1,7 +1,7 @@
 """States rewritten the way a hostile file would be, for the red-team cases: cells that belong
 to no sequence and recurrent sequences of several cells. They follow llama.cpp's layouts (see
-``src/open_context/state_layout.rs``) for the test models: KV cells without extensions, each naming
-one sequence, and V rows in every KV layer, not transposed."""
+``crates/llamactx-engine/src/open_context/state_layout.rs``) for the test models: KV cells without
+extensions, each naming one sequence, and V rows in every KV layer, not transposed."""
 
 from __future__ import annotations
 

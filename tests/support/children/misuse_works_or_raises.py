@@ -28,7 +28,7 @@ CASES: list[harness.Case] = []
 case = harness.reporting(CASES)
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-#: How many references (and Lark lines) a constraint may hold (src/sampler/guidance.rs).
+#: How many references (and Lark lines) a constraint may hold (crates/llamactx-engine/src/sampler/guidance.rs).
 LINKS = 20_000
 
 
