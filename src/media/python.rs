@@ -1,6 +1,6 @@
 //! `MtmdContext`: the Python handle of a projector (`SharedMtmd`).
 
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 
 use llama_cpp_4::mtmd::{MtmdContext, MtmdContextParams, MtmdInputChunks, MtmdInputPart, MtmdInputText};
 use pyo3::prelude::*;
@@ -11,7 +11,7 @@ mod chunks;
 pub use bitmap::PyMtmdBitmap;
 pub use chunks::{PyMtmdInputChunk, PyMtmdInputChunks};
 
-use super::{projector_file, OpenMtmd, SharedChunks, SharedMtmd};
+use super::{projector_file, SharedChunks, SharedMtmd};
 use crate::backend::{backend, explained};
 use crate::context::PyLlamaContext;
 use crate::errors::{Error, Result};
@@ -29,14 +29,6 @@ pub struct PyMtmdContext {
 }
 
 impl PyMtmdContext {
-    fn read<T>(&self, read: impl FnOnce(&MtmdContext) -> T) -> Result<T> {
-        self.shared.read(read)
-    }
-
-    fn lock(&self) -> Result<MutexGuard<'_, Option<OpenMtmd>>> {
-        self.shared.lock()
-    }
-
     fn chunks(
         &self,
         py: Python<'_>,
@@ -44,7 +36,7 @@ impl PyMtmdContext {
     ) -> PyResult<PyMtmdInputChunks> {
         let chunks = detached(py, || {
             let mut chunks = MtmdInputChunks::new();
-            let guard = self.lock()?;
+            let guard = self.shared.lock()?;
             let open = guard.as_ref().ok_or_else(|| Error::closed("MtmdContext"))?;
             fill(&open.native, &mut chunks)?;
             Ok(SharedChunks(chunks))
@@ -147,35 +139,35 @@ impl PyMtmdContext {
 
     /// The marker `tokenize` replaces with a bitmap.
     fn marker(&self) -> Result<String> {
-        self.read(|native| native.marker().to_owned())
+        self.shared.read(|native| native.marker().to_owned())
     }
 
     /// Whether the projector reads images.
     fn supports_vision(&self) -> Result<bool> {
-        self.read(MtmdContext::supports_vision)
+        self.shared.read(MtmdContext::supports_vision)
     }
 
     /// Whether the projector reads audio.
     fn supports_audio(&self) -> Result<bool> {
-        self.read(MtmdContext::supports_audio)
+        self.shared.read(MtmdContext::supports_audio)
     }
 
     /// The sample rate audio must have (Hz); -1 without audio support.
     fn audio_sample_rate(&self) -> Result<i32> {
-        self.read(MtmdContext::audio_sample_rate)
+        self.shared.read(MtmdContext::audio_sample_rate)
     }
 
     /// Whether the model places media with several positions per embedding (M-RoPE): the
     /// chunks' `n_pos` then differs from `n_tokens`.
     fn decode_use_mrope(&self) -> Result<bool> {
-        self.read(MtmdContext::decode_use_mrope)
+        self.shared.read(MtmdContext::decode_use_mrope)
     }
 
     /// Media chunks encoded by this projector so far. The embeddings of the last 16 media
     /// (up to 256 MiB) are kept by id and chunk (a long clip or a tiled image is several chunks of one
     /// id): evaluating the same image again does not encode it.
     fn n_encodes(&self) -> Result<u64> {
-        Ok(self.lock()?.as_ref().map_or(0, |open| open.encodes))
+        Ok(self.shared.lock()?.as_ref().map_or(0, |open| open.encodes))
     }
 
     /// Tokenizes `text`, in which each `marker()` stands for the next of `bitmaps`
@@ -260,7 +252,7 @@ impl PyMtmdContext {
                     "the context runs another model than the one this MtmdContext was loaded for",
                 ));
             }
-            let mut guard = self.lock()?;
+            let mut guard = self.shared.lock()?;
             let open = guard.as_mut().ok_or_else(|| Error::closed("MtmdContext"))?;
             context.eval_chunks(open, &chunks.chunks, n_past, seq_id, logits_last)
         })

@@ -37,7 +37,7 @@ use crate::open_context::{ContextOptions, OpenContext};
 use crate::prompt_checks::{self, PromptShape};
 use crate::sampler::params::SamplingParams;
 use crate::sampler::{guidance, SendSampler};
-use crate::tokens::{check_vocab, to_llama_tokens};
+use crate::tokens::check_vocab;
 use draft::{draft_options, Speculation};
 pub use draft::{DraftChoice, NgramConfig};
 use llama_backend::LlamaBackend;
@@ -291,14 +291,15 @@ impl Engine {
         })
     }
 
-    /// Queues a request for the prompt `tokens` (Rust's `submit`: text only, no constraint),
-    /// generated with `sampling`. Its text comes through `RequestShared::next_text`.
+    /// Queues a request for the prompt `tokens` (`submit` for text only, with no constraint,
+    /// log-probabilities or adapter scale of its own), generated with `sampling`. Its text comes
+    /// through `RequestShared::next_text`.
     ///
     /// # Errors
     ///
-    /// `Error::Value` for a prompt that can never run (empty, too long for a sequence, a token
-    /// outside the vocabulary) or once the engine is stopped; `EngineBusy` when `max_waiting`
-    /// requests already wait.
+    /// As `submit`: `Error::Value` for a prompt that can never run (empty, too long for a
+    /// sequence, a token outside the vocabulary) or once the engine is stopped; `EngineBusy` when
+    /// `max_waiting` requests already wait.
     pub fn submit_tokens(
         &self,
         tokens: &[i32],
@@ -306,18 +307,15 @@ impl Engine {
         stop: Vec<String>,
         sampling: SamplingParams,
     ) -> Result<Arc<RequestShared>> {
-        self.refuse_shape(tokens, 0, false, &sampling)?;
-        self.queue(Job {
-            request: Arc::new(RequestShared::new(Arc::clone(&self.shared))),
-            prompt: to_llama_tokens(tokens),
+        self.submit(Submission {
+            tokens: tokens.to_vec(),
+            media: Vec::new(),
             max_tokens,
             stop,
-            choosing: Choosing::Params(sampling, None),
+            sampling,
+            constraint: None,
             logprobs: 0,
-            submitted: Instant::now(),
-            media: Vec::new(),
-            lora_scale: self.request_scale(None)?,
-            held: None,
+            lora_scale: None,
         })
     }
 
