@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from llamactx._constraints import JsonSchema
-from llamactx._generation import continue_sequence, generate, prefill_media, stream_media
+from llamactx._generation import continue_from, generate, stream_media
 from llamactx._llamactx import LlamaContext, LlamaSampler, MtmdContext, _check_prompt
 from llamactx._media import MediaBudget, MediaPrompt
 from llamactx._reasoning import Reasoning
@@ -116,9 +116,8 @@ class ChatSession:
         self.messages: list[Message] = [("system", system)] if system else []
         self._renderer = ChatRenderer(ctx.model, chat_template)
         self._template_kwargs = chat_template_kwargs
-        # What the cache holds: the prompt's items (tokens, and an image's id) and their positions.
-        self._cached: list[int | str] = []
-        self._widths: list[int] = []
+        # What sequence 0 holds from position 0 (an image's positions as placeholders).
+        self._held: list[int] = []
 
     def send(
         self,
@@ -144,31 +143,26 @@ class ChatSession:
         # The conversation must still fit the context (its images included).
         images, drafts = prepared.media is not None, speculative is not None
         _check_prompt(prepared.n_tokens, self.ctx.n_ctx_seq(), images=images, drafts=drafts)
-        items = prompt.keys()
         reply: list[str] = []
+        # The turn reads what follows the start its prompt shares with the sequence, whose
+        # contents `continue_from` keeps telling, also after a failed turn (which leaves the
+        # conversation as it was).
+        turn = continue_from(
+            self.ctx,
+            self.mtmd,
+            prompt,
+            self._held,
+            max_tokens=self.max_tokens,
+            sampler=sampler or LlamaSampler.greedy(),
+            speculative=speculative,
+        )
         try:
-            keep = 0
-            while keep < min(len(items), len(self._cached)) - 1 and items[keep] == self._cached[keep]:
-                keep += 1
-            self.ctx.clear_kv_cache_seq(0, sum(self._widths[:keep]), None)
-            self._cached, self._widths = [], []
-            history, widths = prefill_media(self.ctx, self.mtmd, prompt, 0, keep=keep)
-            self._cached, self._widths = items, widths
-            for piece in continue_sequence(
-                self.ctx,
-                history,
-                max_tokens=self.max_tokens,
-                sampler=sampler or LlamaSampler.greedy(),
-                speculative=speculative,
-            ):
+            for piece in turn:
                 reply.append(piece)
                 yield piece
         except GeneratorExit:
             # The caller stopped reading: what it read is the assistant's turn.
+            turn.close()
             self.messages = [*messages, ("assistant", "".join(reply))]
-            raise
-        except BaseException:
-            # A failed turn leaves the conversation as it was; the next one decodes it afresh.
-            self._cached, self._widths = [], []
             raise
         self.messages = [*messages, ("assistant", "".join(reply))]

@@ -10,7 +10,6 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from functools import partial
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from llamactx._llamactx import (
     LlamaModel,
     LlamaSampler,
     MtmdContext,
-    MtmdInputChunks,
     SamplingParams,
     _EngineCore,
     _RequestCore,
@@ -299,11 +297,7 @@ class Engine:
     ) -> Request:
         stops = [stop] if isinstance(stop, str) else list(stop)
         spec, check = constraint(json_schema, grammar)
-        images: list[tuple[int, MtmdInputChunks]] = []
-        if media is not None:
-            # Each image goes after the text runs before it.
-            starts = accumulate(len(run) for run in media.texts[:-1])
-            images = list(zip(starts, media.chunks, strict=True))
+        images = [] if media is None else media.spans()
         core = self._core.submit(tokens, max_tokens, stops, sampling, logprobs, spec, images, lora_scale)
         return Request(core, check)
 

@@ -15,11 +15,11 @@ from llamactx._llamactx import (
     _ContextLoop,
     _RequestCore,
 )
-from llamactx._media import MEDIA_POSITION, MediaPrompt
+from llamactx._media import MediaPrompt
 from llamactx._schema_check import OutputCheck
 from llamactx._speculative import Speculative
 
-__all__ = ["continue_sequence", "generate", "generate_batch", "prefill", "prefill_media", "stream", "stream_media"]
+__all__ = ["continue_from", "continue_sequence", "generate", "generate_batch", "prefill", "stream", "stream_media"]
 
 
 def _prompt_tokens(ctx: LlamaContext, prompt: str | Sequence[int], max_tokens: int) -> list[int]:
@@ -83,36 +83,6 @@ def prefill(
             progress(chunk_end, len(tokens))
 
 
-def prefill_media(
-    ctx: LlamaContext, mtmd: MtmdContext | None, prompt: MediaPrompt, seq_id: int, *, keep: int = 0
-) -> tuple[list[int], list[int]]:
-    """Decodes ``prompt`` into ``seq_id``, whose cache already holds its first ``keep`` items
-    (``MediaPrompt.keys``; an image is one item) and nothing after them; the last token gets
-    logits. ``mtmd`` (the projector that tokenized the prompt's media) encodes the images (None
-    for a prompt without any). Returns the sequence's history (its tokens, ``MEDIA_POSITION`` at
-    each position an image takes: ``continue_sequence`` counts positions by it) and the
-    positions of each item."""
-    if prompt.chunks and mtmd is None:
-        raise ValueError("a prompt with images needs the projector (mtmd) that reads them")
-    history: list[int] = []
-    widths: list[int] = []
-    for number, run in enumerate(prompt.texts):
-        if number > 0 and mtmd is not None:  # always, for a prompt with images (checked above)
-            chunks = prompt.chunks[number - 1]
-            if len(widths) >= keep:
-                end = mtmd.eval_chunks(ctx, chunks, len(history), seq_id, logits_last=False)
-            else:
-                end = len(history) + chunks.n_pos()
-            widths.append(end - len(history))
-            history += [MEDIA_POSITION] * widths[-1]
-        start = len(history) + max(0, keep - len(widths))
-        history += run
-        widths += [1] * len(run)
-        if start < len(history):
-            prefill(ctx, history, seq_id, start=start)
-    return history, widths
-
-
 def continue_sequence(
     ctx: LlamaContext,
     history: list[int],
@@ -139,7 +109,36 @@ def continue_sequence(
     try:
         return (yield from _run(loop, request))
     finally:
-        history += loop.decoded()
+        history += loop.held()[len(history) :]
+
+
+def continue_from(
+    ctx: LlamaContext,
+    mtmd: MtmdContext | None,
+    prompt: MediaPrompt,
+    holds: list[int],
+    *,
+    max_tokens: int,
+    sampler: LlamaSampler,
+    stop: Sequence[str] = (),
+    seq_id: int = 0,
+    speculative: Speculative | None = None,
+) -> Generator[str, None, str]:
+    """Generates after ``prompt`` in sequence ``seq_id`` of ``ctx``, which holds ``holds`` from
+    position 0 (what an earlier call left there, or nothing): the prompt reads only what follows
+    the start they share, and the rest of the sequence is cleared. ``mtmd`` (the projector that
+    tokenized the prompt's media; None for a prompt without any) encodes its media. Afterwards,
+    even after a failure, ``holds`` is what the sequence holds: the prompt read (each medium's
+    positions as negative placeholders) and the tokens generated. ``sampler`` and
+    ``speculative`` as in ``continue_sequence``, whose step loop this is."""
+    loop = _ContextLoop(ctx, [seq_id], speculative, mtmd=mtmd)
+    request = loop.submit(
+        prompt.tokens, max_tokens, _stops(stop), sampler, held_seq=seq_id, holds=holds, media=prompt.spans()
+    )
+    try:
+        return (yield from _run(loop, request))
+    finally:
+        holds[:] = loop.held()
 
 
 def stream(
@@ -179,23 +178,14 @@ def stream(
     """
     tokens = _prompt_tokens(ctx, prompt, max_tokens)
 
-    def read_prompt() -> list[int]:
+    def start(chooser: LlamaSampler) -> Generator[str, None, str]:
+        ctx.clear_kv_cache_seq(seq_id)
         prefill(ctx, tokens, seq_id, progress=progress)
-        return tokens
-
-    return (
-        yield from _stream_after(
-            ctx,
-            read_prompt,
-            max_tokens=max_tokens,
-            sampler=sampler,
-            stop=stop,
-            seq_id=seq_id,
-            json_schema=json_schema,
-            grammar=grammar,
-            speculative=speculative,
+        return continue_sequence(
+            ctx, tokens, max_tokens=max_tokens, sampler=chooser, stop=stop, seq_id=seq_id, speculative=speculative
         )
-    )
+
+    return (yield from _constrained(ctx, sampler, json_schema, grammar, start))
 
 
 def stream_media(
@@ -213,46 +203,25 @@ def stream_media(
     """``stream`` for a prompt with images, which ``mtmd`` encodes (a prompt too long for the
     context is refused before any is)."""
     _check_prompt(prompt.n_tokens, ctx.n_ctx_seq(), max_tokens=max_tokens, images=True)
-    return (
-        yield from _stream_after(
-            ctx,
-            lambda: prefill_media(ctx, mtmd, prompt, seq_id)[0],
-            max_tokens=max_tokens,
-            sampler=sampler,
-            stop=stop,
-            seq_id=seq_id,
-            json_schema=json_schema,
-            grammar=grammar,
-            speculative=None,
-        )
-    )
+
+    def start(chooser: LlamaSampler) -> Generator[str, None, str]:
+        return continue_from(ctx, mtmd, prompt, [], max_tokens=max_tokens, sampler=chooser, stop=stop, seq_id=seq_id)
+
+    return (yield from _constrained(ctx, sampler, json_schema, grammar, start))
 
 
-def _stream_after(
+def _constrained(
     ctx: LlamaContext,
-    read_prompt: Callable[[], list[int]],
-    *,
-    max_tokens: int,
     sampler: LlamaSampler | None,
-    stop: Sequence[str],
-    seq_id: int,
     json_schema: JsonSchema | None,
     grammar: str | None,
-    speculative: Speculative | None,
+    start: Callable[[LlamaSampler], Generator[str, None, str]],
 ) -> Generator[str, None, str]:
-    """Clears ``seq_id``, reads the prompt into it (``read_prompt`` returns its history) and
-    generates after it, as ``stream`` describes."""
-    constrained_sampler, check = constrained(ctx.model, sampler, json_schema, grammar)
-    ctx.clear_kv_cache_seq(seq_id)
-    generation = continue_sequence(
-        ctx,
-        read_prompt(),
-        max_tokens=max_tokens,
-        sampler=constrained_sampler or LlamaSampler.greedy(),
-        stop=stop,
-        seq_id=seq_id,
-        speculative=speculative,
-    )
+    """The generation ``start`` begins with ``sampler`` (greedy when None) held to
+    ``json_schema`` or ``grammar``, which are compiled before it begins; a finished value is
+    checked against the schema, as ``stream`` describes."""
+    chooser, check = constrained(ctx.model, sampler, json_schema, grammar)
+    generation = start(chooser or LlamaSampler.greedy())
     return (yield from generation if check is None else _checked(generation, check))
 
 

@@ -1208,6 +1208,7 @@ class _ContextLoop:
         seqs: Sequence[int],
         speculative: NgramDraft | DraftModel | None = None,
         prefix_cache: bool = False,
+        mtmd: MtmdContext | None = None,
     ) -> _ContextLoop:
         """Serves sequences `seqs` of `ctx` (the others stay the caller's), drafting as
         `speculative` asks (an `NgramDraft` or a `DraftModel`, whose context takes `ctx`'s sizes
@@ -1225,18 +1226,24 @@ class _ContextLoop:
         stop: Sequence[str],
         sampler: LlamaSampler,
         held_seq: int | None = None,
+        holds: Sequence[int] | None = None,
+        media: Sequence[tuple[int, MtmdInputChunks]] = ...,
     ) -> _RequestCore:
-        """Queues a request for `tokens`, choosing its tokens with a copy of `sampler`'s state.
-        With `held_seq`, sequence `held_seq` already holds all of `tokens` (the last with
-        logits, in the context's last decode): the request samples from there, and when it
-        ends, `sampler` takes the copy's state and `decoded()` the tokens it left in the cache.
-        Such a request must be the only one of the loop.
+        """Queues a request for `tokens`, with each of `media` (`(at, chunks)` of the loop's
+        projector) spliced in before text token `at`, choosing its tokens with a copy of
+        `sampler`'s state. With `held_seq`, the request runs on that sequence: when it ends,
+        `sampler` takes the copy's state and `held()` what the sequence holds. The sequence holds
+        `holds` (what `held()` said after an earlier request: the prompt reads only what follows
+        the start they share), or, when `holds` is None, all of `tokens`, the last with logits
+        in the context's last decode: the request then samples from there and must be the only
+        one of the loop.
         """
     def step(self) -> bool:
         """Runs one step (without the GIL); whether requests are left."""
-    def decoded(self) -> list[int]:
-        """The generated tokens the last held request left in its sequence's KV cache after its
-        prompt (taken: a second call returns none).
+    def held(self) -> list[int]:
+        """What the last held request left in its sequence's KV cache, from position 0: its
+        prompt (each image's positions as placeholder tokens, negative) and the tokens it
+        generated (taken: a second call returns none).
         """
 
 @final

@@ -3,8 +3,8 @@ separated by media, decoded into a sequence through a projector (``MtmdContext``
 
 A chat with images is rendered by the model's chat template with a random marker in place of
 each image, known to nobody else, so no text of a message can place or remove an image; the
-rendered prompt is tokenized around the markers (``_ChatApplied.segments``). Decoding such a
-prompt is ``_generation.prefill_media``.
+rendered prompt is tokenized around the markers (``_ChatApplied.segments``). Such a prompt is
+read by the engine's step loop (``MediaPrompt.spans`` gives it the media and where they go).
 
 Media cost far more than their bytes: a 4 KB PNG can claim 2**25 pixels (96 MiB decoded), and a
 projector encodes each. A chat's media are therefore bounded together (``MediaBudget``), each
@@ -20,6 +20,7 @@ import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from llamactx._llamactx import ImageError, MtmdBitmap, MtmdContext, MtmdInputChunks, _check_media_ending
@@ -27,7 +28,6 @@ from llamactx._tools import ChatInputError
 
 __all__ = [
     "MAX_IMAGE_BYTES",
-    "MEDIA_POSITION",
     "MEDIA_URL_MAX_BYTES",
     "MEDIA_URL_TIMEOUT",
     "MediaBudget",
@@ -45,8 +45,6 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MEDIA_URL_MAX_BYTES = 10 * 1024 * 1024
 MEDIA_URL_TIMEOUT = 10.0
 _DATA_URL = re.compile(r"data:image/[a-z0-9.+-]+;base64,", re.IGNORECASE)
-#: Stands, in a sequence's history, for each position an image takes: no token id is negative.
-MEDIA_POSITION = -1
 #: The most pixels ``MtmdBitmap.from_buf`` may be asked to decode (``MAX_PIXELS_CEILING`` in
 #: ``crates/llamactx-engine/src/media/image_file.rs``).
 MAX_PIXELS_CEILING = 2**27
@@ -254,11 +252,8 @@ class MediaPrompt:
         """The prompt's length: its text tokens and every medium's (``MtmdInputChunks.n_tokens``)."""
         return sum(map(len, self.texts)) + sum(medium.n_tokens() for medium in self.chunks)
 
-    def keys(self) -> list[int | str]:
-        """The prompt as a sequence of comparable items: token ids, and each medium's id once."""
-        items: list[int | str] = list(self.texts[0])
-        for medium, run in zip(self.chunks, self.texts[1:], strict=True):
-            ids = (medium[index].id() for index in range(len(medium)))
-            items.append(next((name for name in ids if name is not None), ""))
-            items += run
-        return items
+    def spans(self) -> list[tuple[int, MtmdInputChunks]]:
+        """Each medium with the text token it goes before, counted in ``tokens`` (the
+        ``media`` of ``Engine``'s and the step loop's requests)."""
+        starts = accumulate(len(run) for run in self.texts[:-1])
+        return list(zip(starts, self.chunks, strict=True))

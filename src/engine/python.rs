@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use super::slots::SlotChore;
-use super::{Constraint, Engine, EngineSettings, EngineStats, MediaInput, Submission};
+use super::{Constraint, Engine, EngineSettings, EngineStats, Submission};
 pub use crate::engine::request::python::{PyCompletion, PyRequestCore, PyWaker};
 use crate::errors::{Error, Result};
 use crate::gil::detached;
@@ -102,14 +102,7 @@ impl PyEngineCore {
         };
         let submission = Submission {
             tokens,
-            media: media
-                .iter()
-                .map(|(at, chunks)| MediaInput {
-                    at: *at,
-                    chunks: Arc::clone(&chunks.get().chunks),
-                    made_by: chunks.get().made_by,
-                })
-                .collect(),
+            media: media.iter().map(|(at, chunks)| chunks.get().input_at(*at)).collect(),
             max_tokens,
             stop,
             sampling: sampling.map_or_else(SamplingParams::greedy, |sampling| sampling.get().0.clone()),

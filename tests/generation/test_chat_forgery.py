@@ -90,7 +90,7 @@ def test_a_chat_session_decodes_no_forged_control_token(model: llamactx.LlamaMod
         "".join(forged.send(FORGED))
         benign = llamactx.ChatSession(ctx, max_tokens=1)
         "".join(benign.send(BENIGN))
-        assert control_count(forged._cached, controls) == control_count(benign._cached, controls)
+        assert control_count(forged._held, controls) == control_count(benign._held, controls)
 
 
 def test_generate_json_on_a_context_decodes_no_forged_control_token(

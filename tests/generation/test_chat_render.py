@@ -71,7 +71,7 @@ def test_every_chat_path_renders_with_the_models_jinja_template(
         assert llamactx.generate_json(ctx, question, {"type": "integer"}) == 1
         session = llamactx.ChatSession(ctx, max_tokens=1)
         "".join(session.send("Hello!"))
-        prompts.append(session._cached)
+        prompts.append(session._held)
     assert prompts == [expected, expected, expected]
 
 

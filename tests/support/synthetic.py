@@ -469,6 +469,17 @@ def reranker_head(n_embd: int, seed: int = 0) -> np.ndarray:
     return (rng.standard_normal((len(RERANK_LABELS), n_embd)) * 0.02).astype(np.float32)
 
 
+def copy_vocabulary(source: Path, writer: gguf.GGUFWriter) -> int:
+    """Writes every ``tokenizer.*`` key of the model at ``source`` (its vocabulary, merges and
+    chat template) with ``writer``; returns the vocabulary's size."""
+    reader = gguf.GGUFReader(source)
+    for field in reader.fields.values():
+        if field.name.startswith("tokenizer."):
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    return len(reader.fields[gguf.Keys.Tokenizer.LIST].data)
+
+
 GPT2_WIDTH = 32
 GPT2_LAYERS = 1
 
@@ -478,13 +489,8 @@ def write_tiny_gpt2(vocabulary_source: Path, path: Path, context: int, seed: int
     ``context`` positions, and the vocabulary (every ``tokenizer.*`` key) of the model at
     ``vocabulary_source``: a draft model that passes the vocabulary check but holds fewer
     positions than its target."""
-    reader = gguf.GGUFReader(vocabulary_source)
     writer = gguf.GGUFWriter(str(path), "gpt2")
-    for field in reader.fields.values():
-        if field.name.startswith("tokenizer."):
-            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
-    n_vocab = len(reader.fields[gguf.Keys.Tokenizer.LIST].data)
+    n_vocab = copy_vocabulary(vocabulary_source, writer)
     tensor = random_tensors(writer, seed)
     width = GPT2_WIDTH
     writer.add_name("tiny-gpt2")
@@ -634,5 +640,141 @@ def write_tiny_audio_projector(path: Path, n_embd: int, seed: int = 0, scale: fl
     tensor("mm.a.mlp.1.weight", 2 * hidden, width * stack, scale=scale)
     writer.add_tensor("mm.a.norm_mid.weight", np.ones(hidden, dtype=np.float32))
     tensor("mm.a.mlp.2.weight", n_embd, hidden, scale=scale)
+    _finish(writer)
+    return path
+
+
+QWEN2VL_WIDTH = 64
+QWEN2VL_LAYERS = 2
+QWEN2VL_HEADS = 4  # heads of 16
+QWEN2VL_KV_HEADS = 2  # grouped-query attention, as Qwen2-VL
+QWEN2VL_FF = 128
+QWEN2VL_CONTEXT = 4096
+#: M-RoPE sections (temporal, height, width, unused) of a head's 8 rotated pairs: Qwen2-VL's
+#: [16, 24, 24] for heads of 128, scaled to heads of 16. llama.cpp reads exactly 4 and requires the key.
+QWEN2VL_ROPE_SECTIONS = [2, 3, 3, 0]
+#: Scale of the attention and feed-forward outputs: with the output tied to token_embd, the 0.1 of
+#: the other weights leaves the last token's embedding dominating the residual, and the model echoes
+#: it ("\n" forever) whatever the image; at 0.5 the layers (and so the image) decide the reply.
+QWEN2VL_OUTPUT_SCALE = 0.5
+
+QWEN2VL_IMAGE_SIZE = 56
+QWEN2VL_PATCH = 14
+QWEN2VL_MERGE = 2  # llama.cpp's default spatial merge for qwen2vl_merger: 2 x 2 patches per embedding
+QWEN2VL_VISION_WIDTH = 64  # 2 heads of 32: the vision M-RoPE splits each head in 4 sections of 8
+QWEN2VL_VISION_HEADS = 2
+QWEN2VL_VISION_FF = 128
+#: Embeddings of one QWEN2VL_IMAGE_SIZE image: a 2 x 2 grid of merged 28-pixel cells.
+QWEN2VL_GRID = QWEN2VL_IMAGE_SIZE // (QWEN2VL_PATCH * QWEN2VL_MERGE)
+QWEN2VL_IMAGE_TOKENS = QWEN2VL_GRID * QWEN2VL_GRID
+#: Positions one such image takes with M-RoPE: max(grid width, grid height).
+QWEN2VL_IMAGE_POSITIONS = QWEN2VL_GRID
+
+
+def write_tiny_qwen2vl(
+    model_path: Path, projector_path: Path, vocabulary_source: Path, seed: int = 0, *, scale: float = 1.0
+) -> tuple[Path, Path]:
+    """A 2-layer, 64-wide Qwen2-VL text model with random weights and the vocabulary (every
+    ``tokenizer.*`` key, chat template included) of the model at ``vocabulary_source``, written to
+    ``model_path``, and its vision projector, written to ``projector_path``: a 2-block, 64-wide
+    vision tower in 14-pixel patches whose 2 x 2 merged patches are projected to the text model's
+    width. A 56 x 56 image is encoded as is, as 4 embeddings on 2 M-RoPE positions. ``scale``
+    sizes the projection's weights: large enough that different images give different replies."""
+    return (
+        _write_qwen2vl_text(model_path, vocabulary_source, seed),
+        _write_qwen2vl_projector(projector_path, QWEN2VL_WIDTH, seed + 1, scale),
+    )
+
+
+def _write_qwen2vl_text(path: Path, vocabulary_source: Path, seed: int) -> Path:
+    writer = gguf.GGUFWriter(str(path), "qwen2vl")
+    n_vocab = copy_vocabulary(vocabulary_source, writer)
+    width, ff = QWEN2VL_WIDTH, QWEN2VL_FF
+    kv_width = width // QWEN2VL_HEADS * QWEN2VL_KV_HEADS
+    writer.add_name("tiny-qwen2vl")
+    writer.add_context_length(QWEN2VL_CONTEXT)
+    writer.add_embedding_length(width)
+    writer.add_feed_forward_length(ff)
+    writer.add_block_count(QWEN2VL_LAYERS)
+    writer.add_head_count(QWEN2VL_HEADS)
+    writer.add_head_count_kv(QWEN2VL_KV_HEADS)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_rope_dimension_sections(QWEN2VL_ROPE_SECTIONS)  # an int32 array
+    # Written as converted files do; this llama.cpp's qwen2vl loader does not read it (its RMS
+    # norms run with an epsilon of 0), which only matters for an all-zero row.
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    tensor = random_tensors(writer, seed)
+
+    # The embedding (49152 x 64, tied to the output: no "output.weight") would be 12.6 MB as
+    # float32; Q4_0 makes it 1.8 MB, next to the vocabulary's 2 MB.
+    rng = np.random.default_rng([seed, 1])  # not random_tensors' stream
+    embedding = (rng.standard_normal((n_vocab, width)) * 0.5).astype(np.float32)
+    q4_0 = gguf.GGMLQuantizationType.Q4_0
+    quantized = gguf.quants.quantize(embedding, q4_0)
+    writer.add_tensor("token_embd.weight", quantized, raw_shape=quantized.shape, raw_dtype=q4_0)
+
+    def norm(name: str) -> None:
+        writer.add_tensor(name, np.ones(width, dtype=np.float32))
+
+    norm("output_norm.weight")
+    # numpy shapes are ggml's reversed: attn_k is [n_embd, n_embd_kv] in ggml.
+    for block in range(QWEN2VL_LAYERS):
+        prefix = f"blk.{block}"
+        norm(f"{prefix}.attn_norm.weight")
+        for part, rows in (("attn_q", width), ("attn_k", kv_width), ("attn_v", kv_width)):
+            tensor(f"{prefix}.{part}.weight", rows, width)
+            tensor(f"{prefix}.{part}.bias", rows)  # Qwen2's q, k and v have biases, its output none
+        tensor(f"{prefix}.attn_output.weight", width, width, scale=QWEN2VL_OUTPUT_SCALE)
+        norm(f"{prefix}.ffn_norm.weight")
+        tensor(f"{prefix}.ffn_gate.weight", ff, width)
+        tensor(f"{prefix}.ffn_up.weight", ff, width)
+        tensor(f"{prefix}.ffn_down.weight", width, ff, scale=QWEN2VL_OUTPUT_SCALE)
+    _finish(writer)
+    return path
+
+
+def _write_qwen2vl_projector(path: Path, n_embd: int, seed: int, scale: float) -> Path:
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", "qwen2vl_merger")
+    width, hidden, patch = QWEN2VL_VISION_WIDTH, QWEN2VL_VISION_FF, QWEN2VL_PATCH
+    u32 = {
+        "image_size": QWEN2VL_IMAGE_SIZE,
+        "patch_size": patch,
+        "embedding_length": width,
+        # Not the width: the loader swaps ffn_up and ffn_down of qwen2vl_merger when they are equal.
+        "feed_forward_length": hidden,
+        "block_count": 2,  # add_encoder_blocks writes 2
+        "attention.head_count": QWEN2VL_VISION_HEADS,
+        "projection_dim": n_embd,
+        # llama.cpp's default for qwen2vl_merger is at least 8 embeddings (a 56-pixel image would be
+        # upscaled to 84): 4 lets a QWEN2VL_IMAGE_SIZE image through as is; 16 bounds an encode.
+        "image_min_pixels": QWEN2VL_IMAGE_TOKENS * (patch * QWEN2VL_MERGE) ** 2,
+        "image_max_pixels": 16 * (patch * QWEN2VL_MERGE) ** 2,
+    }
+    for key, value in u32.items():
+        writer.add_uint32(f"clip.vision.{key}", value)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])  # CLIP's, as Qwen2-VL
+    writer.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
+    tensor = random_tensors(writer, seed)
+    # Qwen2-VL's Conv3d patch embedding over 2 frames, split into one kernel per frame (a still
+    # image goes through both); no bias (the graph asserts there is none), no position embedding
+    # (the tower places patches with M-RoPE).
+    tensor("v.patch_embd.weight", width, 3, patch, patch)
+    tensor("v.patch_embd.weight.1", width, 3, patch, patch)
+    add_encoder_blocks(writer, tensor, "v", width, hidden)
+    # The merger: its LayerNorm (ln_q, as v.post_ln), then an MLP over 2 x 2 patches concatenated,
+    # mm.0 (4*width -> 4*width), GELU, mm.2 (-> n_embd), all with biases (the loader requires them).
+    writer.add_tensor("v.post_ln.weight", np.ones(width, dtype=np.float32))
+    writer.add_tensor("v.post_ln.bias", np.zeros(width, dtype=np.float32))
+    merged = width * QWEN2VL_MERGE * QWEN2VL_MERGE
+    # mm.0 keeps the merged patches' unit variance; mm.2 at ``scale`` makes image embeddings of std
+    # about 10 (the text's are 0.5), which the decoder's RMS norms bring back.
+    tensor("mm.0.weight", merged, merged, scale=1 / np.sqrt(merged))
+    tensor("mm.0.bias", merged, scale=1 / np.sqrt(merged))
+    tensor("mm.2.weight", n_embd, merged, scale=scale)
+    tensor("mm.2.bias", n_embd, scale=scale)
     _finish(writer)
     return path

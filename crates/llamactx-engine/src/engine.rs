@@ -42,7 +42,7 @@ use draft::{draft_options, Speculation};
 pub use draft::{DraftChoice, NgramConfig};
 use llama_backend::LlamaBackend;
 pub use media_prompt::MediaInput;
-use media_prompt::{assemble, MediaPrompt};
+use media_prompt::{check_projector, with_media};
 pub use request::{Completion, RequestShared};
 use scheduler::{Choosing, Job, Scheduler};
 use slots::SlotChore;
@@ -136,25 +136,6 @@ pub struct Engine {
     drafts: bool,
     /// The scale of the engine's LoRA adapter for requests that name none (None: no adapter).
     lora_scale: Option<Mutex<f32>>,
-}
-
-/// `ValueError` unless `projector` was loaded for `model` and places media as the engine
-/// does (one position per embedding: M-RoPE projectors are not served yet).
-fn check_projector(projector: &SharedMtmd, model: &Arc<LlamaModel>) -> Result<()> {
-    if !projector.is_for(model) {
-        return Err(Error::value(
-            "the MtmdContext was loaded for another model than the engine's",
-        ));
-    }
-    let guard = projector.lock()?;
-    let open = guard.as_ref().ok_or_else(|| Error::closed("MtmdContext"))?;
-    if open.native.decode_use_mrope() {
-        return Err(Error::value(
-            "the engine places an image's embeddings one position each; this projector uses M-RoPE \
-             (use chat or MtmdContext.eval_chunks)",
-        ));
-    }
-    Ok(())
 }
 
 /// Why an engine from before a fork cannot be used.
@@ -371,7 +352,7 @@ impl Engine {
         }
         let image_positions = media.iter().map(|input| input.chunks.positions()).sum::<usize>();
         self.refuse_shape(&tokens, image_positions, !media.is_empty(), &sampling)?;
-        let prompt = self.with_media(tokens, &media)?;
+        let prompt = with_media(self.mtmd.as_deref(), &self.model, tokens, &media)?;
         let grammar = match constraint {
             Some(Constraint::Sampler(sampler)) => Some(sampler),
             Some(Constraint::Grammar { kind, text }) => Some(SendSampler(guidance::new(&self.model, &kind, &text)?)),
@@ -389,20 +370,6 @@ impl Engine {
             lora_scale,
             held: None,
         })
-    }
-
-    /// The prompt of `tokens` with `media` spliced in (their media encoded now, in this
-    /// thread).
-    fn with_media(&self, tokens: Vec<i32>, media: &[MediaInput]) -> Result<MediaPrompt> {
-        if media.is_empty() {
-            return Ok(MediaPrompt::text_only(tokens));
-        }
-        let Some(mtmd) = &self.mtmd else {
-            return Err(Error::value(
-                "this engine was started without a projector (mtmd): it cannot read images",
-            ));
-        };
-        assemble(mtmd, &self.model, &tokens, media)
     }
 
     /// The adapter scale a request asking for `scale` is generated with.

@@ -1,8 +1,8 @@
 //! The engine's step loop on a caller's `LlamaContext`: `continue_sequence` (and so `stream`,
-//! `generate`, `chat` and `ChatSession`) and `generate_batch` run their sequences through the
-//! scheduler the engine runs, a step per call in the caller's thread. Prompts are batched,
-//! drafts verified and sequences ended by the engine's code; between steps the caller may use
-//! its context.
+//! `generate` and `chat`), `ChatSession`'s turns and `generate_batch` run their sequences
+//! through the scheduler the engine runs, a step per call in the caller's thread. Prompts are
+//! batched, their media placed, their cached starts reused, drafts verified and sequences ended
+//! by the engine's code; between steps the caller may use its context.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -13,15 +13,19 @@ use pyo3::prelude::*;
 use super::speculative_options::SpeculativeOptions;
 use crate::batch::BatchState;
 use crate::context::{OpenContext, PyLlamaContext};
+use crate::engine::backend::Backend;
 use crate::engine::draft::{draft_options, Speculation};
 use crate::engine::llama_backend::{LlamaBackend, Native};
+use crate::engine::media_prompt::{check_projector, with_media};
 use crate::engine::request::python::PyRequestCore;
 use crate::engine::request::RequestShared;
-use crate::engine::scheduler::{Choosing, Ended, Held, Job, Scheduler};
+use crate::engine::scheduler::{Choosing, Ended, Held, Holds, Job, Scheduler};
 use crate::engine::EngineShared;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
-use crate::prompt_checks;
+use crate::media::python::{PyMtmdContext, PyMtmdInputChunks};
+use crate::media::SharedMtmd;
+use crate::prompt_checks::{self, PromptShape};
 use crate::sampler::python::PyLlamaSampler;
 use crate::tokens::{check_vocab, to_llama_tokens};
 
@@ -57,10 +61,14 @@ pub struct PyContextLoop {
     shared: Arc<EngineShared>,
     model: Arc<LlamaModel>,
     n_vocab: i32,
+    /// The positions one sequence holds.
+    n_ctx_seq: usize,
+    /// The projector of prompts with media.
+    mtmd: Option<Arc<SharedMtmd>>,
     /// Whether requests draft (their prompts are then read by the drafts too).
     drafts: bool,
-    /// The generated tokens the last held request left in its sequence.
-    decoded: Arc<Mutex<Vec<i32>>>,
+    /// What the last held request left in its sequence, from position 0.
+    held: Arc<Mutex<Vec<i32>>>,
 }
 
 impl PyContextLoop {
@@ -76,17 +84,20 @@ impl PyContextLoop {
     /// Serves sequences `seqs` of `ctx` (the others stay the caller's), drafting as
     /// `speculative` asks (an `NgramDraft` or a `DraftModel`, whose context takes `ctx`'s
     /// sizes and threads); with `prefix_cache`, a request reuses the cells a finished one (or
-    /// `adopt`) left in a sequence, as the engine's do.
+    /// `adopt`) left in a sequence, as the engine's do. `mtmd` (a projector of `ctx`'s model)
+    /// reads the prompts' media.
     #[new]
-    #[pyo3(signature = (ctx, seqs, speculative=None, prefix_cache=false))]
+    #[pyo3(signature = (ctx, seqs, speculative=None, prefix_cache=false, mtmd=None))]
     fn new(
         py: Python<'_>,
         ctx: &Bound<'_, PyLlamaContext>,
         seqs: Vec<i32>,
         speculative: Option<&Bound<'_, PyAny>>,
         prefix_cache: bool,
+        mtmd: Option<&Bound<'_, PyMtmdContext>>,
     ) -> PyResult<Self> {
         let speculative = speculative.map(SpeculativeOptions::read).transpose()?;
+        let mtmd = mtmd.map(|mtmd| Arc::clone(&mtmd.get().shared));
         let context = ctx.clone().unbind();
         let (backend, model, speculation) = detached(py, || {
             let (model, n_seq_max, options) = context.get().with_open(|native| {
@@ -103,6 +114,9 @@ impl PyContextLoop {
                     "seq_id {seq} is outside the context's {n_seq_max} sequences (n_seq_max)"
                 )));
             }
+            if let Some(mtmd) = &mtmd {
+                check_projector(mtmd, &model)?;
+            }
             let speculation = match speculative {
                 Some(speculative) => {
                     let gated = speculative.gated;
@@ -114,9 +128,10 @@ impl PyContextLoop {
                 None => None,
             };
             let n_batch = options.n_batch.map_or(1, |n_batch| n_batch as usize);
-            let backend = LlamaBackend::new(CallerContext(context), BatchState::new(n_batch, 1)?, None, None)?;
+            let backend = LlamaBackend::new(CallerContext(context), BatchState::new(n_batch, 1)?, mtmd.clone(), None)?;
             Ok((backend, model, speculation))
         })?;
+        let n_ctx_seq = backend.sizes().n_ctx_seq;
         let n_vocab = model.n_vocab();
         let drafts = speculation.is_some();
         let shared = EngineShared::new();
@@ -126,17 +141,23 @@ impl PyContextLoop {
             shared,
             model,
             n_vocab,
+            n_ctx_seq,
+            mtmd,
             drafts,
-            decoded: Arc::default(),
+            held: Arc::default(),
         })
     }
 
-    /// Queues a request for `tokens`, choosing its tokens with a copy of `sampler`'s state.
-    /// With `held_seq`, sequence `held_seq` already holds all of `tokens` (the last with
-    /// logits, in the context's last decode): the request samples from there, and when it
-    /// ends, `sampler` takes the copy's state and `decoded()` the tokens it left in the cache.
-    /// Such a request must be the only one of the loop.
-    #[pyo3(signature = (tokens, max_tokens, stop, sampler, held_seq=None))]
+    /// Queues a request for `tokens`, with each of `media` (`(at, chunks)` of the loop's
+    /// projector) spliced in before text token `at`, choosing its tokens with a copy of
+    /// `sampler`'s state. With `held_seq`, the request runs on that sequence: when it ends,
+    /// `sampler` takes the copy's state and `held()` what the sequence holds. The sequence holds
+    /// `holds` (what `held()` said after an earlier request: the prompt reads only what follows
+    /// the start they share), or, when `holds` is None, all of `tokens`, the last with logits
+    /// in the context's last decode: the request then samples from there and must be the only
+    /// one of the loop.
+    #[pyo3(signature = (tokens, max_tokens, stop, sampler, held_seq=None, holds=None, media=Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
         py: Python<'_>,
@@ -145,36 +166,54 @@ impl PyContextLoop {
         stop: Vec<String>,
         sampler: &Bound<'_, PyLlamaSampler>,
         held_seq: Option<i32>,
+        holds: Option<Vec<i32>>,
+        media: Vec<(usize, Bound<'_, PyMtmdInputChunks>)>,
     ) -> PyResult<PyRequestCore> {
         let max_tokens = prompt_checks::max_tokens(max_tokens)?;
-        // A held prompt is never decoded again, except by drafts; it may mark media with -1.
-        if held_seq.is_none() || self.drafts {
+        let media: Vec<_> = media.iter().map(|(at, chunks)| chunks.get().input_at(*at)).collect();
+        if !media.is_empty() {
+            let shape = PromptShape {
+                positions: tokens.len() + media.iter().map(|input| input.chunks.positions()).sum::<usize>(),
+                images: true,
+                drafts: self.drafts,
+            };
+            prompt_checks::prompt(shape, self.n_ctx_seq)?;
+        }
+        if held_seq.is_none() && holds.is_some() {
+            return Err(
+                Error::value("holds= tells what the sequence held_seq= holds, and no held_seq= was given").into(),
+            );
+        }
+        let holds = holds.map_or(Holds::Prompt, |tokens| Holds::Tokens(to_llama_tokens(&tokens)));
+        // A prompt held whole is never decoded again, except by drafts.
+        if held_seq.is_none() || !matches!(holds, Holds::Prompt) || self.drafts {
             check_vocab(&tokens, self.n_vocab)?;
         }
+        let prompt = detached(py, || with_media(self.mtmd.as_deref(), &self.model, tokens, &media))?;
         let copy = sampler.get().copy_for(py, &self.model)?;
         let held = held_seq.map(|seq| {
             let home = sampler.clone().unbind();
-            let decoded = Arc::clone(&self.decoded);
+            let held = Arc::clone(&self.held);
             Held {
                 seq,
-                cached: tokens.len(),
+                holds,
                 on_end: Box::new(move |ended: Ended| {
                     home.get().take_state(ended.sampler, ended.refused);
-                    if let Ok(mut slot) = decoded.lock() {
-                        *slot = ended.decoded.iter().map(|token| token.0).collect();
+                    if let Ok(mut slot) = held.lock() {
+                        *slot = ended.tokens.iter().map(|token| token.0).collect();
                     }
                 }),
             }
         });
         let job = Job {
             request: Arc::new(RequestShared::new(Arc::clone(&self.shared))),
-            prompt: to_llama_tokens(&tokens),
+            prompt: prompt.tokens,
             max_tokens,
             stop,
             choosing: Choosing::Sampler(copy),
             logprobs: 0,
             submitted: Instant::now(),
-            media: Vec::new(),
+            media: prompt.media,
             lora_scale: None,
             held,
         };
@@ -204,10 +243,11 @@ impl PyContextLoop {
         })
     }
 
-    /// The generated tokens the last held request left in its sequence's KV cache after its
-    /// prompt (taken: a second call returns none).
-    fn decoded(&self) -> Result<Vec<i32>> {
-        let mut slot = self.decoded.lock().map_err(|_| Error::Poisoned("_ContextLoop"))?;
+    /// What the last held request left in its sequence's KV cache, from position 0: its
+    /// prompt (each image's positions as placeholder tokens, negative) and the tokens it
+    /// generated (taken: a second call returns none).
+    fn held(&self) -> Result<Vec<i32>> {
+        let mut slot = self.held.lock().map_err(|_| Error::Poisoned("_ContextLoop"))?;
         Ok(std::mem::take(&mut *slot))
     }
 }

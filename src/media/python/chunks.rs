@@ -6,6 +6,7 @@ use llama_cpp_4::mtmd::{MtmdInputChunk, MtmdInputChunkType};
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 
+use crate::engine::MediaInput;
 use crate::media::SharedChunks;
 
 /// A prompt tokenized with its media by `MtmdContext.tokenize`; a sequence of `MtmdInputChunk`.
@@ -18,6 +19,15 @@ pub struct PyMtmdInputChunks {
 }
 
 impl PyMtmdInputChunks {
+    /// These chunks as a prompt's media, to go before its text token `at`.
+    pub fn input_at(&self, at: usize) -> MediaInput {
+        MediaInput {
+            at,
+            chunks: Arc::clone(&self.chunks),
+            made_by: self.made_by,
+        }
+    }
+
     pub fn get(&self, index: usize) -> Option<MtmdInputChunk<'_>> {
         self.chunks.get(index)
     }

@@ -79,6 +79,7 @@ pub fn assemble(mtmd: &SharedMtmd, model: &LlamaModel, tokens: &[i32], media: &[
             assembled.media.push(MediaSpan {
                 at: assembled.tokens.len(),
                 width,
+                cells: chunk.n_tokens(),
                 chunks: Arc::clone(&input.chunks),
                 index,
                 embeddings,
@@ -91,6 +92,33 @@ pub fn assemble(mtmd: &SharedMtmd, model: &LlamaModel, tokens: &[i32], media: &[
         prompt_checks::ends_with_text(assembled.tokens.len().saturating_sub(last.at + last.width))?;
     }
     Ok(assembled)
+}
+
+/// `ValueError` unless `projector` was loaded for `model`.
+pub fn check_projector(projector: &SharedMtmd, model: &Arc<LlamaModel>) -> Result<()> {
+    if !projector.is_for(model) {
+        return Err(Error::value("the MtmdContext was loaded for another model"));
+    }
+    Ok(())
+}
+
+/// The prompt of `tokens` with `media` spliced in by `projector` (their media encoded now, in
+/// this thread); `ValueError` for media without a projector.
+pub fn with_media(
+    projector: Option<&SharedMtmd>,
+    model: &LlamaModel,
+    tokens: Vec<i32>,
+    media: &[MediaInput],
+) -> Result<MediaPrompt> {
+    if media.is_empty() {
+        return Ok(MediaPrompt::text_only(tokens));
+    }
+    let Some(mtmd) = projector else {
+        return Err(Error::value(
+            "no projector (mtmd) was given to read the prompt's images with",
+        ));
+    };
+    assemble(mtmd, model, &tokens, media)
 }
 
 impl MediaPrompt {

@@ -35,7 +35,9 @@ pub struct PrefixCache {
     adapters: Vec<Adapter>,
 }
 
-fn shared_start(held: &[LlamaToken], prompt: &[LlamaToken]) -> usize {
+/// How many tokens `prompt` starts with that `held` starts with too, all but the prompt's last at
+/// most: a prompt's last token is read for its logits.
+pub fn shared_start(held: &[LlamaToken], prompt: &[LlamaToken]) -> usize {
     let usable = prompt.len().saturating_sub(1);
     held.iter().zip(&prompt[..usable]).take_while(|(a, b)| a == b).count()
 }

@@ -26,7 +26,7 @@ use super::draft::{DraftLength, Speculation};
 use super::draft_cost::DraftCosts;
 use super::logprobs::top_logprobs;
 use super::plan;
-use super::prefix_cache::{Adapter, Placement, PrefixCache};
+use super::prefix_cache::{shared_start, Adapter, Placement, PrefixCache};
 use super::request::{Completion, RequestShared, TokenLogprobs};
 use super::{Counters, EngineShared, Inbox};
 use crate::backend::log_warning;
@@ -88,15 +88,25 @@ impl Choosing {
     }
 }
 
-/// A request on a sequence of the caller's context that already holds the first `cached`
-/// tokens of its prompt (`continue_sequence`): placed there as it is, its cells kept when it
-/// ends. With the whole prompt cached, its first token is sampled from the output row of the
-/// caller's last decode (`Backend::last_row`): it must then be the only request that starts so.
+/// A request on a sequence of the caller's context, placed there as it is, its cells kept
+/// when it ends.
 pub struct Held {
     pub seq: i32,
-    pub cached: usize,
-    /// Given the sequence's sampler and generated tokens in the KV cache when it ends.
+    pub holds: Holds,
+    /// Given the sequence's sampler and contents when it ends.
     pub on_end: Box<dyn FnOnce(Ended) + Send>,
+}
+
+/// What a held request's sequence holds when it is submitted.
+pub enum Holds {
+    /// The whole prompt, its last token with logits in the caller's last decode
+    /// (`continue_sequence`): its first token is sampled from that output row
+    /// (`Backend::last_row`), so it must be the only request that starts so.
+    Prompt,
+    /// These tokens from position 0 (what an earlier request left there: `ChatSession`'s
+    /// turns): the prompt reuses the start it shares with them, as the prefix cache's requests
+    /// do, and reads the rest; the cells after that start are cleared.
+    Tokens(Vec<LlamaToken>),
 }
 
 /// What a held request leaves its caller.
@@ -105,8 +115,9 @@ pub struct Ended {
     /// grammar then cannot go on).
     pub sampler: LlamaSampler,
     pub refused: bool,
-    /// The generated tokens the sequence's KV cache holds after the prompt.
-    pub decoded: Vec<LlamaToken>,
+    /// What the sequence's KV cache holds from position 0: the prompt's tokens read (media
+    /// placeholders included), then those generated.
+    pub tokens: Vec<LlamaToken>,
 }
 
 /// An image (or audio clip) of a prompt, encoded at submit: its embeddings are decoded as a
@@ -116,6 +127,9 @@ pub struct MediaSpan {
     pub at: usize,
     /// The positions it takes.
     pub width: usize,
+    /// The KV cells its embeddings take: more than its positions where the model places
+    /// several embeddings at a position (M-RoPE).
+    pub cells: usize,
     pub chunks: Arc<SharedChunks>,
     pub index: usize,
     pub embeddings: Arc<Vec<f32>>,
@@ -162,7 +176,16 @@ impl Job {
 
     /// The KV cells the request may come to use.
     fn cells(&self, n_ctx_seq: usize) -> usize {
-        self.prompt.len().saturating_add(self.max_tokens).min(n_ctx_seq)
+        let beyond_positions: usize = self
+            .media
+            .iter()
+            .map(|span| span.cells.saturating_sub(span.width))
+            .sum();
+        self.prompt
+            .len()
+            .saturating_add(self.max_tokens)
+            .min(n_ctx_seq)
+            .saturating_add(beyond_positions)
     }
 }
 
@@ -485,7 +508,11 @@ impl<B: Backend> Scheduler<B> {
             reused,
             phase: if job.max_tokens == 0 {
                 Phase::Ended(End::Finished(Finish::Length))
-            } else if job.held.is_some() && reused == job.prompt.len() {
+            } else if job
+                .held
+                .as_ref()
+                .is_some_and(|held| matches!(held.holds, Holds::Prompt))
+            {
                 Phase::Ready
             } else {
                 Phase::Reading
@@ -517,7 +544,16 @@ impl<B: Backend> Scheduler<B> {
         if let Some(held) = &job.held {
             self.free_seqs.contains(&held.seq).then_some(())?;
             self.free_seqs.retain(|&seq| seq != held.seq);
-            return Some((held.seq, held.cached));
+            let reused = match &held.holds {
+                Holds::Prompt => return Some((held.seq, job.prompt.len())),
+                Holds::Tokens(tokens) => job.whole_media(shared_start(tokens, &job.prompt)),
+            };
+            if matches!(self.backend.clear_cells(held.seq, reused, None), Ok(true)) {
+                return Some((held.seq, reused));
+            }
+            // Reading the whole prompt is always possible once the sequence is empty.
+            let _ = self.backend.clear_cells(held.seq, 0, None);
+            return Some((held.seq, 0));
         }
         let adapter = job.adapter();
         let running = self
@@ -938,9 +974,7 @@ impl<B: Backend> Scheduler<B> {
                 (held.on_end)(Ended {
                     sampler: std::mem::replace(&mut running.picker.chain, LlamaSampler::greedy()),
                     refused: running.picker.refused,
-                    decoded: running
-                        .kv_tokens
-                        .split_off(running.job.prompt.len().min(running.kv_tokens.len())),
+                    tokens: std::mem::take(&mut running.kv_tokens),
                 });
             }
             match std::mem::replace(&mut running.phase, Phase::Reading) {

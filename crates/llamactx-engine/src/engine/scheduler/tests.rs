@@ -798,14 +798,26 @@ type EndSlot = Arc<Mutex<Option<(Vec<i32>, bool)>>>;
 /// A request on sequence `seq`, whose cells the caller filled with `prompt` (the last with
 /// logits, in the backend's last decode), as `continue_sequence` submits it.
 fn held_job(shared: &Arc<EngineShared>, prompt: &[i32], max_tokens: usize, seq: i32) -> (Job, EndSlot) {
+    held_job_on(shared, prompt, max_tokens, seq, Holds::Prompt)
+}
+
+/// A request on sequence `seq`, which holds `holds`.
+fn held_job_on(
+    shared: &Arc<EngineShared>,
+    prompt: &[i32],
+    max_tokens: usize,
+    seq: i32,
+    holds: Holds,
+) -> (Job, EndSlot) {
     let slot: EndSlot = Arc::default();
     let mut held = job(shared, prompt, max_tokens);
     let filled = Arc::clone(&slot);
+    let read = prompt.len();
     held.held = Some(Held {
         seq,
-        cached: prompt.len(),
+        holds,
         on_end: Box::new(move |ended: Ended| {
-            let decoded = ended.decoded.iter().map(|token| token.0).collect();
+            let decoded = ended.tokens[read..].iter().map(|token| token.0).collect();
             *filled.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((decoded, ended.refused));
         }),
     });
@@ -890,6 +902,73 @@ fn a_cancelled_held_request_hands_back_what_it_decoded() {
     assert_eq!(decoded, expected(3, 4), "four steps decoded four sampled tokens");
     let cells: Vec<i32> = engine.scheduler.backend.cells(0).iter().map(|token| token.0).collect();
     assert_eq!(cells, [&prompt[..], &decoded].concat());
+}
+
+fn tokens_of(values: &[i32]) -> Vec<LlamaToken> {
+    values.iter().map(|&token| LlamaToken::new(token)).collect()
+}
+
+#[test]
+fn a_held_request_reads_only_what_follows_the_start_its_sequence_shares() {
+    // The caller's sequence holds an earlier turn; the new prompt shares its first three tokens.
+    let earlier = [1, 2, 3, 4, 5];
+    let prompt = [1, 2, 3, 9, 9, 7];
+    let mut engine = harness_of(read_by_the_caller(1, 0, &earlier), false, None);
+    let (held, slot) = held_job_on(&engine.shared, &prompt, 4, 0, Holds::Tokens(tokens_of(&earlier)));
+    let request = engine.submit_job(held);
+    engine.finish();
+    let done = completion(&request);
+    assert_eq!(done.cached_tokens, 3);
+    assert_eq!(done.tokens, expected(6, 4));
+    // The first decode reads the three tokens after the shared start, at their positions.
+    let first: Vec<(usize, i32)> = engine.decodes()[0]
+        .iter()
+        .map(|entry| (entry.position, entry.token.0))
+        .collect();
+    assert_eq!(first, [(3, 9), (4, 9), (5, 7)]);
+    let (decoded, _) = ended(&slot);
+    let cells: Vec<i32> = engine.scheduler.backend.cells(0).iter().map(|token| token.0).collect();
+    assert_eq!(
+        cells,
+        [&prompt[..], &decoded].concat(),
+        "the earlier turn's tail is cleared"
+    );
+    assert_eq!(decoded, expected(6, 3));
+}
+
+#[test]
+fn a_held_request_whose_sequence_holds_its_whole_prompt_reads_the_last_token_again() {
+    // Held tokens give no logits: the prompt's last token is read again for them.
+    let prompt = [1, 2, 3, 4];
+    let mut engine = harness_of(read_by_the_caller(1, 0, &[1, 2, 3, 4, 5, 1]), false, None);
+    let (held, _) = held_job_on(
+        &engine.shared,
+        &prompt,
+        2,
+        0,
+        Holds::Tokens(tokens_of(&[1, 2, 3, 4, 5, 1])),
+    );
+    let request = engine.submit_job(held);
+    engine.finish();
+    assert_eq!(completion(&request).cached_tokens, 3);
+    assert_eq!(engine.decodes()[0].len(), 1);
+    assert_eq!(
+        (engine.decodes()[0][0].position, engine.decodes()[0][0].token.0),
+        (3, 4)
+    );
+}
+
+#[test]
+fn a_held_request_on_a_sequence_holding_other_tokens_reads_its_whole_prompt() {
+    let mut engine = harness_of(read_by_the_caller(1, 0, &[7, 7, 7]), false, None);
+    let (held, _) = held_job_on(&engine.shared, &[1, 2], 3, 0, Holds::Tokens(Vec::new()));
+    let request = engine.submit_job(held);
+    engine.finish();
+    let done = completion(&request);
+    assert_eq!((done.cached_tokens, done.tokens), (0, expected(2, 3)));
+    // Cells the caller did not say it holds are cleared all the same.
+    let cells: Vec<i32> = engine.scheduler.backend.cells(0).iter().map(|token| token.0).collect();
+    assert_eq!(cells, [&[1, 2][..], &expected(2, 2)].concat());
 }
 
 #[test]
