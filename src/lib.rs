@@ -105,6 +105,7 @@ fn _llamactx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cpu::cpu_features, m)?)?;
     m.add_function(wrap_pyfunction!(prompt_checks::python::check_prompt, m)?)?;
     m.add_function(wrap_pyfunction!(prompt_checks::python::check_media_ending, m)?)?;
+    m.add_function(wrap_pyfunction!(sampler::python::check_constraint_size, m)?)?;
     m.add_function(wrap_pyfunction!(
         engine::python::speculative_options::check_speculative,
         m

@@ -79,6 +79,7 @@ __all__ = [
     "_RequestCore",
     "_Waker",
     "__version__",
+    "_check_constraint_size",
     "_check_media_ending",
     "_check_prompt",
     "_check_reasoning",
@@ -1354,6 +1355,12 @@ class _EngineCore:
         name none (llama-server's `POST /lora-adapters`). `ValueError` without an adapter, or for
         a scale that is not finite.
         """
+
+def _check_constraint_size(kind: str, data: str) -> None:
+    """Python's check of a JSON Schema (`OutputCheck`) refuses here, before its own far costlier
+    work, a constraint too large to compile (`guidance::check_size`: `SchemaError` kind
+    `TooLarge`).
+    """
 
 def _check_media_ending(tokens_after_last_medium: int) -> None:
     """Python's `MediaPrompt` checks its text after the last medium here (`ends_with_text`)."""

@@ -27,7 +27,7 @@ from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urldefrag, urljoin
 
-from llamactx._llamactx import SchemaError, _Regex
+from llamactx._llamactx import SchemaError, _check_constraint_size, _Regex
 
 __all__ = ["OutputCheck"]
 
@@ -76,7 +76,10 @@ class OutputCheck:
     @classmethod
     def of(cls, text: str) -> OutputCheck | None:
         """The check of ``text``; None when it is not JSON (llguidance then says why it cannot
-        compile it)."""
+        compile it). ``SchemaError`` (kind ``TooLarge``) first, in one pass over the text, for a
+        schema llguidance would refuse to compile as too large: checking it as a JSON Schema
+        costs far more (27 s for 20,001 chained ``$defs``)."""
+        _check_constraint_size("json_schema", text)
         try:
             schema = json.loads(text)
         except ValueError:

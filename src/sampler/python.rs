@@ -551,3 +551,12 @@ impl PyLlamaSampler {
         }
     }
 }
+
+/// Python's check of a JSON Schema (`OutputCheck`) refuses here, before its own far costlier
+/// work, a constraint too large to compile (`guidance::check_size`: `SchemaError` kind
+/// `TooLarge`).
+#[pyfunction]
+#[pyo3(name = "_check_constraint_size")]
+pub fn check_constraint_size(kind: &str, data: &str) -> Result<()> {
+    guidance::check_size(kind, data)
+}

@@ -1,5 +1,5 @@
 """The Ray tests, run by ``test_ray.py`` in a network namespace whose only interface is
-loopback: a Ray Data job over 200 prompts on 2 actors gives ``generate``'s greedy text row for
+loopback: a Ray Data job over 64 prompts on 2 actors gives ``generate``'s greedy text row for
 row (a prompt too long carries an error instead); chat and embedding rows; Ray Serve replicas
 answer the ``openai`` client through Serve's proxy, and a replica killed mid-load loses only
 the requests it had started and is restarted. One local Ray of 2 CPUs, for the module."""
@@ -33,7 +33,7 @@ import llamactx.ray  # noqa: E402
 N_SEQ = 8
 N_CTX = 4096
 MAX_TOKENS = 12
-PROMPTS = 128
+PROMPTS = 64
 TOO_LONG = "word " * 2000  # more tokens than a sequence's N_CTX / N_SEQ cells
 ALIAS = "gpt-4o-mini"
 
@@ -56,7 +56,7 @@ def cluster() -> Iterator[None]:
 
 
 def prompts() -> list[str]:
-    """Enough for four batches on each of two actors."""
+    """Enough for two batches on each of two actors (``batch_size=16``)."""
     subjects = ["France", "Italy", "Japan", "Spain", "Egypt", "Peru", "Canada", "Kenya", "India", "Chile"]
     forms = ["The capital of {} is", "{} is a country in", "The flag of {} has", "People in {} speak"]
     return [f"{n}. " + forms[n % 4].format(subjects[n % 10]) for n in range(PROMPTS)]

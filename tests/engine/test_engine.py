@@ -44,12 +44,12 @@ def max_tokens(n: int) -> int:
 
 
 def alone(model: llamactx.LlamaModel, text: str, limit: int) -> tuple[str, list[int]]:
-    """Greedy text and tokens of one request on a context of its own, with the engine's options."""
+    """Greedy text and tokens of one request on a context of its own, with the engine's options,
+    decoded token by token here (not by the engine's step loop, which ``generate`` runs on) and
+    detokenized by llama.cpp."""
     with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ, n_batch=N_BATCH) as ctx:
         tokens = model.str_to_token(text, model.add_bos_token())
-        generated = llamactx.generate(ctx, tokens, max_tokens=limit)
         history = list(tokens)
-        ctx.clear_kv_cache()
         llamactx.prefill(ctx, tokens, 0)
         sampler = llamactx.LlamaSampler.greedy()
         ids: list[int] = []
@@ -64,7 +64,7 @@ def alone(model: llamactx.LlamaModel, text: str, limit: int) -> tuple[str, list[
             batch.add(token, len(history), [0], True)
             ctx.decode(batch)
             history.append(token)
-        return generated, ids
+        return model.detokenize(ids), ids
 
 
 @pytest.fixture(scope="module")

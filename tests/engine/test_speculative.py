@@ -198,7 +198,7 @@ def test_seeded_sampling_draws_what_decoding_without_drafts_draws(alone: Alone, 
     it is the token drawn)."""
     accepted = drafted = 0
     outputs = set()
-    for seed in range(24):
+    for seed in range(12):
         sampling = llamactx.SamplingParams(temperature=1.0, seed=seed)
         with_drafts = speculative.submit(RECORDS, max_tokens=12, sampling=sampling).result()
         same_output(with_drafts, alone(RECORDS, max_tokens=12, sampling=sampling))

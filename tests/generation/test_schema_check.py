@@ -14,7 +14,7 @@ import jsonschema
 import pydantic
 import pytest
 from support.counting_host import counting_host
-from support.hostile_constraints import doubling_one_of
+from support.hostile_constraints import chained_schema, doubling_one_of
 from support.prompts import HELPFUL
 
 import llamactx
@@ -243,3 +243,19 @@ def test_a_check_whose_work_doubles_with_nesting_stops_at_its_budget() -> None:
     records = {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"}}}}
     OutputCheck(records, "").validate(json.dumps([{"id": index} for index in range(2000)]))
     assert over_budget < 10, f"the check ran {over_budget:.1f} s before its budget stopped it"
+
+
+def test_a_schema_too_large_to_compile_is_refused_before_it_is_checked(
+    model: LlamaModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llguidance's size limit, one pass over the text, comes before the check of the schema
+    against the JSON Schema meta-schema, which took 27 s for this one."""
+    checked: list[object] = []
+    monkeypatch.setattr(jsonschema.validators, "validator_for", lambda *args, **kwargs: checked.append(args))
+    with (
+        llamactx.Engine(model, n_ctx=512, n_seq_max=1) as engine,
+        pytest.raises(SchemaError, match="20002 references") as raised,
+    ):
+        engine.submit_chat(ASK, json_schema=chained_schema(20_001))
+    assert raised.value.kind == "TooLarge"
+    assert checked == []

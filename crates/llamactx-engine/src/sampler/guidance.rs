@@ -121,7 +121,10 @@ fn compile(vocabulary: &vocabulary::Indexed, grammar: TopLevelGrammar, kind: &st
     Ok(guidance)
 }
 
-fn grammar(kind: &str, data: &str, gbnf_root: &str) -> Result<TopLevelGrammar> {
+/// `SchemaError` (kind `TooLarge`) for a constraint of `kind` too large to compile: longer than
+/// `MAX_CONSTRAINT_BYTES`, or with more than `MAX_CONSTRAINT_LINKS` references and rules. Cheap
+/// (one pass over the text): every other check of a constraint comes after it.
+pub fn check_size(kind: &str, data: &str) -> Result<()> {
     if data.len() > MAX_CONSTRAINT_BYTES {
         return Err(schema_error(
             "TooLarge",
@@ -146,6 +149,11 @@ fn grammar(kind: &str, data: &str, gbnf_root: &str) -> Result<TopLevelGrammar> {
             ),
         ));
     }
+    Ok(())
+}
+
+fn grammar(kind: &str, data: &str, gbnf_root: &str) -> Result<TopLevelGrammar> {
+    check_size(kind, data)?;
     match kind {
         "json_schema" => {
             let schema: Value = serde_json::from_str(data)
