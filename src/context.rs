@@ -18,6 +18,7 @@ use llama_cpp_4::context::LlamaContext;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::closing::closed_by_with;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::model::python::PyLlamaModel;
@@ -34,6 +35,8 @@ pub struct PyLlamaContext {
     native: OwnedMutex<Option<OpenContext>>,
     model: Py<PyLlamaModel>,
 }
+
+closed_by_with!(PyLlamaContext);
 
 impl PyLlamaContext {
     pub fn create(model: &Bound<'_, PyLlamaModel>, options: ContextOptions) -> PyResult<Self> {
@@ -141,10 +144,6 @@ impl PyLlamaContext {
         }
     }
 
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
     fn __traverse__(&self, visit: PyVisit<'_>) -> std::result::Result<(), PyTraverseError> {
         visit.call(&self.model)?;
         // Never wait here: the collector runs with the GIL held, which a decode may need.
@@ -167,16 +166,6 @@ impl PyLlamaContext {
                 native.abort_flags.clear();
             }
         }
-    }
-
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        _exc: &Bound<'_, PyAny>,
-        _tb: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.close(py)
     }
 
     fn __repr__(&self) -> String {

@@ -3,6 +3,7 @@
 
 mod arrays;
 mod chat_format;
+mod closing;
 mod context;
 mod cpu;
 mod gil;

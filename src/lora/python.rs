@@ -6,11 +6,14 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use super::LoraAdapter;
+use crate::closing::closed_by_with;
 use crate::gil::close_unless_in_use;
 
 /// A LoRA adapter for one model; set it on a context with `LlamaContext.lora_adapter_set`.
 #[pyclass(frozen, module = "llamactx", name = "LlamaLoraAdapter")]
 pub struct PyLlamaLoraAdapter(pub Arc<LoraAdapter>);
+
+closed_by_with!(PyLlamaLoraAdapter);
 
 #[pymethods]
 impl PyLlamaLoraAdapter {
@@ -48,19 +51,5 @@ impl PyLlamaLoraAdapter {
             ""
         };
         format!("<LlamaLoraAdapter{state}>")
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        _exc: &Bound<'_, PyAny>,
-        _tb: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.close(py)
     }
 }

@@ -13,6 +13,7 @@ pub use chunks::{PyMtmdInputChunk, PyMtmdInputChunks};
 
 use super::{projector_file, SharedChunks, SharedMtmd};
 use crate::backend::{backend, explained};
+use crate::closing::closed_by_with;
 use crate::context::PyLlamaContext;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
@@ -27,6 +28,8 @@ pub struct PyMtmdContext {
     pub shared: Arc<SharedMtmd>,
     model: Py<PyLlamaModel>,
 }
+
+closed_by_with!(PyMtmdContext);
 
 impl PyMtmdContext {
     fn chunks(
@@ -261,19 +264,5 @@ impl PyMtmdContext {
     /// Frees the projector now; later calls raise `ValueError`.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         detached(py, || self.shared.close())
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        _exc: &Bound<'_, PyAny>,
-        _traceback: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.close(py)
     }
 }

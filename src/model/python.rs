@@ -11,6 +11,7 @@ use pyo3::types::{PyBytes, PyDict, PyType};
 
 use super::{check_special_tokens, piece, special, VocabularyGap};
 use crate::backend::{backend, explained};
+use crate::closing::closed_by_with;
 use crate::context::PyLlamaContext;
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
@@ -35,6 +36,8 @@ pub struct PyLlamaModel {
     /// What its file's header says that contexts must respect.
     facts: ModelFileFacts,
 }
+
+closed_by_with!(PyLlamaModel);
 
 impl PyLlamaModel {
     /// The native model, or `ValueError` once closed.
@@ -452,7 +455,7 @@ impl PyLlamaModel {
 
     /// Drops this object's hold on the native model. Contexts made from it keep it alive until
     /// they close; every later call on this object raises `ValueError`.
-    fn close(&self) -> PyResult<()> {
+    fn close(&self, _py: Python<'_>) -> PyResult<()> {
         let mut guard = self.model.write().map_err(|_| Error::Poisoned("LlamaModel"))?;
         *guard = None;
         Ok(())
@@ -462,14 +465,6 @@ impl PyLlamaModel {
     #[getter]
     fn closed(&self) -> bool {
         self.model.read().map_or(true, |guard| guard.is_none())
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    fn __exit__(&self, _exc_type: &Bound<'_, PyAny>, _exc: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.close()
     }
 
     fn __repr__(&self) -> String {

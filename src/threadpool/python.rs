@@ -5,6 +5,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use super::{PoolSettings, ThreadPool};
+use crate::closing::closed_by_with;
 use crate::errors::Error;
 use crate::gil::{close_unless_in_use, detached};
 
@@ -17,6 +18,8 @@ use crate::gil::{close_unless_in_use, detached};
 /// threads in the child: the child refuses to use it (`ValueError`).
 #[pyclass(frozen, module = "llamactx", name = "ThreadPool")]
 pub struct PyThreadPool(pub Arc<ThreadPool>);
+
+closed_by_with!(PyThreadPool);
 
 #[pymethods]
 impl PyThreadPool {
@@ -56,20 +59,6 @@ impl PyThreadPool {
         // `attach` counts under the same lock.
         let refusal = "detach the ThreadPool from its context before closing it";
         close_unless_in_use(py, self.0.slot(), "ThreadPool", || self.attached(), refusal)
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        _exc: &Bound<'_, PyAny>,
-        _tb: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.close(py)
     }
 
     fn __repr__(&self) -> String {
