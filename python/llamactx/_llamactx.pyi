@@ -1392,9 +1392,9 @@ def _check_reasoning(format: str, budget: int | None) -> None:
     """
 
 def _check_prompt(
-    positions: int, n_ctx_seq: int, *, max_tokens: int = 0, images: bool = False, drafts: bool = False
+    cells: int, n_ctx_seq: int, *, max_tokens: int = 0, images: bool = False, drafts: bool = False
 ) -> int:
-    """Python's one-sequence paths check a request here: `ValueError` for a prompt of `positions`
+    """Python's one-sequence paths check a request here: `ValueError` for a prompt of `cells`
     that a sequence of `n_ctx_seq` cells can never generate after (`prompt`), or a negative
     `max_tokens`; returns `max_tokens` as a count.
     """

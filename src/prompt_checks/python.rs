@@ -12,20 +12,13 @@ pub fn check_media_ending(tokens_after_last_medium: usize) -> Result<()> {
     ends_with_text(tokens_after_last_medium)
 }
 
-/// Python's one-sequence paths check a request here: `ValueError` for a prompt of `positions`
+/// Python's one-sequence paths check a request here: `ValueError` for a prompt of `cells`
 /// that a sequence of `n_ctx_seq` cells can never generate after (`prompt`), or a negative
 /// `max_tokens`; returns `max_tokens` as a count.
 #[pyfunction]
-#[pyo3(name = "_check_prompt", signature = (positions, n_ctx_seq, *, max_tokens=0, images=false, drafts=false))]
-pub fn check_prompt(positions: usize, n_ctx_seq: usize, max_tokens: i64, images: bool, drafts: bool) -> Result<usize> {
+#[pyo3(name = "_check_prompt", signature = (cells, n_ctx_seq, *, max_tokens=0, images=false, drafts=false))]
+pub fn check_prompt(cells: usize, n_ctx_seq: usize, max_tokens: i64, images: bool, drafts: bool) -> Result<usize> {
     let max_tokens = super::max_tokens(max_tokens)?;
-    prompt(
-        PromptShape {
-            positions,
-            images,
-            drafts,
-        },
-        n_ctx_seq,
-    )?;
+    prompt(PromptShape { cells, images, drafts }, n_ctx_seq)?;
     Ok(max_tokens)
 }

@@ -13,7 +13,7 @@ from support import synthetic
 from support.images import image_message, picture
 
 import llamactx
-from llamactx import MtmdBitmap, MtmdContext
+from llamactx import MediaBudget, MtmdBitmap, MtmdContext
 
 SIZE = synthetic.QWEN2VL_IMAGE_SIZE
 SYSTEM = ("system", "You read images.")  # the template adds no system turn of its own then
@@ -86,3 +86,22 @@ def test_chat_a_session_and_the_engine_read_an_image_as_mtmd_s_helper_does(
     with llamactx.Engine(model, mtmd=mtmd, n_ctx=512, n_seq_max=2, n_threads=1, n_threads_batch=1) as engine:
         replies = [engine.submit_chat(messages, max_tokens=MAX_TOKENS) for _ in range(2)]
         assert [reply.result().text for reply in replies] == [expected, expected]
+
+
+def test_an_image_prompt_is_measured_in_cells_not_positions(qwen2vl: tuple[llamactx.LlamaModel, MtmdContext]) -> None:
+    """A 224-pixel image takes 16 cells on 4 positions: a prompt of 32 whose positions fit the
+    sequence but whose cells do not is refused at submit, before any image is encoded. (llama.cpp
+    rounds n_ctx up to a multiple of 256.)"""
+    model, mtmd = qwen2vl
+    images = [picture(seed, 224) for seed in range(32)]
+    messages = [SYSTEM, image_message("Compare them.", *images)]
+    with llamactx.Engine(model, mtmd=mtmd, n_ctx=768, n_seq_max=1, n_threads=1, n_threads_batch=1) as engine:
+        prepared = engine.prepare_chat(messages, media_budget=MediaBudget(max_parts=32))
+        assert prepared.media is not None
+        positions = prepared.n_tokens - sum(c.n_tokens() - c.n_pos() for c in prepared.media.chunks)
+        assert positions < 768 <= prepared.n_tokens, (positions, prepared.n_tokens)
+        encodes = mtmd.n_encodes()
+        refusal = f"the prompt has {prepared.n_tokens} tokens, its images' included; a sequence holds 768 "
+        with pytest.raises(ValueError, match=refusal):
+            engine.submit_prepared(prepared)
+        assert mtmd.n_encodes() == encodes

@@ -300,17 +300,11 @@ impl Engine {
         })
     }
 
-    /// Refuses a prompt of `tokens` and `image_positions` more (with `images`) that can never
-    /// run, or `sampling` outside the vocabulary.
-    fn refuse_shape(
-        &self,
-        tokens: &[i32],
-        image_positions: usize,
-        images: bool,
-        sampling: &SamplingParams,
-    ) -> Result<()> {
+    /// Refuses a prompt of `tokens` and `media_cells` more (with `images`) that can never run,
+    /// or `sampling` outside the vocabulary.
+    fn refuse_shape(&self, tokens: &[i32], media_cells: usize, images: bool, sampling: &SamplingParams) -> Result<()> {
         let shape = PromptShape {
-            positions: tokens.len() + image_positions,
+            cells: tokens.len() + media_cells,
             images,
             drafts: self.drafts,
         };
@@ -320,7 +314,7 @@ impl Engine {
     }
 
     /// Queues `submission`, checked before its media are encoded or its grammar built: its
-    /// positions (each image's counted from its chunks) must fit a sequence, its tokens and
+    /// cells (each image's counted from its chunks) must fit a sequence, its tokens and
     /// biases the vocabulary.
     ///
     /// # Errors
@@ -350,8 +344,8 @@ impl Engine {
         if std::process::id() != self.pid {
             return Err(Error::value(FORKED));
         }
-        let image_positions = media.iter().map(|input| input.chunks.positions()).sum::<usize>();
-        self.refuse_shape(&tokens, image_positions, !media.is_empty(), &sampling)?;
+        let media_cells = media.iter().map(|input| input.chunks.cells()).sum::<usize>();
+        self.refuse_shape(&tokens, media_cells, !media.is_empty(), &sampling)?;
         let prompt = with_media(self.mtmd.as_deref(), &self.model, tokens, &media)?;
         let grammar = match constraint {
             Some(Constraint::Sampler(sampler)) => Some(sampler),

@@ -6,8 +6,9 @@ use crate::errors::{Error, Result};
 /// What the checks see of a request's prompt.
 #[derive(Debug, Clone, Copy)]
 pub struct PromptShape {
-    /// The positions it takes: its tokens, and its images' positions.
-    pub positions: usize,
+    /// The KV cells it takes: its tokens, and its media's embeddings (at least as many as the
+    /// positions it takes).
+    pub cells: usize,
     pub images: bool,
     /// Whether tokens will be drafted for it (speculative decoding).
     pub drafts: bool,
@@ -22,18 +23,18 @@ pub fn max_tokens(max_tokens: i64) -> Result<usize> {
 /// without tokens, leaving no room for one more, or with images and drafts (drafting reads
 /// token runs only).
 pub fn prompt(shape: PromptShape, n_ctx_seq: usize) -> Result<()> {
-    if shape.positions == 0 {
+    if shape.cells == 0 {
         return Err(Error::value("the prompt has no tokens"));
     }
     if shape.images && shape.drafts {
         return Err(Error::value("speculative decoding does not take prompts with images"));
     }
-    if shape.positions >= n_ctx_seq {
+    if shape.cells >= n_ctx_seq {
         let images = if shape.images { ", its images' included" } else { "" };
         return Err(Error::value(format!(
             "the prompt has {} tokens{images}; a sequence holds {n_ctx_seq} (n_ctx / n_seq_max), and the prompt \
              must leave room for a token",
-            shape.positions
+            shape.cells
         )));
     }
     Ok(())

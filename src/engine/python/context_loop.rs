@@ -173,7 +173,7 @@ impl PyContextLoop {
         let media: Vec<_> = media.iter().map(|(at, chunks)| chunks.get().input_at(*at)).collect();
         if !media.is_empty() {
             let shape = PromptShape {
-                positions: tokens.len() + media.iter().map(|input| input.chunks.positions()).sum::<usize>(),
+                cells: tokens.len() + media.iter().map(|input| input.chunks.cells()).sum::<usize>(),
                 images: true,
                 drafts: self.drafts,
             };

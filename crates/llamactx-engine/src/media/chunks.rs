@@ -20,10 +20,10 @@ impl SharedChunks {
         self.0.len() == 0
     }
 
-    /// The KV positions all chunks take, as a count (a negative one, which llama.cpp never
-    /// gives, counts none).
-    pub fn positions(&self) -> usize {
-        usize::try_from(self.0.n_pos()).unwrap_or(0)
+    /// The KV cells all chunks take: their text tokens and media embeddings (more than their
+    /// positions where a model places several embeddings at a position, M-RoPE).
+    pub fn cells(&self) -> usize {
+        self.0.n_tokens()
     }
 }
 
