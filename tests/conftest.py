@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import no_network, synthetic
+from support import background, no_network, synthetic
 from support.cpus import threads
 from support.decoding import decode_prompt
 from support.prompts import PARIS_PROMPT, RERANK_TEMPLATE, TOOL_TEMPLATE
@@ -29,20 +29,35 @@ def pytest_configure(config: pytest.Config) -> None:
     its contexts (and the servers and children it starts, which inherit the affinity) compute
     with one thread each: ggml's threads spin while they wait, so workers with a thread per CPU
     each would oversubscribe the CPUs many times over."""
+    config.addinivalue_line(
+        "markers", f"{background.MARKER}(job): reads a support.background.Job, started when the tests are collected"
+    )
     if WORKER is not None:
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[int(WORKER.removeprefix("gw")) % len(cpus)]})
 
 
+@pytest.hookimpl(trylast=True)  # after the deselection by -k and -m
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a parallel run: tests marked ``long`` first (so that their modules, which a worker
-    runs whole, start first and none runs alone at the end), every worker ordering alike. Tests
-    marked ``whole_machine`` need more than one CPU (two compute threads, or pools of several),
-    so a worker skips them and ``make test`` runs them in its serial pass (``pytest -m
+    """Starts the background jobs of the selected tests (in a parallel run, the first worker
+    does) and runs those tests last, so that their jobs run beside the other tests. In a parallel
+    run: tests marked ``long`` first (so that their modules, which a worker runs whole, start
+    first and none runs alone at the end), every worker ordering alike. Tests marked
+    ``whole_machine`` need more than one CPU (two compute threads, or pools of several), so a
+    worker skips them and ``make test`` runs them in its serial pass (``pytest -m
     whole_machine``)."""
+    jobs = {marker.args[0] for item in items for marker in item.iter_markers(background.MARKER)}
+    if WORKER in (None, "gw0") and not config.option.collectonly:
+        for job in sorted(jobs, key=lambda job: job.name):
+            background.start(job)
+
+    def order(item: pytest.Item) -> tuple[bool, bool]:
+        reads_a_job = item.get_closest_marker(background.MARKER) is not None
+        return reads_a_job, WORKER is not None and item.get_closest_marker("long") is None
+
+    items.sort(key=order)
     if WORKER is None:
         return
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)
     serial = pytest.mark.skip(reason="needs more than a parallel worker's one CPU: make test runs it serially")
     for item in items:
         if item.get_closest_marker("whole_machine") is not None:

@@ -2,12 +2,15 @@
 loopback: a Ray Data job over 64 prompts on 2 actors gives ``generate``'s greedy text row for
 row (a prompt too long carries an error instead); chat and embedding rows; Ray Serve replicas
 answer the ``openai`` client through Serve's proxy, and a replica killed mid-load loses only
-the requests it had started and is restarted. One local Ray of 2 CPUs, for the module."""
+the requests it had started and is restarted. One local Ray of 2 CPUs, for the module; before it,
+the README's Ray example runs as written, on the Ray it starts itself."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +22,7 @@ import numpy as np
 import openai
 import pytest
 from support.cpus import threads
+from support.readme import EXAMPLES, RAY_EXAMPLE
 from support.rpc_serving import free_port
 from support.serving import MODEL_ID
 
@@ -53,6 +57,16 @@ def cluster() -> Iterator[None]:
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def test_the_readme_example_runs(tmp_path: Path) -> None:
+    """First in the module, so that the example's own Ray is the only one running."""
+    (code,) = [code for code in EXAMPLES if RAY_EXAMPLE in code]
+    example = tmp_path / "example.py"
+    example.write_text(code)
+    done = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Paris" in done.stdout, done.stdout
 
 
 def prompts() -> list[str]:

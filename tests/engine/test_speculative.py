@@ -140,6 +140,9 @@ def test_a_reply_quoting_its_input_is_drafted_from_the_place_it_quotes(
     assert quoted.accepted_tokens >= 0.9 * quoted.drafted_tokens
 
 
+# The reply's end is the verification's, which both kinds of draft share: the n-gram lookup drafts
+# the records' repeats far ahead, so ends fall inside its drafts most often.
+@pytest.mark.parametrize("drafting", ["ngram"], indirect=True)
 def test_stop_strings_and_max_tokens_end_the_reply_inside_a_draft(agrees: Agrees, speculative: llamactx.Engine) -> None:
     for max_tokens in (1, 2, 5, 23, 64):
         agrees(speculative.submit(RECORDS, max_tokens=max_tokens).result(), RECORDS, max_tokens=max_tokens)
@@ -191,6 +194,9 @@ def test_log_probabilities_are_those_of_decoding_without_drafts(
         np.testing.assert_allclose([p for _, p in drafted_row], [p for _, p in plain_row], atol=1e-4)
 
 
+# The draw is the verification's, which both kinds of draft share: the draft model proposes
+# tokens in sampled text, where the n-gram lookup finds fewer repeats to draft from.
+@pytest.mark.parametrize("drafting", ["draft_model"], indirect=True)
 def test_seeded_sampling_draws_what_decoding_without_drafts_draws(alone: Alone, speculative: llamactx.Engine) -> None:
     """Every token is still drawn by the request's own sampler, once, from the same output:
     with a seed, each draw equals the draw without drafts, so the distribution of outputs is
@@ -256,18 +262,29 @@ def second_turn(first: llamactx.Completion) -> list[dict[str, str]]:
     return [*GROUNDED, {"role": "assistant", "content": first.text}, {"role": "user", "content": "Again."}]
 
 
+CACHED: dict[str, Any] = {"n_ctx": 4096, "n_seq_max": 4}
+
+
+@pytest.fixture(scope="module")
+def cached_conversation(model: llamactx.LlamaModel) -> tuple[list[llamactx.Completion], list[list[int]]]:
+    """``conversation`` on an engine with the prefix cache and no drafts, and its two prompts:
+    computed once for both kinds of draft (greedy, so a new run would give the same)."""
+    with llamactx.Engine(model, **CACHED) as cached:
+        alone = conversation(cached)
+        return alone, [cached.chat_tokens(GROUNDED), cached.chat_tokens(second_turn(alone[0]))]
+
+
 def test_the_prefix_cache_reuses_cells_of_verified_drafts(
-    model: llamactx.LlamaModel, drafting: llamactx.NgramDraft | llamactx.DraftModel
+    model: llamactx.LlamaModel,
+    drafting: llamactx.NgramDraft | llamactx.DraftModel,
+    cached_conversation: tuple[list[llamactx.Completion], list[list[int]]],
 ) -> None:
     # Reused cells were computed in other chunks than a fresh read's, so the comparison is
     # with the same conversation on an engine with the prefix cache and no drafts.
-    options: dict[str, Any] = {"n_ctx": 4096, "n_seq_max": 4}
-    with llamactx.Engine(model, speculative=drafting, **options) as cached:
+    with llamactx.Engine(model, speculative=drafting, **CACHED) as cached:
         drafted = conversation(cached)
         stats = cached.stats()
-    with llamactx.Engine(model, **options) as cached:
-        alone = conversation(cached)
-        prompts = [cached.chat_tokens(GROUNDED), cached.chat_tokens(second_turn(alone[0]))]
+    alone, prompts = cached_conversation
     assert drafted[1].cached_tokens > 0
     # Turn by turn, until the replies part (the second turn's prompt holds the first reply).
     if same_greedy_tokens(model, prompts[0], drafted[0].tokens, alone[0].tokens):

@@ -1,7 +1,7 @@
 """Speculative decoding in ``generate``, ``stream``, ``chat``, ``ChatSession`` and
-``continue_sequence`` (the library's generation on a caller's context): with either kind of draft
-the output equals decoding without drafts, in fewer decodes, and a stream closed early leaves the
-cache holding exactly its history."""
+``continue_sequence`` (the library's generation on a caller's context): with drafts the output
+equals decoding without, in fewer decodes, and a stream closed early leaves the cache holding
+exactly its history, with either kind of draft."""
 
 from __future__ import annotations
 
@@ -64,41 +64,54 @@ def without_drafts(model: llamactx.LlamaModel) -> dict[str, Any]:
         }
 
 
-def test_generate_stream_and_chat_with_drafts_equal_them_without(
+# Every path runs on the engine's step loop, whose verification both kinds of draft share: each
+# path is checked with one kind, and each kind on several paths (the n-gram lookup where the
+# records' repeats give it drafts, the draft model on chats). ``test_speculative.py`` checks
+# both kinds on the engine's own requests.
+@pytest.mark.parametrize("drafting", ["ngram"], indirect=True)
+def test_generate_and_stream_with_drafts_equal_them_without(
     model: llamactx.LlamaModel,
     drafting: llamactx.NgramDraft | llamactx.DraftModel,
     without_drafts: dict[str, Any],
 ) -> None:
     """Equal replies, or replies that part at a near-tie of the model's candidates (verifying
     drafts decodes several tokens at once, whose numbers differ a little from one at a time:
-    ``same_greedy_tokens``)."""
-    draft = drafting
+    ``same_greedy_tokens``), in fewer decodes."""
     records = model.str_to_token(RECORDS, model.add_bos_token())
     with model.new_context(n_ctx=2048) as ctx:
         for max_tokens in LENGTHS:
             without, single = without_drafts["lengths"][max_tokens]
             ctx.perf_context_reset()
-            with_drafts = llamactx.generate(ctx, RECORDS, max_tokens=max_tokens, speculative=draft)
+            with_drafts = llamactx.generate(ctx, RECORDS, max_tokens=max_tokens, speculative=drafting)
             same_greedy_text(model, records, with_drafts, without)
             if max_tokens == 80:
                 assert decodes(ctx) < single
-        streamed = "".join(llamactx.stream(ctx, RECORDS, max_tokens=80, stop=[STOP], speculative=draft))
+        streamed = "".join(llamactx.stream(ctx, RECORDS, max_tokens=80, stop=[STOP], speculative=drafting))
         same_greedy_text(model, records, streamed, without_drafts["stopped"])
         assert STOP not in streamed
+
+
+@pytest.mark.parametrize("drafting", ["draft_model"], indirect=True)
+def test_constrained_generate_chat_and_sessions_with_drafts_equal_them_without(
+    model: llamactx.LlamaModel,
+    drafting: llamactx.NgramDraft | llamactx.DraftModel,
+    without_drafts: dict[str, Any],
+) -> None:
+    with model.new_context(n_ctx=2048) as ctx:
         same_greedy_text(
             model,
             model.str_to_token(FRUITS, model.add_bos_token()),
-            llamactx.generate(ctx, FRUITS, max_tokens=80, json_schema=SCHEMA, speculative=draft),
+            llamactx.generate(ctx, FRUITS, max_tokens=80, json_schema=SCHEMA, speculative=drafting),
             without_drafts["json"],
         )
         same_greedy_text(
             model,
             chat_prompt(model, GROUNDED),
-            llamactx.chat(ctx, GROUNDED, max_tokens=120, speculative=draft),
+            llamactx.chat(ctx, GROUNDED, max_tokens=120, speculative=drafting),
             without_drafts["chat"],
         )
     # Turn by turn, until the replies part (a later turn's prompt holds the earlier replies).
-    without, with_drafts = without_drafts["session"], session_turns(model, draft)
+    without, with_drafts = without_drafts["session"], session_turns(model, drafting)
     for turn in range(2, len(without), 2):
         prompt = chat_prompt(model, without[:turn])
         if not same_greedy_text(model, prompt, with_drafts[turn][1], without[turn][1]):

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from support.processes import CHILDREN
 
-# Its programs set thread counts up to two (and expect a refusal above the CPUs).
-pytestmark = pytest.mark.whole_machine
-
-#: In ``make test``, its share of the suite's time (about 15 s); ``make fuzz`` runs 20,000.
+#: In ``make test``, its share of the suite's time (about a minute of a parallel worker, half of
+#: it in hostile templates that run to the work limit); ``make fuzz`` runs 20,000. Its contexts
+#: compute with a thread per CPU the process may use, up to two: one in a parallel worker (so its
+#: programs' thread settings above one are refused there), two in ``make fuzz``.
 EXAMPLES = int(os.environ.get("LLAMACTX_FUZZ_EXAMPLES", "600"))
 CHILD = CHILDREN / "fuzz.py"
 

@@ -1,22 +1,18 @@
-"""The README's Python examples run as written."""
+"""The README's Python examples run as written (the Ray example with the Ray tests, in
+``distributed/ray_cases.py``)."""
 
 from __future__ import annotations
 
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
-from support import loopback_only, synthetic
+from support import synthetic
 from support.images import random_png
+from support.readme import EXAMPLES, RAY_EXAMPLE, README
 from support.rpc_serving import rpc_servers
 from support.serving import running_server
 
 import llamactx
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-EXAMPLES = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
-
 
 # The server example's address, and the command the README starts that server with.
 SERVER_URL = "http://127.0.0.1:8000"
@@ -25,9 +21,7 @@ SERVE_COMMAND = "llamactx serve --port 8000"
 RPC_ENDPOINTS = ("127.0.0.1:50052", "127.0.0.1:50053")
 
 
-@pytest.mark.parametrize(
-    "code", [pytest.param(code, marks=pytest.mark.long) if "import ray" in code else code for code in EXAMPLES]
-)
+@pytest.mark.parametrize("code", [code for code in EXAMPLES if RAY_EXAMPLE not in code])
 def test_readme_example_runs(
     code: str, capsys: pytest.CaptureFixture[str], model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -35,13 +29,6 @@ def test_readme_example_runs(
         # The README's command, on a free port instead of 8000.
         with running_server(model_path) as server:
             exec(compile(code.replace(SERVER_URL, server.url), str(README), "exec"), {})
-    elif "import ray" in code:
-        # Ray's servers listen on every interface: the example runs where loopback is the only one.
-        example = tmp_path / "example.py"
-        example.write_text(code)
-        done = subprocess.run(loopback_only.command(str(example)), capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        print(done.stdout)
     elif RPC_ENDPOINTS[0] in code:
         with rpc_servers(len(RPC_ENDPOINTS)) as servers:
             for endpoint, server in zip(RPC_ENDPOINTS, servers, strict=True):

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import struct
 import sys
 import tempfile
@@ -41,12 +42,15 @@ no_network.install()
 # RuntimeError: a callback that calls back into the context it runs in.
 ALLOWED = (llamactx.LlamaCppError, ValueError, IndexError, TypeError, OverflowError, FileNotFoundError, RuntimeError)
 N_SEQ = 3
+# Two compute threads where the process may use two CPUs (make test's serial pass, ``make
+# fuzz``); one in a parallel test worker, which keeps to one CPU (``tests/conftest.py``).
+THREADS = min(2, len(os.sched_getaffinity(0)))
 
 model = llamactx.LlamaModel.load_from_file(sys.argv[1])
 N_VOCAB = model.n_vocab()
-ctx = model.new_context(n_ctx=256, n_batch=32, n_ubatch=16, n_seq_max=N_SEQ, n_threads=2)
+ctx = model.new_context(n_ctx=256, n_batch=32, n_ubatch=16, n_seq_max=N_SEQ, n_threads=THREADS)
 # A K cache type the CPU cannot shift, for the shift operations.
-bf16_ctx = model.new_context(n_ctx=256, n_batch=32, cache_type_k="bf16", n_threads=2)
+bf16_ctx = model.new_context(n_ctx=256, n_batch=32, cache_type_k="bf16", n_threads=THREADS)
 batches = [llamactx.LlamaBatch(32, 2), llamactx.LlamaBatch(4, 1)]
 # A small engine: requests with hostile arguments, while the context above is used.
 ENGINE_OPTIONS: dict[str, Any] = {
@@ -256,7 +260,7 @@ def reset() -> None:
     ctx.set_causal_attn(True)
     ctx.set_warmup(False)
     ctx.set_abort_callback(None)
-    ctx.set_n_threads(2, 2)
+    ctx.set_n_threads(THREADS, THREADS)
     ctx.detach_threadpool()
     ctx.set_adapter_cvec(None, model.n_embd(), 0, 0)
     for seq in range(N_SEQ):
