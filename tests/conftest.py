@@ -7,6 +7,7 @@ import os
 import resource
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import background, no_network, synthetic
@@ -30,7 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
     with one thread each: ggml's threads spin while they wait, so workers with a thread per CPU
     each would oversubscribe the CPUs many times over."""
     config.addinivalue_line(
-        "markers", f"{background.MARKER}(job): reads a support.background.Job, started when the tests are collected"
+        "markers", f"{background.MARKER}(*jobs): reads support.background.Jobs, started when the tests are collected"
     )
     if WORKER is not None:
         cpus = sorted(os.sched_getaffinity(0))
@@ -46,7 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``whole_machine`` need more than one CPU (two compute threads, or pools of several), so a
     worker skips them and ``make test`` runs them in its serial pass (``pytest -m
     whole_machine``)."""
-    jobs = {marker.args[0] for item in items for marker in item.iter_markers(background.MARKER)}
+    jobs = {job for item in items for marker in item.iter_markers(background.MARKER) for job in marker.args}
     if WORKER in (None, "gw0") and not config.option.collectonly:
         for job in sorted(jobs, key=lambda job: job.name):
             background.start(job)
@@ -62,6 +63,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("whole_machine") is not None:
             item.add_marker(serial)
+
+
+#: A parallel run's id (pytest-xdist's), which names its background jobs' folder.
+PARALLEL_RUN = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """A parallel run's controller learns the run's id, whose background folder it removes."""
+    node.config.stash[PARALLEL_RUN] = node.workerinput["testrunuid"]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The process that scheduled the tests (a parallel run's controller, or the only process)
+    removes the run's background folder once every test has read it."""
+    if WORKER is None:
+        background.remove(session.config.stash.get(PARALLEL_RUN, background.RUN))
 
 
 def _cpu_seconds() -> float:

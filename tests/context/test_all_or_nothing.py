@@ -5,11 +5,11 @@ it found it, whichever micro-batch it stopped in; positions llama.cpp would refu
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import background
 from support.decoding import decode_prompt
 
 import llamactx
@@ -22,33 +22,24 @@ CASES = [(how, ubatch) for how in ("callback", "sigint") for ubatch in (0, 1, 2)
 UBATCH_NAMES = ("first", "middle", "last")
 
 
+#: Each case's child, a background job (``support/background.py``): a child spends most of its
+#: time in the abort callback's sleeps (over 5 ms after each of about 2,000 graph nodes), not
+#: computing. The child finds the default model itself (an empty path).
+ABORTS = {
+    (how, ubatch): background.Job(f"abort-{how}-{ubatch}", (sys.executable, str(CHILD), "", how, str(ubatch)), 240)
+    for how, ubatch in CASES
+}
+pytestmark = pytest.mark.background(*ABORTS.values())
+
+
 @pytest.fixture(scope="module")
-def aborted(model_path: Path) -> dict[tuple[str, int], subprocess.CompletedProcess[str]]:
-    """Each case's child, all run at once: a child spends most of its time in the abort
-    callback's sleeps (over 5 ms after each of about 2,000 graph nodes), not computing."""
-    children = {
-        (how, ubatch): subprocess.Popen(
-            [sys.executable, str(CHILD), str(model_path), how, str(ubatch)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for how, ubatch in CASES
-    }
-    finished = {}
-    for case, child in children.items():
-        try:
-            stdout, stderr = child.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            stdout, stderr = child.communicate()
-        finished[case] = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
-    return finished
+def aborted() -> dict[tuple[str, int], background.Ended]:
+    return {case: background.ended(job) for case, job in ABORTS.items()}
 
 
 @pytest.mark.parametrize(("how", "ubatch"), CASES, ids=[f"{UBATCH_NAMES[ubatch]}-{how}" for how, ubatch in CASES])
 def test_an_abort_in_any_micro_batch_leaves_the_cache_as_it_was(
-    aborted: dict[tuple[str, int], subprocess.CompletedProcess[str]], how: str, ubatch: int
+    aborted: dict[tuple[str, int], background.Ended], how: str, ubatch: int
 ) -> None:
     result = aborted[how, ubatch]
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,8 +1,9 @@
-"""Child programs that mostly wait (a local Ray starting its servers and actors) run beside the
-other tests instead of holding a test worker idle: one process of the run starts each when the
-tests are collected, and the test that needs it reads what it printed when it runs. A test asks
-for one with ``@pytest.mark.background(JOB)``; ``tests/conftest.py`` starts the jobs of the
-selected tests (in a parallel run, the first worker does) and runs those tests last.
+"""Child programs that mostly wait (a local Ray starting its servers and actors, decodes aborted
+after sleeping callbacks) run beside the other tests instead of holding a test worker idle: one
+process of the run starts each when the tests are collected, and the test that needs it reads
+what it printed when it runs. A test asks for its jobs with ``@pytest.mark.background(JOB,
+...)``; ``tests/conftest.py`` starts the jobs of the selected tests (in a parallel run, the
+first worker does) and runs those tests last.
 
 Each job runs under ``python background.py FOLDER TIMEOUT COMMAND...``, which forks (the
 starting process waits only for the parent, which exits at once), runs the command
@@ -48,9 +49,16 @@ class Ended:
 
 
 TESTS = Path(__file__).resolve().parents[1]
-#: Where this run's jobs write: every worker of a parallel run (pytest-xdist) names the same folder.
+
+
+def folder(run: str) -> Path:
+    """Where the jobs of the run ``run`` write."""
+    return Path(tempfile.gettempdir()) / f"llamactx-background-{run}"
+
+
+#: This run's id and folder: every worker of a parallel run (pytest-xdist) names the same.
 RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", uuid.uuid4().hex)
-FOLDER = Path(tempfile.gettempdir()) / f"llamactx-background-{RUN}"
+FOLDER = folder(RUN)
 
 
 def report(name: str) -> Path:
@@ -73,8 +81,8 @@ def start(job: Job) -> None:
 
 
 def ended(job: Job) -> Ended:
-    """Waits for ``job`` (started by this run, perhaps by another worker) to end, then removes its
-    files; a little past the job's own timeout, it is taken as lost (its runner killed)."""
+    """Waits for ``job`` (started by this run, perhaps by another worker) to end; a little past the
+    job's own timeout, it is taken as lost (its runner killed)."""
     where = FOLDER / job.name
     status = where / "returncode"
     give_up = time.monotonic() + job.seconds + 60
@@ -83,16 +91,18 @@ def ended(job: Job) -> Ended:
             return Ended(-1, "", f"the background job {job.name} did not report within {job.seconds + 60:.0f} s")
         time.sleep(0.5)
     written = report(job.name)
-    done = Ended(
+    return Ended(
         int(status.read_text()),
         (where / "stdout").read_text(),
         (where / "stderr").read_text(),
         written.read_text() if written.exists() else None,
     )
-    shutil.rmtree(where)
-    if not any(FOLDER.iterdir()):
-        FOLDER.rmdir()
-    return done
+
+
+def remove(run: str) -> None:
+    """Removes the files of the run ``run`` (the process that scheduled its tests does, at the
+    end: under ``pytest -n --dist load`` each worker running a module's tests reads its jobs)."""
+    shutil.rmtree(folder(run), ignore_errors=True)
 
 
 def _run(where: Path, seconds: float, command: list[str]) -> None:

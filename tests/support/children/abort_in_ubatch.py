@@ -1,8 +1,9 @@
 """Child program: aborts a 3-micro-batch decode inside a chosen micro-batch and prints, as JSON,
 what the context looks like afterwards.
 
-Usage: abort_in_ubatch.py MODEL_PATH HOW UBATCH, with HOW ``callback`` (the abort callback
-returns True) or ``sigint`` (another thread sends SIGINT, as Ctrl-C does). The landing is
+Usage: abort_in_ubatch.py MODEL_PATH HOW UBATCH (an empty MODEL_PATH: the default model), with
+HOW ``callback`` (the abort callback returns True) or ``sigint`` (another thread sends SIGINT, as
+Ctrl-C does). The landing is
 deterministic, not timed: the abort callback sleeps past llamactx's 5 ms poll interval, so
 llamactx polls it after every graph node, and every micro-batch of this shape computes the same
 number of nodes (measured first on a one-micro-batch decode).
@@ -55,7 +56,7 @@ def press_ctrl_c_when(reached: threading.Event) -> None:
 
 
 harness.answer_ctrl_c()
-MODEL_PATH, HOW, UBATCH = sys.argv[1], sys.argv[2], int(sys.argv[3])
+MODEL_PATH, HOW, UBATCH = sys.argv[1] or str(llamactx.default_model_path()), sys.argv[2], int(sys.argv[3])
 model = llamactx.LlamaModel.load_from_file(MODEL_PATH)
 tokens = model.str_to_token("the quick brown fox jumps over the lazy dog " * 20, False)
 prefix, body = tokens[:PREFIX], tokens[PREFIX : PREFIX + 3 * N_UBATCH]
