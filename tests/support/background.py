@@ -1,9 +1,9 @@
-"""Child programs that mostly wait (a local Ray starting its servers and actors, decodes aborted
-after sleeping callbacks) run beside the other tests instead of holding a test worker idle: one
-process of the run starts each when the tests are collected, and the test that needs it reads
-what it printed when it runs. A test asks for its jobs with ``@pytest.mark.background(JOB,
-...)``; ``tests/conftest.py`` starts the jobs of the selected tests (in a parallel run, the
-first worker does) and runs those tests last.
+"""Child programs that need no test worker of their own (decodes aborted after sleeping
+callbacks, which mostly wait; a local Ray, whose servers and actors use every CPU they get) run
+beside the other tests: one process of the run starts each when the tests are collected, and
+the test that needs it reads what it printed when it runs. A test asks for its jobs with
+``@pytest.mark.background(JOB, ...)``; ``tests/conftest.py`` starts the jobs of the selected
+tests (in a parallel run, the first worker does) and runs those tests last.
 
 Each job runs under ``python background.py FOLDER TIMEOUT COMMAND...``, which forks (the
 starting process waits only for the parent, which exits at once), runs the command
