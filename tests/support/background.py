@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The marker that ties a test to the job it reads.
+#: The marker that ties a test to the jobs it reads.
 MARKER = "background"
 
 
@@ -40,7 +40,7 @@ class Job:
 @dataclass(frozen=True)
 class Ended:
     """What a job printed, how it ended (-9: killed at its timeout), and the text of the file it
-    wrote at ``report(job)``, if it did."""
+    wrote at ``report(job.name)``, if it did."""
 
     returncode: int
     stdout: str
