@@ -34,7 +34,7 @@ use crate::lora::LoraAdapter;
 use crate::media::SharedMtmd;
 use crate::open_context::adapters::check_scale;
 use crate::open_context::{ContextOptions, OpenContext};
-use crate::prompt_checks::{self, PromptShape};
+use crate::prompt_checks;
 use crate::sampler::params::SamplingParams;
 use crate::sampler::{guidance, SendSampler};
 use crate::tokens::check_vocab;
@@ -300,15 +300,13 @@ impl Engine {
         })
     }
 
-    /// Refuses a prompt of `tokens` and `media_cells` more (with `images`) that can never run,
-    /// or `sampling` outside the vocabulary.
-    fn refuse_shape(&self, tokens: &[i32], media_cells: usize, images: bool, sampling: &SamplingParams) -> Result<()> {
-        let shape = PromptShape {
-            cells: tokens.len() + media_cells,
-            images,
-            drafts: self.drafts,
-        };
-        prompt_checks::prompt(shape, self.limits.n_ctx_seq)?;
+    /// Refuses a prompt of `tokens` and `media` that can never run, or `sampling` outside the
+    /// vocabulary.
+    fn refuse_shape(&self, tokens: &[i32], media: &[MediaInput], sampling: &SamplingParams) -> Result<()> {
+        prompt_checks::prompt(
+            media_prompt::shape(tokens.len(), media, self.drafts),
+            self.limits.n_ctx_seq,
+        )?;
         check_vocab(tokens, self.limits.n_vocab)?;
         sampling.check_vocabulary(self.limits.n_vocab)
     }
@@ -344,8 +342,7 @@ impl Engine {
         if std::process::id() != self.pid {
             return Err(Error::value(FORKED));
         }
-        let media_cells = media.iter().map(|input| input.chunks.cells()).sum::<usize>();
-        self.refuse_shape(&tokens, media_cells, !media.is_empty(), &sampling)?;
+        self.refuse_shape(&tokens, &media, &sampling)?;
         let prompt = with_media(self.mtmd.as_deref(), &self.model, tokens, &media)?;
         let grammar = match constraint {
             Some(Constraint::Sampler(sampler)) => Some(sampler),

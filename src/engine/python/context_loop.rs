@@ -16,7 +16,7 @@ use crate::context::{OpenContext, PyLlamaContext};
 use crate::engine::backend::Backend;
 use crate::engine::draft::{draft_options, Speculation};
 use crate::engine::llama_backend::{LlamaBackend, Native};
-use crate::engine::media_prompt::{check_projector, with_media};
+use crate::engine::media_prompt::{self, check_projector, with_media};
 use crate::engine::request::python::PyRequestCore;
 use crate::engine::request::RequestShared;
 use crate::engine::scheduler::{Choosing, Ended, Held, Holds, Job, Scheduler};
@@ -25,7 +25,7 @@ use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::media::python::{PyMtmdContext, PyMtmdInputChunks};
 use crate::media::SharedMtmd;
-use crate::prompt_checks::{self, PromptShape};
+use crate::prompt_checks;
 use crate::sampler::python::PyLlamaSampler;
 use crate::tokens::{check_vocab, to_llama_tokens};
 
@@ -172,12 +172,7 @@ impl PyContextLoop {
         let max_tokens = prompt_checks::max_tokens(max_tokens)?;
         let media: Vec<_> = media.iter().map(|(at, chunks)| chunks.get().input_at(*at)).collect();
         if !media.is_empty() {
-            let shape = PromptShape {
-                cells: tokens.len() + media.iter().map(|input| input.chunks.cells()).sum::<usize>(),
-                images: true,
-                drafts: self.drafts,
-            };
-            prompt_checks::prompt(shape, self.n_ctx_seq)?;
+            prompt_checks::prompt(media_prompt::shape(tokens.len(), &media, self.drafts), self.n_ctx_seq)?;
         }
         if held_seq.is_none() && holds.is_some() {
             return Err(

@@ -15,13 +15,24 @@ use llama_cpp_4::token::LlamaToken;
 use super::scheduler::MediaSpan;
 use crate::errors::{Error, Result};
 use crate::media::{SharedChunks, SharedMtmd};
-use crate::prompt_checks;
+use crate::prompt_checks::{self, PromptShape};
 
 /// An image's chunks and where they go among the prompt's text tokens.
 pub struct MediaInput {
     pub at: usize,
     pub chunks: Arc<SharedChunks>,
     pub made_by: u64,
+}
+
+/// What the length checks see of a prompt of `tokens` text tokens and `media`: its cells, each
+/// image's counted from its chunks (all its embeddings: on an M-RoPE model, more than its
+/// positions).
+pub fn shape(tokens: usize, media: &[MediaInput], drafts: bool) -> PromptShape {
+    PromptShape {
+        cells: tokens + media.iter().map(|input| input.chunks.cells()).sum::<usize>(),
+        images: !media.is_empty(),
+        drafts,
+    }
 }
 
 /// The assembled prompt: its tokens (placeholders included), the text tokens among them (to
