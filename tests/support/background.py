@@ -1,7 +1,6 @@
-"""Child programs that need no test worker of their own (decodes aborted after sleeping
-callbacks, which mostly wait; a local Ray, whose servers and actors use every CPU they get) run
-beside the other tests: one process of the run starts each when the tests are collected, and
-the test that needs it reads what it printed when it runs. A test asks for its jobs with
+"""Child programs that mostly wait (decodes aborted after sleeping callbacks) run beside the
+other tests instead of holding a test worker idle: one process of the run starts each when the
+tests are collected, and the test that needs it reads what it printed when it runs. A test asks for its jobs with
 ``@pytest.mark.background(JOB, ...)``; ``tests/conftest.py`` starts the jobs of the selected
 tests (in a parallel run, the first worker does) and runs those tests last.
 
@@ -39,13 +38,11 @@ class Job:
 
 @dataclass(frozen=True)
 class Ended:
-    """What a job printed, how it ended (-9: killed at its timeout), and the text of the file it
-    wrote at ``report(job.name)``, if it did."""
+    """What a job printed, and how it ended (-9: killed at its timeout)."""
 
     returncode: int
     stdout: str
     stderr: str
-    report: str | None
 
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -59,11 +56,6 @@ def folder(run: str) -> Path:
 #: This run's id and folder: every worker of a parallel run (pytest-xdist) names the same.
 RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", uuid.uuid4().hex)
 FOLDER = folder(RUN)
-
-
-def report(name: str) -> Path:
-    """Where the job ``name`` may write a file for its test to read (``Ended.report``)."""
-    return FOLDER / name / "report"
 
 
 def start(job: Job) -> None:
@@ -90,13 +82,7 @@ def ended(job: Job) -> Ended:
         if time.monotonic() > give_up:
             return Ended(-1, "", f"the background job {job.name} did not report within {job.seconds + 60:.0f} s")
         time.sleep(0.5)
-    written = report(job.name)
-    return Ended(
-        int(status.read_text()),
-        (where / "stdout").read_text(),
-        (where / "stderr").read_text(),
-        written.read_text() if written.exists() else None,
-    )
+    return Ended(int(status.read_text()), (where / "stdout").read_text(), (where / "stderr").read_text())
 
 
 def remove(run: str) -> None:
