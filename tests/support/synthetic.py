@@ -6,6 +6,7 @@ hybrid Nemotron-H (KV cache plus recurrent state), a random LoRA adapter for Smo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -365,15 +366,31 @@ def spm_vocabulary(without_byte: int | None = None) -> list[str]:
     return ["<unk>", "<s>", "</s>", *byte_tokens, *(WORD_START + word for word in WORDS)]
 
 
+def read_gguf(path: Path) -> gguf.GGUFReader:
+    """The GGUF file at ``path``, parsed once per process while the file stays as it is: gguf's
+    reader takes about 3 s over SmolLM2's 49,152 tokens and 48,900 merges, which the draft
+    model, the reranker and the other models made from SmolLM2 each read (its fields'
+    ``contents()`` are new objects on every call, so sharing it shares nothing mutable)."""
+    stat = path.stat()
+    return _parsed_gguf(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _parsed_gguf(path: Path, mtime_ns: int, size: int) -> gguf.GGUFReader:
+    del mtime_ns, size  # the cache's key: a file rewritten in place is parsed again
+    return gguf.GGUFReader(path)
+
+
 def write_first_layers(source: Path, path: Path, layers: int, rename: tuple[int, str] | None = None) -> Path:
     """The model at ``source`` cut to its first ``layers`` blocks (its embeddings, output head,
     vocabulary and other metadata kept, tensors copied as stored): a draft model of the same
     vocabulary that agrees with the whole model on some tokens, not all. ``rename=(id, text)``
     gives token ``id`` another text."""
-    architecture = str(gguf.GGUFReader(source).fields["general.architecture"].contents())
+    reader = read_gguf(source)
+    architecture = str(reader.fields["general.architecture"].contents())
     keys: dict[str, KeyValue | None] = {f"{architecture}.block_count": (layers, gguf.GGUFValueType.UINT32)}
     if rename is not None:
-        tokens = gguf.GGUFReader(source).fields[gguf.Keys.Tokenizer.LIST].contents()
+        tokens = reader.fields[gguf.Keys.Tokenizer.LIST].contents()
         tokens[rename[0]] = rename[1]
         keys[gguf.Keys.Tokenizer.LIST] = (tokens, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
 
@@ -402,7 +419,7 @@ def rewrite_gguf(
     tensors, those ``keep`` names are copied as stored. ``architecture`` relabels the model (its
     ``ARCH.*`` keys renamed with it; ``keys`` are the new names). Crafted files start here."""
     keys, tensors = keys or {}, tensors or {}
-    reader = gguf.GGUFReader(source)
+    reader = read_gguf(source)
     source_architecture = str(reader.fields["general.architecture"].contents())
     architecture = architecture or source_architecture
     writer = gguf.GGUFWriter(str(path), architecture)
@@ -441,7 +458,7 @@ def write_qwen3_reranker(
     ``reranker_head``) over the labels ``RERANK_LABELS``, pooled by RANK (llama.cpp then scores a
     sequence as the softmax of the head's outputs at its last token). ``rerank_template`` is
     written as ``tokenizer.chat_template.rerank``."""
-    reader = gguf.GGUFReader(source)
+    reader = read_gguf(source)
     n_embd = int(reader.fields["llama.embedding_length"].contents())
     head_width = n_embd // int(reader.fields["llama.attention.head_count"].contents())
     keys: dict[str, KeyValue | None] = {
@@ -472,7 +489,7 @@ def reranker_head(n_embd: int, seed: int = 0) -> np.ndarray:
 def copy_vocabulary(source: Path, writer: gguf.GGUFWriter) -> int:
     """Writes every ``tokenizer.*`` key of the model at ``source`` (its vocabulary, merges and
     chat template) with ``writer``; returns the vocabulary's size."""
-    reader = gguf.GGUFReader(source)
+    reader = read_gguf(source)
     for field in reader.fields.values():
         if field.name.startswith("tokenizer."):
             sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
