@@ -13,6 +13,7 @@ use llama_cpp_4::sampling::LlamaSampler;
 use llama_cpp_4::token::LlamaToken;
 use pyo3::prelude::*;
 
+use crate::errors::python::to_py;
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
 use crate::model::python::PyLlamaModel;
@@ -44,7 +45,7 @@ impl PyChatTemplates {
     #[new]
     #[pyo3(signature = (model, template=None))]
     fn new(py: Python<'_>, model: &Bound<'_, PyLlamaModel>, template: Option<String>) -> PyResult<Self> {
-        let model = model.get().tokenizer()?;
+        let model = model.get().tokenizer().map_err(to_py)?;
         detached(py, move || {
             let input_bytes = template.as_ref().map_or(0, String::len);
             let for_call = Arc::clone(&model);
@@ -85,7 +86,7 @@ impl PyChatTemplates {
         template_kwargs: Option<String>,
         reasoning_format: &str,
     ) -> PyResult<PyChatApplied> {
-        let reasoning_format = reasoning_format_named(reasoning_format)?;
+        let reasoning_format = reasoning_format_named(reasoning_format).map_err(to_py)?;
         detached(py, || {
             let choice = ToolChoice::parse_oaicompat(&tool_choice).map_err(chat_value_error)?;
             // As llama.cpp's server: a BOS the template writes is dropped from its text, and the
@@ -231,7 +232,7 @@ impl PyChatApplied {
     /// the reply's first token. `ValueError` for a budget below 0.
     #[pyo3(signature = (budget, message = ""))]
     fn reasoning_budget(&self, py: Python<'_>, budget: i32, message: &str) -> PyResult<Option<PyLlamaSampler>> {
-        checked_budget(budget)?;
+        checked_budget(budget).map_err(to_py)?;
         if !self.reasons() {
             return Ok(None);
         }
@@ -296,7 +297,7 @@ fn end_tags(params: &ChatParams) -> Vec<String> {
 #[pyfunction]
 #[pyo3(name = "_check_template_variables")]
 pub fn check_template_variables(kwargs: &str) -> PyResult<()> {
-    template_variables(kwargs)?;
+    template_variables(kwargs).map_err(to_py)?;
     Ok(())
 }
 
@@ -356,9 +357,9 @@ fn reasoning_format_named(name: &str) -> Result<ReasoningFormat> {
 #[pyfunction]
 #[pyo3(name = "_check_reasoning")]
 pub fn check_reasoning(format: &str, budget: Option<i32>) -> PyResult<()> {
-    reasoning_format_named(format)?;
+    reasoning_format_named(format).map_err(to_py)?;
     if let Some(budget) = budget {
-        checked_budget(budget)?;
+        checked_budget(budget).map_err(to_py)?;
     }
     Ok(())
 }

@@ -19,6 +19,7 @@ use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::closing::closed_by_with;
+use crate::errors::python::to_py;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::model::python::PyLlamaModel;
@@ -40,7 +41,7 @@ closed_by_with!(PyLlamaContext);
 
 impl PyLlamaContext {
     pub fn create(model: &Bound<'_, PyLlamaModel>, options: ContextOptions) -> PyResult<Self> {
-        let native_model = model.get().native()?;
+        let native_model = model.get().native().map_err(to_py)?;
         let learned_positions = model.get().learned_positions();
         let native = detached(model.py(), move || {
             OpenContext::open(native_model, &options, learned_positions)

@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 
 use crate::backend::python::flush_logs;
+use crate::errors::python::to_py;
 use crate::errors::{Error, Result};
 
 /// Runs `work` with the GIL released, so other Python threads run meanwhile and llama.cpp's
@@ -20,7 +21,7 @@ where
     if let Some(interrupt) = flush_logs(py) {
         return Err(interrupt);
     }
-    result.map_err(PyErr::from)
+    result.map_err(to_py)
 }
 
 /// Frees what `slot` holds (without the GIL) unless `in_use()` says a context still uses it.

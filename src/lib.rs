@@ -16,7 +16,12 @@ mod work_limit;
 
 // The engine core (`crates/llamactx-engine`), each module with the Python classes of its types
 // beside it: the `python` modules here wrap the core's types, which these modules re-export.
-use llamactx_engine::{errors, interrupt, metadata, open_context, owned_lock};
+use llamactx_engine::{interrupt, metadata, open_context, owned_lock};
+
+mod errors {
+    pub use llamactx_engine::errors::*;
+    pub mod python;
+}
 
 mod backend {
     pub use llamactx_engine::backend::*;

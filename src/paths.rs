@@ -4,13 +4,14 @@ use std::path::PathBuf;
 
 use pyo3::prelude::*;
 
+use crate::errors::python::to_py;
 use crate::errors::{Error, Result};
 
 /// A path llama.cpp can open: valid UTF-8 with no NUL byte (the crate would panic or fail on
 /// either). Accepts `str` and `os.PathLike`.
 pub fn extract_path(path: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
     let path: PathBuf = path.extract()?;
-    Ok(checked(path)?)
+    checked(path).map_err(to_py)
 }
 
 fn checked(path: PathBuf) -> Result<PathBuf> {
@@ -27,7 +28,7 @@ fn checked(path: PathBuf) -> Result<PathBuf> {
 pub fn existing_file(path: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
     let path = extract_path(path)?;
     if !path.is_file() {
-        return Err(Error::FileNotFound(format!("no such file: {}", path.display())).into());
+        return Err(to_py(Error::FileNotFound(format!("no such file: {}", path.display()))));
     }
     Ok(path)
 }

@@ -12,6 +12,7 @@ use llama_cpp_4::token::LlamaToken;
 use llama_cpp_4::StringFromModelError;
 use pyo3::prelude::*;
 
+use crate::errors::python::to_py;
 use crate::errors::Result;
 use crate::gil::detached;
 use crate::model::python::PyLlamaModel;
@@ -29,7 +30,7 @@ pub fn rerank_prompt(
     query: &str,
     document: &str,
 ) -> PyResult<Vec<i32>> {
-    let model = model.get().tokenizer()?;
+    let model = model.get().tokenizer().map_err(to_py)?;
     detached(py, || {
         let tokens = match model.chat_template(Some("rerank")) {
             Ok(template) => templated(&model, template, query, document)?,

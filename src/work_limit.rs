@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
+use crate::errors::python::foreign;
 use crate::errors::{Error, ExcClass, Result};
 use crate::interrupt::{self, SigintWatch};
 
@@ -204,7 +205,7 @@ pub fn limited<T: Send + 'static>(input_bytes: usize, work: impl FnOnce() -> Res
         Phase::Finished(outcome, 0) => outcome,
         Phase::Finished(_, 2) => Err(Python::attach(|py| py.check_signals()).err().map_or_else(
             || stopped_error("the chat template was interrupted".to_owned()),
-            Error::from,
+            foreign,
         )),
         Phase::Finished(_, 3) | Phase::Running | Phase::LeftBehind => Err(stopped_error(format!(
             "the chat template ran past its time ({} s for {input_bytes} bytes of input): a template \

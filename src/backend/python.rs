@@ -5,14 +5,14 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
 use super::{backend, pending_log_lines};
-use crate::errors::Result;
+use crate::errors::python::to_py;
 
 /// How many GPUs (discrete or integrated) the build's backends found: 0 on a CPU build, where
 /// `n_gpu_layers` and `main_gpu` change nothing. RPC servers are not counted.
 #[pyfunction]
 #[pyo3(name = "_gpu_devices")]
-pub fn gpu_devices() -> Result<usize> {
-    backend()?;
+pub fn gpu_devices() -> PyResult<usize> {
+    backend().map_err(to_py)?;
     // SAFETY: the backend is initialised, which registers its devices; the count and each
     // device llama.cpp returns for an index below it live as long as the process.
     let devices = (0..unsafe { llama_cpp_sys_4::ggml_backend_dev_count() })

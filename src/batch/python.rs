@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 
 use super::BatchState;
+use crate::errors::python::to_py;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::owned_lock::{OwnedGuard, OwnedMutex};
@@ -37,7 +38,7 @@ impl PyLlamaBatch {
     #[pyo3(signature = (n_tokens, n_seq_max=1))]
     fn new(n_tokens: usize, n_seq_max: usize) -> PyResult<Self> {
         Ok(Self {
-            state: OwnedMutex::new(BatchState::new(n_tokens, n_seq_max)?, "LlamaBatch"),
+            state: OwnedMutex::new(BatchState::new(n_tokens, n_seq_max).map_err(to_py)?, "LlamaBatch"),
         })
     }
 
@@ -50,8 +51,12 @@ impl PyLlamaBatch {
         let seq_ids = seq_ids
             .into_iter()
             .map(|id| narrow("sequence id", id))
-            .collect::<Result<Vec<_>>>()?;
-        let (token, pos) = (narrow("token id", token)?, narrow("position", pos)?);
+            .collect::<Result<Vec<_>>>()
+            .map_err(to_py)?;
+        let (token, pos) = (
+            narrow("token id", token).map_err(to_py)?,
+            narrow("position", pos).map_err(to_py)?,
+        );
         self.with_state(py, |state| state.add(token, pos, &seq_ids, logits))
     }
 

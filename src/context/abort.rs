@@ -5,6 +5,7 @@ use std::any::Any;
 
 use pyo3::prelude::*;
 
+use crate::errors::python::foreign;
 use crate::errors::Error;
 use crate::open_context::abort::AbortCheck;
 
@@ -17,7 +18,7 @@ impl AbortCheck for PythonAbortCheck {
             self.0
                 .call0(py)
                 .and_then(|answer| answer.is_truthy(py))
-                .map_err(Error::from)
+                .map_err(foreign)
         })
     }
 

@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 use super::abort::PythonAbortCheck;
 use super::PyLlamaContext;
+use crate::errors::python::to_py;
 use crate::errors::Error;
 use crate::open_context::abort::AbortCheck;
 use crate::sampler::python::PyLlamaSampler;
@@ -23,7 +24,9 @@ impl PyLlamaContext {
     fn set_abort_callback(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<()> {
         if let Some(callback) = &callback {
             if !callback.bind(py).is_callable() {
-                return Err(Error::Type("the abort callback must be callable or None".to_owned()).into());
+                return Err(to_py(Error::Type(
+                    "the abort callback must be callable or None".to_owned(),
+                )));
             }
         }
         let check = callback.map(|callback| Arc::new(PythonAbortCheck(callback)) as Arc<dyn AbortCheck>);

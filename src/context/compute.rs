@@ -4,6 +4,7 @@ use pyo3::prelude::*;
 
 use super::PyLlamaContext;
 use crate::batch::python::PyLlamaBatch;
+use crate::errors::python::to_py;
 use crate::errors::Error;
 use crate::threadpool::check_threads;
 
@@ -72,8 +73,8 @@ impl PyLlamaContext {
     /// Sets the threads for single-token and for batch decoding (each from 1 to the CPUs this
     /// process may use: ggml threads spin, so more run many times slower).
     fn set_n_threads(&self, py: Python<'_>, n_threads: i32, n_threads_batch: i32) -> PyResult<()> {
-        check_threads("n_threads", n_threads)?;
-        check_threads("n_threads_batch", n_threads_batch)?;
+        check_threads("n_threads", n_threads).map_err(to_py)?;
+        check_threads("n_threads_batch", n_threads_batch).map_err(to_py)?;
         self.run(py, |native| {
             native.with_mut(|context| context.set_n_threads(n_threads, n_threads_batch));
             Ok(())

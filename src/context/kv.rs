@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 use super::PyLlamaContext;
 use crate::batch::MAX_POSITION;
+use crate::errors::python::to_py;
 use crate::errors::Error;
 use crate::open_context::kv::position;
 
@@ -14,7 +15,7 @@ use crate::open_context::kv::position;
 impl PyLlamaContext {
     /// Copies the first `size` positions of sequence `src` to sequence `dest`.
     fn copy_cache(&self, py: Python<'_>, src: i64, dest: i64, size: i64) -> PyResult<()> {
-        let size = i32::try_from(size.max(-1)).map_err(|_| Error::value(format!("size {size} is too large")))?;
+        let size = i32::try_from(size.max(-1)).map_err(|_| to_py(Error::value(format!("size {size} is too large"))))?;
         self.run(py, |native| {
             native.require_memory()?;
             let (src, dest) = (native.seq(src)?, native.seq(dest)?);
@@ -86,7 +87,7 @@ impl PyLlamaContext {
         let d = u8::try_from(d)
             .ok()
             .and_then(NonZeroU8::new)
-            .ok_or_else(|| Error::value(format!("d must be in 1..=255, got {d}")))?;
+            .ok_or_else(|| to_py(Error::value(format!("d must be in 1..=255, got {d}"))))?;
         self.run(py, |native| {
             native.require_shift()?;
             let seq_id = native.seq(seq_id)?;

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 use super::PyLlamaContext;
 use crate::arrays::{f32_matrix, f32_vector};
+use crate::errors::python::to_py;
 use crate::errors::Error;
 use crate::open_context::outputs::embeddings_error;
 use crate::token_data::PyLlamaTokenDataArray;
@@ -116,7 +117,7 @@ impl PyLlamaContext {
     fn get_sampled_token_ith(&self, py: Python<'_>, i: i32) -> PyResult<i32> {
         let token = self.read_sampled(py, i, |context, row| context.get_sampled_token_ith(row).0)?;
         if token < 0 {
-            return Err(Error::index(format!("row {i} has no backend-sampled token")).into());
+            return Err(to_py(Error::index(format!("row {i} has no backend-sampled token"))));
         }
         Ok(token)
     }

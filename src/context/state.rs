@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::{OpenContext, PyLlamaContext};
+use crate::errors::python::to_py;
 use crate::errors::{Error, ExcClass};
 use crate::open_context::state::{check_capacity, check_flags, Refusal};
 use crate::paths::{existing_file, extract_path};
@@ -24,7 +25,12 @@ fn extract_bytes(src: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
         .import("builtins")?
         .getattr("memoryview")?
         .call1((src,))
-        .map_err(|_| Error::Type(format!("expected a bytes-like object, got {}", src.get_type())))?;
+        .map_err(|_| {
+            to_py(Error::Type(format!(
+                "expected a bytes-like object, got {}",
+                src.get_type()
+            )))
+        })?;
     Ok(view
         .call_method0("tobytes")?
         .cast_into::<PyBytes>()?
@@ -40,7 +46,10 @@ fn writable_path(path: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
         .filter(|parent| !parent.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     if !parent.is_dir() {
-        return Err(Error::FileNotFound(format!("no such directory: {}", parent.display())).into());
+        return Err(to_py(Error::FileNotFound(format!(
+            "no such directory: {}",
+            parent.display()
+        ))));
     }
     Ok(path)
 }
@@ -63,7 +72,7 @@ impl PyLlamaContext {
     /// `max_tokens` tokens; `StateError` for a state this context refuses.
     fn load_session_file(&self, py: Python<'_>, path: &Bound<'_, PyAny>, max_tokens: usize) -> PyResult<Vec<i32>> {
         let path = existing_file(path)?;
-        let max_tokens = check_capacity(max_tokens)?;
+        let max_tokens = check_capacity(max_tokens).map_err(to_py)?;
         self.run(py, |native| {
             native.load_state_file(&path, max_tokens, |refusal| match refusal {
                 Refusal::Invalid(why) => Error::llama(
@@ -138,7 +147,7 @@ impl PyLlamaContext {
     /// `n_token_capacity`). No row has logits afterwards. `StateError` on failure.
     fn state_load_file(&self, py: Python<'_>, path: &Bound<'_, PyAny>, n_token_capacity: usize) -> PyResult<Vec<i32>> {
         let path = existing_file(path)?;
-        let capacity = check_capacity(n_token_capacity)?;
+        let capacity = check_capacity(n_token_capacity).map_err(to_py)?;
         self.run(py, |native| {
             native.load_state_file(&path, capacity, |refusal| match refusal {
                 Refusal::Invalid(why) => Error::state("LoadFile", format!("not a state file: {why}")),
@@ -158,7 +167,7 @@ impl PyLlamaContext {
     /// Size in bytes of sequence `seq_id`'s state with `flags` (0 or
     /// `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`).
     fn state_seq_get_size_ext(&self, py: Python<'_>, seq_id: i64, flags: u32) -> PyResult<usize> {
-        let flags = check_flags(flags)?;
+        let flags = check_flags(flags).map_err(to_py)?;
         self.run(py, |native| {
             let seq_id = native.seq(seq_id)?;
             Ok(native.with_mut(|context| context.state_seq_get_size_ext(seq_id, flags)))
@@ -173,7 +182,7 @@ impl PyLlamaContext {
 
     /// Sequence `seq_id`'s state with `flags`, as `bytes`.
     fn state_seq_get_data_ext<'py>(&self, py: Python<'py>, seq_id: i64, flags: u32) -> PyResult<Bound<'py, PyBytes>> {
-        let flags = check_flags(flags)?;
+        let flags = check_flags(flags).map_err(to_py)?;
         let state = self.run(py, |native| {
             let seq_id = native.seq(seq_id)?;
             native.seq_state_bytes(seq_id, flags)
@@ -195,7 +204,7 @@ impl PyLlamaContext {
         dest_seq_id: i64,
         flags: u32,
     ) -> PyResult<usize> {
-        let flags = check_flags(flags)?;
+        let flags = check_flags(flags).map_err(to_py)?;
         let src = extract_bytes(src)?;
         self.run(py, |native| {
             let dest_seq_id = native.seq(dest_seq_id)?;
@@ -238,7 +247,7 @@ impl PyLlamaContext {
         n_token_capacity: usize,
     ) -> PyResult<Vec<i32>> {
         let path = existing_file(path)?;
-        let capacity = check_capacity(n_token_capacity)?;
+        let capacity = check_capacity(n_token_capacity).map_err(to_py)?;
         self.run(py, |native| {
             let dest_seq_id = native.seq(dest_seq_id)?;
             let file = std::fs::read(&path).map_err(|err| Error::state("SeqLoadFile", err.to_string()))?;

@@ -16,6 +16,7 @@ use pyo3::types::{PyBytes, PyDict};
 use super::slots::SlotChore;
 use super::{Constraint, Engine, EngineSettings, EngineStats, Submission};
 pub use crate::engine::request::python::{PyCompletion, PyRequestCore, PyWaker};
+use crate::errors::python::to_py;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::lora::python::PyLlamaLoraAdapter;
@@ -49,13 +50,14 @@ impl PyEngineCore {
     ) -> PyResult<Self> {
         let options = crate::context::params::from_kwargs(options)?;
         let speculative = speculative.map(SpeculativeOptions::read).transpose()?;
-        let native_model = model.get().tokenizer()?;
+        let native_model = model.get().tokenizer().map_err(to_py)?;
         let drafting = speculative
             .map(|speculative| {
                 let gated = speculative.gated;
                 speculative.choice(&native_model).map(|choice| (choice, gated))
             })
-            .transpose()?;
+            .transpose()
+            .map_err(to_py)?;
         let settings = EngineSettings {
             max_waiting,
             prefix_cache,
@@ -89,7 +91,7 @@ impl PyEngineCore {
         media: Vec<(usize, Bound<'_, PyMtmdInputChunks>)>,
         lora_scale: Option<f32>,
     ) -> PyResult<PyRequestCore> {
-        let max_tokens = prompt_checks::max_tokens(max_tokens)?;
+        let max_tokens = prompt_checks::max_tokens(max_tokens).map_err(to_py)?;
         let constraint = match constraint {
             Some(prepared) if prepared.is_instance_of::<PyLlamaSampler>() => Some(Constraint::Sampler(
                 prepared.cast::<PyLlamaSampler>()?.get().copy_for(py, self.0.model())?,
@@ -140,15 +142,15 @@ impl PyEngineCore {
     /// The scale of the engine's LoRA adapter for requests that name none (None without an
     /// adapter).
     #[getter]
-    fn lora_scale(&self) -> Result<Option<f32>> {
-        self.0.lora_scale()
+    fn lora_scale(&self) -> PyResult<Option<f32>> {
+        self.0.lora_scale().map_err(to_py)
     }
 
     /// Sets the scale of the engine's LoRA adapter for the requests submitted from now on that
     /// name none (llama-server's `POST /lora-adapters`). `ValueError` without an adapter, or for
     /// a scale that is not finite.
-    fn set_lora_scale(&self, scale: f32) -> Result<()> {
-        self.0.set_lora_scale(scale)
+    fn set_lora_scale(&self, scale: f32) -> PyResult<()> {
+        self.0.set_lora_scale(scale).map_err(to_py)
     }
 }
 
@@ -156,7 +158,7 @@ impl PyEngineCore {
     /// Does the chore `make` builds on the engine thread and waits for its answer, without the
     /// GIL and looking for Ctrl-C between waits.
     fn chore<T: Send>(&self, py: Python<'_>, make: impl FnOnce(Sender<Result<T>>) -> SlotChore) -> PyResult<T> {
-        let mut answer = self.0.send_chore(make)?;
+        let mut answer = self.0.send_chore(make).map_err(to_py)?;
         loop {
             // The receiver goes to the detached closure and back (it may be sent, not shared).
             let (got, back) = detached(py, move || {
@@ -164,11 +166,11 @@ impl PyEngineCore {
             })?;
             answer = back;
             match got {
-                Ok(answer) => return Ok(answer?),
+                Ok(answer) => return answer.map_err(to_py),
                 // An engine thread that ended without answering (it answers every chore it
                 // leaves when it stops) ended by a fault the engine's own requests report.
                 Err(RecvTimeoutError::Timeout) if !self.0.thread_ended() => py.check_signals()?,
-                Err(_) => return Err(Error::closed("Engine").into()),
+                Err(_) => return Err(to_py(Error::closed("Engine"))),
             }
         }
     }
@@ -181,7 +183,7 @@ impl PyEngineCore {
     /// `seq=None`, the file of every free slot that holds cached tokens.
     #[pyo3(signature = (seq=None))]
     fn save_slots<'py>(&self, py: Python<'py>, seq: Option<i64>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-        let seq = seq.map(|seq| self.0.slot(seq)).transpose()?;
+        let seq = seq.map(|seq| self.0.slot(seq)).transpose().map_err(to_py)?;
         let files = self.chore(py, |reply| SlotChore::Save { seq, reply })?;
         Ok(files.iter().map(|file| PyBytes::new(py, file)).collect())
     }
@@ -192,7 +194,7 @@ impl PyEngineCore {
     /// (the slot is then empty), `ValueError` on an engine without a prefix cache.
     #[pyo3(signature = (file, seq=None))]
     fn restore_slot(&self, py: Python<'_>, file: &[u8], seq: Option<i64>) -> PyResult<(i32, usize)> {
-        let seq = seq.map(|seq| self.0.slot(seq)).transpose()?;
+        let seq = seq.map(|seq| self.0.slot(seq)).transpose().map_err(to_py)?;
         let file = file.to_vec();
         self.chore(py, |reply| SlotChore::Restore { seq, file, reply })
     }
@@ -205,7 +207,7 @@ impl PyEngineCore {
 
     /// Empties slot `seq` (once no request holds it); returns the number of tokens it held.
     fn erase_slot(&self, py: Python<'_>, seq: i64) -> PyResult<usize> {
-        let seq = self.0.slot(seq)?;
+        let seq = self.0.slot(seq).map_err(to_py)?;
         self.chore(py, |reply| SlotChore::Erase { seq, reply })
     }
 }

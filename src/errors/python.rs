@@ -1,8 +1,13 @@
-//! The Python side of `Error`: the exception classes, built with `type()` at import time
-//! (two of them need a second base, e.g. `KvCacheConversionError` is also an `OverflowError`,
-//! which `create_exception!` cannot do), and the one place where an `Error` becomes one. An
-//! instance carries the variant name in `.kind` and, where llama.cpp returned one, the integer
-//! code in `.code`.
+//! The Python side of the engine core's `Error`: the exception classes, built with `type()` at
+//! import time (two of them need a second base, e.g. `KvCacheConversionError` is also an
+//! `OverflowError`, which `create_exception!` cannot do), and the one place where an `Error`
+//! becomes one. An instance carries the variant name in `.kind` and, where llama.cpp returned
+//! one, the integer code in `.code`.
+//!
+//! These are functions, not `From` conversions: Rust's orphan rule allows those only in the
+//! crate of `Error` or of `PyErr`, and the core crate builds without PyO3, so that a Rust
+//! program of the core (its example) and this extension share one build of it. A `PyResult`
+//! function calls the core with `.map_err(to_py)?`.
 
 use pyo3::exceptions::{
     PyConnectionError, PyException, PyFileNotFoundError, PyIndexError, PyOverflowError, PyRuntimeError, PyTypeError,
@@ -62,59 +67,59 @@ fn builtin(py: Python<'_>, base: BuiltinBase) -> Bound<'_, PyType> {
     }
 }
 
-impl From<PyErr> for Error {
-    fn from(err: PyErr) -> Self {
-        Self::Foreign(Box::new(err))
-    }
+/// A Python exception on its way through the core (a callback's, raised again when the core's
+/// call returns).
+pub fn foreign(err: PyErr) -> Error {
+    Error::Foreign(Box::new(err))
 }
 
-impl From<Error> for PyErr {
-    fn from(err: Error) -> Self {
-        match err {
-            Error::Llama {
-                class,
-                kind,
-                code,
-                message,
-            } => Python::attach(|py| instance(py, class, &kind, code, &message)),
-            // Python's own handler saw the SIGINT too: running it raises `KeyboardInterrupt`
-            // (or whatever the program's handler does; if it raises nothing, the decode was
-            // still aborted).
-            Error::Aborted { interrupted: true } => Python::attach(|py| match py.check_signals() {
-                Err(raised) => raised,
-                Ok(()) => instance(
-                    py,
-                    ExcClass::DecodeAborted,
-                    "Interrupted",
-                    Some(2),
-                    "decode interrupted by SIGINT",
-                ),
-            }),
-            Error::Aborted { interrupted: false } => Python::attach(|py| {
-                instance(
-                    py,
-                    ExcClass::DecodeAborted,
-                    "Aborted",
-                    Some(2),
-                    "decode aborted by the abort callback",
-                )
-            }),
-            Error::Value(message) => PyValueError::new_err(message),
-            Error::Index(message) => PyIndexError::new_err(message),
-            Error::Type(message) => PyTypeError::new_err(message),
-            Error::FileNotFound(message) => PyFileNotFoundError::new_err(message),
-            Error::Runtime(message) => PyRuntimeError::new_err(message),
-            Error::Poisoned(what) => {
-                PyRuntimeError::new_err(format!("{what} is unusable: a thread panicked while holding it"))
-            }
-            Error::Foreign(err) => match err.downcast::<PyErr>() {
-                Ok(raised) => *raised,
-                Err(other) => PyRuntimeError::new_err(other.to_string()),
-            },
-            Error::Panic(message) => PyRuntimeError::new_err(format!(
-                "internal error in llamactx (a bug, please report it): {message}"
-            )),
+/// The Python exception of `err`: its class's instance, or the exception a Python callback
+/// raised (`foreign`), or what Ctrl-C raises.
+pub fn to_py(err: Error) -> PyErr {
+    match err {
+        Error::Llama {
+            class,
+            kind,
+            code,
+            message,
+        } => Python::attach(|py| instance(py, class, &kind, code, &message)),
+        // Python's own handler saw the SIGINT too: running it raises `KeyboardInterrupt`
+        // (or whatever the program's handler does; if it raises nothing, the decode was
+        // still aborted).
+        Error::Aborted { interrupted: true } => Python::attach(|py| match py.check_signals() {
+            Err(raised) => raised,
+            Ok(()) => instance(
+                py,
+                ExcClass::DecodeAborted,
+                "Interrupted",
+                Some(2),
+                "decode interrupted by SIGINT",
+            ),
+        }),
+        Error::Aborted { interrupted: false } => Python::attach(|py| {
+            instance(
+                py,
+                ExcClass::DecodeAborted,
+                "Aborted",
+                Some(2),
+                "decode aborted by the abort callback",
+            )
+        }),
+        Error::Value(message) => PyValueError::new_err(message),
+        Error::Index(message) => PyIndexError::new_err(message),
+        Error::Type(message) => PyTypeError::new_err(message),
+        Error::FileNotFound(message) => PyFileNotFoundError::new_err(message),
+        Error::Runtime(message) => PyRuntimeError::new_err(message),
+        Error::Poisoned(what) => {
+            PyRuntimeError::new_err(format!("{what} is unusable: a thread panicked while holding it"))
         }
+        Error::Foreign(err) => match err.downcast::<PyErr>() {
+            Ok(raised) => *raised,
+            Err(other) => PyRuntimeError::new_err(other.to_string()),
+        },
+        Error::Panic(message) => PyRuntimeError::new_err(format!(
+            "internal error in llamactx (a bug, please report it): {message}"
+        )),
     }
 }
 

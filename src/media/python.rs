@@ -15,6 +15,7 @@ use super::{projector_file, SharedChunks, SharedMtmd};
 use crate::backend::{backend, explained};
 use crate::closing::closed_by_with;
 use crate::context::PyLlamaContext;
+use crate::errors::python::to_py;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::model::python::PyLlamaModel;
@@ -85,9 +86,9 @@ impl PyMtmdContext {
         warmup: bool,
     ) -> PyResult<Self> {
         let path = existing_file(mmproj_path)?;
-        let text_model = model.get().native()?;
+        let text_model = model.get().native().map_err(to_py)?;
         let n_threads = match n_threads {
-            Some(n) => check_threads("n_threads", n)?,
+            Some(n) => check_threads("n_threads", n).map_err(to_py)?,
             None => available_cpus(),
         };
         for (name, value) in [
@@ -95,7 +96,7 @@ impl PyMtmdContext {
             ("image_max_tokens", image_max_tokens),
         ] {
             if value.is_some_and(|tokens| tokens <= 0) {
-                return Err(Error::value(format!("{name} must be positive")).into());
+                return Err(to_py(Error::value(format!("{name} must be positive"))));
             }
         }
         let native = detached(py, || {
@@ -121,7 +122,7 @@ impl PyMtmdContext {
             }
             explained(|| MtmdContext::init_from_file(&path, &text_model, params))
         })?;
-        let shared = SharedMtmd::new(native, model.get().native()?);
+        let shared = SharedMtmd::new(native, model.get().native().map_err(to_py)?);
         Ok(Self {
             shared: Arc::new(shared),
             model: model.clone().unbind(),
@@ -141,36 +142,41 @@ impl PyMtmdContext {
     }
 
     /// The marker `tokenize` replaces with a bitmap.
-    fn marker(&self) -> Result<String> {
-        self.shared.read(|native| native.marker().to_owned())
+    fn marker(&self) -> PyResult<String> {
+        self.shared.read(|native| native.marker().to_owned()).map_err(to_py)
     }
 
     /// Whether the projector reads images.
-    fn supports_vision(&self) -> Result<bool> {
-        self.shared.read(MtmdContext::supports_vision)
+    fn supports_vision(&self) -> PyResult<bool> {
+        self.shared.read(MtmdContext::supports_vision).map_err(to_py)
     }
 
     /// Whether the projector reads audio.
-    fn supports_audio(&self) -> Result<bool> {
-        self.shared.read(MtmdContext::supports_audio)
+    fn supports_audio(&self) -> PyResult<bool> {
+        self.shared.read(MtmdContext::supports_audio).map_err(to_py)
     }
 
     /// The sample rate audio must have (Hz); -1 without audio support.
-    fn audio_sample_rate(&self) -> Result<i32> {
-        self.shared.read(MtmdContext::audio_sample_rate)
+    fn audio_sample_rate(&self) -> PyResult<i32> {
+        self.shared.read(MtmdContext::audio_sample_rate).map_err(to_py)
     }
 
     /// Whether the model places media with several positions per embedding (M-RoPE): the
     /// chunks' `n_pos` then differs from `n_tokens`.
-    fn decode_use_mrope(&self) -> Result<bool> {
-        self.shared.read(MtmdContext::decode_use_mrope)
+    fn decode_use_mrope(&self) -> PyResult<bool> {
+        self.shared.read(MtmdContext::decode_use_mrope).map_err(to_py)
     }
 
     /// Media chunks encoded by this projector so far. The embeddings of the last 16 media
     /// (up to 256 MiB) are kept by id and chunk (a long clip or a tiled image is several chunks of one
     /// id): evaluating the same image again does not encode it.
-    fn n_encodes(&self) -> Result<u64> {
-        Ok(self.shared.lock()?.as_ref().map_or(0, |open| open.encodes))
+    fn n_encodes(&self) -> PyResult<u64> {
+        Ok(self
+            .shared
+            .lock()
+            .map_err(to_py)?
+            .as_ref()
+            .map_or(0, |open| open.encodes))
     }
 
     /// Tokenizes `text`, in which each `marker()` stands for the next of `bitmaps`
@@ -248,7 +254,7 @@ impl PyMtmdContext {
         logits_last: bool,
     ) -> PyResult<i32> {
         let chunks = chunks.get();
-        self.shared.check_made(chunks.made_by)?;
+        self.shared.check_made(chunks.made_by).map_err(to_py)?;
         ctx.get().run(py, |context| {
             if !self.shared.is_for(context.model()) {
                 return Err(Error::value(

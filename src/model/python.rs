@@ -13,6 +13,7 @@ use super::{check_special_tokens, piece, special, VocabularyGap};
 use crate::backend::{backend, explained};
 use crate::closing::closed_by_with;
 use crate::context::PyLlamaContext;
+use crate::errors::python::to_py;
 use crate::errors::{Error, ExcClass, Result};
 use crate::gil::detached;
 use crate::lora::python::PyLlamaLoraAdapter;
@@ -71,7 +72,7 @@ impl PyLlamaModel {
     }
 
     fn with_model<T>(&self, read: impl FnOnce(&LlamaModel) -> Result<T>) -> PyResult<T> {
-        Ok(read(&*self.native()?)?)
+        read(&*self.native().map_err(to_py)?).map_err(to_py)
     }
 }
 
@@ -117,7 +118,7 @@ impl PyLlamaModel {
         rpc_timeout: f64,
     ) -> PyResult<Self> {
         let path = existing_file(path)?;
-        let timeout = rpc::timeout(rpc_timeout)?;
+        let timeout = rpc::timeout(rpc_timeout).map_err(to_py)?;
         let facts = detached(py, || metadata::check_model_file(&path))?;
         let load_mode = match (use_mmap, use_mlock) {
             (true, false) => LlamaLoadMode::Mmap,
@@ -164,7 +165,7 @@ impl PyLlamaModel {
     /// (`weight_bytes` is None for a model split across servers: llama.cpp does not report it).
     /// A model without RPC servers has one part, the CPU, with all its weights.
     fn devices<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        let model = self.native()?;
+        let model = self.native().map_err(to_py)?;
         rpc::placements(rpc::links_of(&model).as_deref(), model.model_size())
             .into_iter()
             .map(|part| {
@@ -190,10 +191,9 @@ impl PyLlamaModel {
     fn new_context(slf: &Bound<'_, Self>, options: Option<&Bound<'_, PyDict>>) -> PyResult<PyLlamaContext> {
         let options = crate::context::params::from_kwargs(options)?;
         if slf.get().vocab_only {
-            return Err(Error::value(
+            return Err(to_py(Error::value(
                 "this model was loaded with vocab_only=True: it has no weights to make a context with",
-            )
-            .into());
+            )));
         }
         PyLlamaContext::create(slf, options)
     }
@@ -205,7 +205,7 @@ impl PyLlamaModel {
     #[pyo3(signature = (text, add_bos=true, *, special=true))]
     fn str_to_token(&self, py: Python<'_>, text: &str, add_bos: bool, special: bool) -> PyResult<Vec<i32>> {
         let add_bos = if add_bos { AddBos::Always } else { AddBos::Never };
-        let model = self.tokenizer()?;
+        let model = self.tokenizer().map_err(to_py)?;
         detached(py, || {
             if add_bos == AddBos::Always {
                 check_special_tokens(&model)?;
@@ -223,14 +223,14 @@ impl PyLlamaModel {
     /// bytes are not valid UTF-8 on their own; use `token_to_bytes` for those.
     #[pyo3(signature = (token, special=true))]
     fn token_to_str(&self, token: i32, special: bool) -> PyResult<String> {
-        let piece = piece(&*self.vocabulary()?, token, special)?;
-        Ok(String::from_utf8(piece).map_err(|err| Error::from(TokenToStringError::FromUtf8Error(err)))?)
+        let piece = piece(&*self.vocabulary().map_err(to_py)?, token, special).map_err(to_py)?;
+        String::from_utf8(piece).map_err(|err| to_py(Error::from(TokenToStringError::FromUtf8Error(err))))
     }
 
     /// The raw bytes of one token (a multi-byte character may be split across tokens).
     #[pyo3(signature = (token, special=true))]
     fn token_to_bytes<'py>(&self, py: Python<'py>, token: i32, special: bool) -> PyResult<Bound<'py, PyBytes>> {
-        let bytes = piece(&*self.vocabulary()?, token, special)?;
+        let bytes = piece(&*self.vocabulary().map_err(to_py)?, token, special).map_err(to_py)?;
         Ok(PyBytes::new(py, &bytes))
     }
 
@@ -239,7 +239,7 @@ impl PyLlamaModel {
     #[pyo3(signature = (tokens, remove_special=false, unparse_special=false))]
     fn detokenize(&self, tokens: &Bound<'_, PyAny>, remove_special: bool, unparse_special: bool) -> PyResult<String> {
         let ids = extract_token_ids(tokens)?;
-        let model = self.vocabulary()?;
+        let model = self.vocabulary().map_err(to_py)?;
         detached(tokens.py(), || {
             check_vocab(&ids, model.n_vocab())?;
             Ok(model.detokenize(&to_llama_tokens(&ids), remove_special, unparse_special)?)
@@ -401,14 +401,18 @@ impl PyLlamaModel {
             let (role, content): (String, String) = if let Ok(dict) = message.cast::<PyDict>() {
                 let field = |name: &str| -> PyResult<String> {
                     dict.get_item(name)?
-                        .ok_or_else(|| Error::value(format!("chat message lacks '{name}'")))?
+                        .ok_or_else(|| to_py(Error::value(format!("chat message lacks '{name}'"))))?
                         .extract()
                 };
                 (field("role")?, field("content")?)
             } else {
                 message.extract()?
             };
-            chat.push(LlamaChatMessage::new(role, content).map_err(Error::from)?);
+            chat.push(
+                LlamaChatMessage::new(role, content)
+                    .map_err(Error::from)
+                    .map_err(to_py)?,
+            );
         }
         self.with_model(|model| {
             let template = match tmpl {
@@ -439,7 +443,7 @@ impl PyLlamaModel {
     /// CPU kernel multiplies (`kind == "UnsupportedTensorType"`).
     fn lora_adapter_init(&self, py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<PyLlamaLoraAdapter> {
         let path = existing_file(path)?;
-        let model = self.native()?;
+        let model = self.native().map_err(to_py)?;
         detached(py, move || {
             metadata::check_adapter_file(&path)?;
             let adapter = explained(|| model.lora_adapter_init(&path))?;
@@ -456,7 +460,7 @@ impl PyLlamaModel {
     /// Drops this object's hold on the native model. Contexts made from it keep it alive until
     /// they close; every later call on this object raises `ValueError`.
     fn close(&self, _py: Python<'_>) -> PyResult<()> {
-        let mut guard = self.model.write().map_err(|_| Error::Poisoned("LlamaModel"))?;
+        let mut guard = self.model.write().map_err(|_| to_py(Error::Poisoned("LlamaModel")))?;
         *guard = None;
         Ok(())
     }

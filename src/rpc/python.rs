@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 
 use super::error;
 use crate::backend::backend;
+use crate::errors::python::to_py;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::threadpool::{available_cpus, check_threads};
@@ -79,25 +80,29 @@ pub fn serve_rpc(
     on_ready: Option<Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let endpoint = format!("{host}:{port}");
-    let threads = usize::try_from(check_threads("threads", threads.unwrap_or_else(available_cpus))?).unwrap_or(1);
+    let threads =
+        usize::try_from(check_threads("threads", threads.unwrap_or_else(available_cpus)).map_err(to_py)?).unwrap_or(1);
     if endpoint.contains('\0') || port == 0 {
-        return Err(error(
+        return Err(to_py(error(
             "InvalidEndpoint",
             &endpoint,
             "expected a host name and a port from 1 to 65535",
-        )
-        .into());
+        )));
     }
     if let Some(dir) = &cache_dir {
-        std::fs::create_dir_all(dir)
-            .map_err(|err| Error::value(format!("cannot create cache_dir {}: {err}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|err| {
+            to_py(Error::value(format!(
+                "cannot create cache_dir {}: {err}",
+                dir.display()
+            )))
+        })?;
     }
     // ggml-rpc only logs a failure to listen; binding first turns it into an error.
     drop(
         TcpListener::bind(&endpoint)
-            .map_err(|err| error("ServerError", &endpoint, &format!("cannot listen: {err}")))?,
+            .map_err(|err| to_py(error("ServerError", &endpoint, &format!("cannot listen: {err}"))))?,
     );
-    let devices = Devices(local_devices()?);
+    let devices = Devices(local_devices().map_err(to_py)?);
     let (stopped, stop) = mpsc::channel();
     // Shared with the GIL-free wait below, which needs a `Sync` handle.
     let stop = Mutex::new(stop);
@@ -109,7 +114,7 @@ pub fn serve_rpc(
             let outcome = llama_cpp_4::rpc::serve(&served, cache_dir.as_deref(), threads, &devices);
             let _ = stopped.send(outcome);
         })
-        .map_err(|err| Error::Runtime(format!("cannot start the server thread: {err}")))?;
+        .map_err(|err| to_py(Error::Runtime(format!("cannot start the server thread: {err}"))))?;
     let mut ready = false;
     let started = Instant::now();
     loop {
@@ -118,10 +123,10 @@ pub fn serve_rpc(
             Ok(stop.recv_timeout(Duration::from_millis(100)))
         })?;
         match waited {
-            Ok(Err(err)) => return Err(Error::from(err).into()),
-            Ok(Ok(())) => return Err(error("ServerError", &endpoint, "the server stopped").into()),
+            Ok(Err(err)) => return Err(to_py(Error::from(err))),
+            Ok(Ok(())) => return Err(to_py(error("ServerError", &endpoint, "the server stopped"))),
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(error("ServerError", &endpoint, "the server thread ended").into());
+                return Err(to_py(error("ServerError", &endpoint, "the server thread ended")));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
@@ -131,7 +136,11 @@ pub fn serve_rpc(
                 on_ready.call0()?;
             }
         } else if !ready && started.elapsed() > STARTUP {
-            return Err(error("ServerError", &endpoint, "the server did not start listening").into());
+            return Err(to_py(error(
+                "ServerError",
+                &endpoint,
+                "the server did not start listening",
+            )));
         }
         py.check_signals()?;
     }

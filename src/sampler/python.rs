@@ -14,6 +14,7 @@ use super::{
     SendSampler,
 };
 use crate::context::PyLlamaContext;
+use crate::errors::python::to_py;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::model::python::PyLlamaModel;
@@ -53,7 +54,7 @@ impl PyLlamaSampler {
     /// A copy of this sampler's state for a request of the engine on `model` (refused for a
     /// sampler of another model or one a refused token left unusable).
     pub(crate) fn copy_for(&self, py: Python<'_>, model: &Arc<LlamaModel>) -> PyResult<SendSampler> {
-        self.check_model(model)?;
+        self.check_model(model).map_err(to_py)?;
         self.with_sampler(py, |sampler| {
             self.check_usable()?;
             Ok(SendSampler(sampler.clone_sampler()))
@@ -209,7 +210,7 @@ impl PyLlamaSampler {
     /// Divides the logits by temperature `t` (`t` below 1e-6 keeps only the most likely token).
     #[staticmethod]
     fn temp(t: f32) -> PyResult<Self> {
-        let t = temperature("t", t)?;
+        let t = temperature("t", t).map_err(to_py)?;
         Ok(Self::new(LlamaSampler::temp(t), Stage::temperature(t)))
     }
 
@@ -224,7 +225,7 @@ impl PyLlamaSampler {
     #[pyo3(signature = (p, min_keep=1))]
     fn top_p(p: f32, min_keep: usize) -> PyResult<Self> {
         Ok(Self::new(
-            LlamaSampler::top_p(probability("p", p)?, min_keep),
+            LlamaSampler::top_p(probability("p", p).map_err(to_py)?, min_keep),
             Stage::TopP,
         ))
     }
@@ -234,7 +235,7 @@ impl PyLlamaSampler {
     #[pyo3(signature = (p, min_keep=1))]
     fn min_p(p: f32, min_keep: usize) -> PyResult<Self> {
         Ok(Self::new(
-            LlamaSampler::min_p(probability("p", p)?, min_keep),
+            LlamaSampler::min_p(probability("p", p).map_err(to_py)?, min_keep),
             Stage::Plain,
         ))
     }
@@ -243,9 +244,13 @@ impl PyLlamaSampler {
     /// below 1e-6 keeps only the most likely token).
     #[staticmethod]
     fn temp_ext(t: f32, delta: f32, exponent: f32) -> PyResult<Self> {
-        let t = temperature("t", t)?;
+        let t = temperature("t", t).map_err(to_py)?;
         Ok(Self::new(
-            LlamaSampler::temp_ext(t, finite("delta", delta)?, finite("exponent", exponent)?),
+            LlamaSampler::temp_ext(
+                t,
+                finite("delta", delta).map_err(to_py)?,
+                finite("exponent", exponent).map_err(to_py)?,
+            ),
             Stage::temperature(t),
         ))
     }
@@ -255,7 +260,7 @@ impl PyLlamaSampler {
     #[pyo3(signature = (p, min_keep=1))]
     fn typical(p: f32, min_keep: usize) -> PyResult<Self> {
         Ok(Self::new(
-            LlamaSampler::typical(probability("p", p)?, min_keep),
+            LlamaSampler::typical(probability("p", p).map_err(to_py)?, min_keep),
             Stage::Cpu,
         ))
     }
@@ -265,7 +270,12 @@ impl PyLlamaSampler {
     #[pyo3(signature = (p, t, min_keep=1, seed=0))]
     fn xtc(p: f32, t: f32, min_keep: usize, seed: u32) -> PyResult<Self> {
         Ok(Self::new(
-            LlamaSampler::xtc(probability("p", p)?, finite("t", t)?, min_keep, seed),
+            LlamaSampler::xtc(
+                probability("p", p).map_err(to_py)?,
+                finite("t", t).map_err(to_py)?,
+                min_keep,
+                seed,
+            ),
             Stage::Cpu,
         ))
     }
@@ -273,7 +283,10 @@ impl PyLlamaSampler {
     /// Keeps tokens within `n` standard deviations of the top logit.
     #[staticmethod]
     fn top_n_sigma(n: f32) -> PyResult<Self> {
-        Ok(Self::new(LlamaSampler::top_n_sigma(finite("n", n)?), Stage::Cpu))
+        Ok(Self::new(
+            LlamaSampler::top_n_sigma(finite("n", n).map_err(to_py)?),
+            Stage::Cpu,
+        ))
     }
 
     /// Mirostat 1.0 with target surprise `tau`, learning rate `eta` and `m` tokens for its
@@ -281,10 +294,16 @@ impl PyLlamaSampler {
     #[staticmethod]
     fn mirostat(n_vocab: i32, seed: u32, tau: f32, eta: f32, m: i32) -> PyResult<Self> {
         if n_vocab < 1 || m < 1 {
-            return Err(Error::value("n_vocab and m must be at least 1").into());
+            return Err(to_py(Error::value("n_vocab and m must be at least 1")));
         }
         Ok(Self::new(
-            LlamaSampler::mirostat(n_vocab, seed, finite("tau", tau)?, finite("eta", eta)?, m),
+            LlamaSampler::mirostat(
+                n_vocab,
+                seed,
+                finite("tau", tau).map_err(to_py)?,
+                finite("eta", eta).map_err(to_py)?,
+                m,
+            ),
             Stage::Cpu,
         ))
     }
@@ -293,7 +312,11 @@ impl PyLlamaSampler {
     #[staticmethod]
     fn mirostat_v2(seed: u32, tau: f32, eta: f32) -> PyResult<Self> {
         Ok(Self::new(
-            LlamaSampler::mirostat_v2(seed, finite("tau", tau)?, finite("eta", eta)?),
+            LlamaSampler::mirostat_v2(
+                seed,
+                finite("tau", tau).map_err(to_py)?,
+                finite("eta", eta).map_err(to_py)?,
+            ),
             Stage::Cpu,
         ))
     }
@@ -302,7 +325,11 @@ impl PyLlamaSampler {
     #[staticmethod]
     fn adaptive_p(target: f32, decay: f32, seed: u32) -> PyResult<Self> {
         Ok(Self::new(
-            LlamaSampler::adaptive_p(probability("target", target)?, finite("decay", decay)?, seed),
+            LlamaSampler::adaptive_p(
+                probability("target", target).map_err(to_py)?,
+                finite("decay", decay).map_err(to_py)?,
+                seed,
+            ),
             Stage::Cpu,
         ))
     }
@@ -319,19 +346,18 @@ impl PyLlamaSampler {
         penalty_present: f32,
     ) -> PyResult<Self> {
         if penalty_last_n == -1 {
-            return Err(Error::value(
+            return Err(to_py(Error::value(
                 "penalty_last_n=-1 means the context size only on llama.cpp's command line; this sampler would \
                  then penalise nothing: pass the window in tokens (e.g. the context's n_ctx())",
-            )
-            .into());
+            )));
         }
         Ok(Self::new(
             LlamaSampler::penalties(
                 n_vocab,
-                window("penalty_last_n", penalty_last_n, 0)?,
-                finite("penalty_repeat", penalty_repeat)?,
-                finite("penalty_freq", penalty_freq)?,
-                finite("penalty_present", penalty_present)?,
+                window("penalty_last_n", penalty_last_n, 0).map_err(to_py)?,
+                finite("penalty_repeat", penalty_repeat).map_err(to_py)?,
+                finite("penalty_freq", penalty_freq).map_err(to_py)?,
+                finite("penalty_present", penalty_present).map_err(to_py)?,
             ),
             Stage::Penalties { n_vocab },
         ))
@@ -341,11 +367,13 @@ impl PyLlamaSampler {
     #[staticmethod]
     fn logit_bias(n_vocab: i32, biases: Vec<(i32, f32)>) -> PyResult<Self> {
         if let Some((token, _)) = biases.iter().find(|(token, _)| *token < 0 || *token >= n_vocab) {
-            return Err(Error::value(format!("token id {token} is outside [0, {n_vocab})")).into());
+            return Err(to_py(Error::value(format!(
+                "token id {token} is outside [0, {n_vocab})"
+            ))));
         }
         // Infinite biases are how tokens are banned or forced; NaN poisons every comparison.
         if let Some((token, _)) = biases.iter().find(|(_, bias)| bias.is_nan()) {
-            return Err(Error::value(format!("the bias of token {token} is NaN")).into());
+            return Err(to_py(Error::value(format!("the bias of token {token} is NaN"))));
         }
         let biases: Vec<(LlamaToken, f32)> = biases
             .into_iter()
@@ -366,7 +394,7 @@ impl PyLlamaSampler {
     #[staticmethod]
     #[pyo3(signature = (model, grammar, root="root".to_owned()), text_signature = "(model, grammar, root='root')")]
     fn grammar(py: Python<'_>, model: &Bound<'_, PyLlamaModel>, grammar: String, root: String) -> PyResult<Self> {
-        let model = model_of(model)?;
+        let model = model_of(model).map_err(to_py)?;
         detached(py, move || {
             let sampler = LlamaSampler::try_grammar(&model, &grammar, &root)?;
             Ok(ModelSampler::new(sampler, model))
@@ -383,7 +411,7 @@ impl PyLlamaSampler {
     /// `SamplerInitError` for GBNF that llama.cpp would not parse either.
     #[staticmethod]
     fn llguidance(py: Python<'_>, model: &Bound<'_, PyLlamaModel>, kind: String, data: String) -> PyResult<Self> {
-        let model = model_of(model)?;
+        let model = model_of(model).map_err(to_py)?;
         detached(py, move || {
             let sampler = guidance::new(&model, &kind, &data)?;
             Ok(ModelSampler::new(sampler, model))
@@ -413,7 +441,7 @@ impl PyLlamaSampler {
         trigger_patterns: Vec<String>,
         trigger_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let model = model_of(model)?;
+        let model = model_of(model).map_err(to_py)?;
         let tokens = extract_token_ids(trigger_tokens)?;
         detached(py, move || {
             check_vocab(&tokens, model.n_vocab())?;
@@ -442,9 +470,12 @@ impl PyLlamaSampler {
         seq_breakers: Vec<String>,
     ) -> PyResult<Self> {
         // DRY tokenizes its sequence breakers.
-        let model = model.get().tokenizer()?;
-        let (multiplier, base) = (finite("multiplier", multiplier)?, finite("base", base)?);
-        let penalty_last_n = window("penalty_last_n", penalty_last_n, -1)?;
+        let model = model.get().tokenizer().map_err(to_py)?;
+        let (multiplier, base) = (
+            finite("multiplier", multiplier).map_err(to_py)?,
+            finite("base", base).map_err(to_py)?,
+        );
+        let penalty_last_n = window("penalty_last_n", penalty_last_n, -1).map_err(to_py)?;
         detached(py, move || {
             let sampler = LlamaSampler::greedy().try_dry(
                 &model,
@@ -462,8 +493,8 @@ impl PyLlamaSampler {
     /// Fill-in-the-middle sampling for infill models.
     #[staticmethod]
     fn infill(model: &Bound<'_, PyLlamaModel>) -> PyResult<Self> {
-        let model = model_of(model)?;
-        check_infill_vocabulary(&model)?;
+        let model = model_of(model).map_err(to_py)?;
+        check_infill_vocabulary(&model).map_err(to_py)?;
         Ok(ModelSampler::new(LlamaSampler::infill(&model), model).into_sampler())
     }
 
@@ -477,7 +508,7 @@ impl PyLlamaSampler {
         let mut stages = Vec::new();
         for sampler in &samplers {
             let sampler = sampler.get();
-            sampler.check_usable()?;
+            sampler.check_usable().map_err(to_py)?;
             copies.push(sampler.with_sampler(py, |sampler| Ok(SendSampler(sampler.clone_sampler())))?);
             models.extend(sampler.models.iter().cloned());
             stages.extend(sampler.stages.iter().copied());
@@ -523,7 +554,7 @@ impl PyLlamaSampler {
 
     /// Tells the sampler that `token` was chosen (updates penalties, grammar state, ...).
     fn accept(&self, py: Python<'_>, token: i32) -> PyResult<()> {
-        let token = self.check_token(token)?;
+        let token = self.check_token(token).map_err(to_py)?;
         self.with_sampler(py, |sampler| {
             self.check_usable()?;
             self.accept_locked(sampler, token)
@@ -557,6 +588,6 @@ impl PyLlamaSampler {
 /// `TooLarge`).
 #[pyfunction]
 #[pyo3(name = "_check_constraint_size")]
-pub fn check_constraint_size(kind: &str, data: &str) -> Result<()> {
-    guidance::check_size(kind, data)
+pub fn check_constraint_size(kind: &str, data: &str) -> PyResult<()> {
+    guidance::check_size(kind, data).map_err(to_py)
 }

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 use super::{PoolSettings, ThreadPool};
 use crate::closing::closed_by_with;
+use crate::errors::python::to_py;
 use crate::errors::Error;
 use crate::gil::{close_unless_in_use, detached};
 
@@ -30,7 +31,7 @@ impl PyThreadPool {
     #[pyo3(signature = (n_threads, *, prio=0, poll=50, strict_cpu=false, paused=false))]
     fn new(py: Python<'_>, n_threads: i32, prio: i32, poll: u32, strict_cpu: bool, paused: bool) -> PyResult<Self> {
         if !(-1..=3).contains(&prio) || poll > 100 {
-            return Err(Error::value("prio must be in -1..=3 and poll in 0..=100").into());
+            return Err(to_py(Error::value("prio must be in -1..=3 and poll in 0..=100")));
         }
         let settings = PoolSettings {
             prio,

@@ -5,19 +5,28 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 use super::check_vocab;
+use crate::errors::python::to_py;
 use crate::errors::Error;
 
 /// Extracts token ids as `i32` without checking them against a vocabulary.
 pub fn extract_token_ids(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<i32>> {
     if tokens.is_instance_of::<PyString>() || tokens.is_instance_of::<PyBytes>() {
-        return Err(Error::Type("tokens must be a sequence of ints, not a string".to_owned()).into());
+        return Err(to_py(Error::Type(
+            "tokens must be a sequence of ints, not a string".to_owned(),
+        )));
     }
     if let Ok(array) = tokens.cast::<PyUntypedArray>() {
         if array.ndim() != 1 {
-            return Err(Error::value(format!("tokens must be a 1-D array, got {} dimensions", array.ndim())).into());
+            return Err(to_py(Error::value(format!(
+                "tokens must be a 1-D array, got {} dimensions",
+                array.ndim()
+            ))));
         }
         if !matches!(array.dtype().kind(), b'i' | b'u') {
-            return Err(Error::Type(format!("tokens must be an integer array, got dtype {}", array.dtype())).into());
+            return Err(to_py(Error::Type(format!(
+                "tokens must be an integer array, got dtype {}",
+                array.dtype()
+            ))));
         }
         let as_list = array.call_method0("tolist")?;
         return extract_token_ids(&as_list);
@@ -25,7 +34,7 @@ pub fn extract_token_ids(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<i32>> {
     let mut ids = Vec::with_capacity(tokens.len().unwrap_or(0));
     for item in tokens.try_iter()? {
         let id: i64 = item?.extract()?;
-        ids.push(i32::try_from(id).map_err(|_| Error::value(format!("token id {id} is out of range")))?);
+        ids.push(i32::try_from(id).map_err(|_| to_py(Error::value(format!("token id {id} is out of range"))))?);
     }
     Ok(ids)
 }
@@ -39,6 +48,6 @@ pub fn vocabulary_ids(
     tokens: &Bound<'_, PyAny>,
 ) -> PyResult<Vec<i32>> {
     let ids = extract_token_ids(tokens)?;
-    check_vocab(&ids, model.get().vocabulary()?.n_vocab())?;
+    check_vocab(&ids, model.get().vocabulary().map_err(to_py)?.n_vocab()).map_err(to_py)?;
     Ok(ids)
 }

@@ -23,7 +23,8 @@ MAX_TOKENS = 24
 @pytest.mark.timeout(1200)
 def test_the_rust_example_streams_what_the_python_engine_generates(model: llamactx.LlamaModel) -> None:
     # The Makefile's target directory and toolchain (the venv's cmake and libclang first), so
-    # that llama.cpp is not compiled again for the example.
+    # that neither llama.cpp nor the core (built with the extension's features) is compiled
+    # again for the example: cargo compiles the example and links it.
     target = os.environ.get("CARGO_TARGET_DIR", str(Path.home() / ".cache/llamactx/target"))
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {**os.environ, "CARGO_TARGET_DIR": target, "PATH": path}
@@ -59,8 +60,7 @@ def test_the_rust_example_streams_what_the_python_engine_generates(model: llamac
 
 
 def test_the_engine_core_crate_does_not_depend_on_pyo3() -> None:
-    """``crates/llamactx-engine`` builds without PyO3: only its ``python`` feature (``Error``'s
-    conversions, which the extension turns on) brings it in."""
+    """``crates/llamactx-engine`` builds without PyO3 (the extension converts its ``Error``)."""
     tree = subprocess.run(
         ["cargo", "tree", "--offline", "-p", "llamactx-engine", "-e", "normal,build", "--prefix", "none"],
         cwd=ROOT,

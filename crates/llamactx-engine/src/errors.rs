@@ -1,7 +1,7 @@
 //! Everything that can go wrong in llamactx, as one Rust enum, and the classes of failure it
 //! names (one per crate error enum, derived from `LlamaCppError`: the classes of the Python
-//! exceptions). This module needs no Python; `python.rs` builds the exception classes and turns
-//! an `Error` into one.
+//! exceptions). This crate needs no Python; the extension's `src/errors/python.rs` builds the
+//! exception classes and turns an `Error` into one.
 
 use std::fmt::Display;
 
@@ -14,9 +14,6 @@ use llama_cpp_4::{
     LlamaLoraAdapterInitError, LlamaLoraAdapterRemoveError, LlamaLoraAdapterSetError, LlamaModelLoadError,
     NewLlamaChatMessageError, StringFromModelError, StringToTokenError, TokenToStringError,
 };
-
-#[cfg(feature = "python")]
-pub mod python;
 
 /// The exception classes: `Name(Base[, ExtraBase]): "docstring";`, bases first. This list is
 /// the one source of the classes; `tests/context/test_errors.py` checks that the package's `__all__`,

@@ -21,6 +21,7 @@ use crate::engine::request::python::PyRequestCore;
 use crate::engine::request::RequestShared;
 use crate::engine::scheduler::{Choosing, Ended, Held, Holds, Job, Scheduler};
 use crate::engine::EngineShared;
+use crate::errors::python::to_py;
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::media::python::{PyMtmdContext, PyMtmdInputChunks};
@@ -169,20 +170,21 @@ impl PyContextLoop {
         holds: Option<Vec<i32>>,
         media: Vec<(usize, Bound<'_, PyMtmdInputChunks>)>,
     ) -> PyResult<PyRequestCore> {
-        let max_tokens = prompt_checks::max_tokens(max_tokens)?;
+        let max_tokens = prompt_checks::max_tokens(max_tokens).map_err(to_py)?;
         let media: Vec<_> = media.iter().map(|(at, chunks)| chunks.get().input_at(*at)).collect();
         if !media.is_empty() {
-            prompt_checks::prompt(media_prompt::shape(tokens.len(), &media, self.drafts), self.n_ctx_seq)?;
+            prompt_checks::prompt(media_prompt::shape(tokens.len(), &media, self.drafts), self.n_ctx_seq)
+                .map_err(to_py)?;
         }
         if held_seq.is_none() && holds.is_some() {
-            return Err(
-                Error::value("holds= tells what the sequence held_seq= holds, and no held_seq= was given").into(),
-            );
+            return Err(to_py(Error::value(
+                "holds= tells what the sequence held_seq= holds, and no held_seq= was given",
+            )));
         }
         let holds = holds.map_or(Holds::Prompt, |tokens| Holds::Tokens(to_llama_tokens(&tokens)));
         // A prompt held whole is never decoded again, except by drafts.
         if held_seq.is_none() || !matches!(holds, Holds::Prompt) || self.drafts {
-            check_vocab(&tokens, self.n_vocab)?;
+            check_vocab(&tokens, self.n_vocab).map_err(to_py)?;
         }
         let prompt = detached(py, || with_media(self.mtmd.as_deref(), &self.model, tokens, &media))?;
         let copy = sampler.get().copy_for(py, &self.model)?;
@@ -218,15 +220,18 @@ impl PyContextLoop {
     /// Tells the prefix cache that free sequence `seq` holds `tokens` from position 0 (the
     /// caller read them there): `ValueError` for a sequence the loop does not serve, or one in
     /// use, or a loop without a prefix cache.
-    fn adopt(&self, tokens: Vec<i32>, seq: i32) -> Result<()> {
-        check_vocab(&tokens, self.n_vocab)?;
-        let mut stepping = self.stepping.lock().map_err(|_| Error::Poisoned("_ContextLoop"))?;
+    fn adopt(&self, tokens: Vec<i32>, seq: i32) -> PyResult<()> {
+        check_vocab(&tokens, self.n_vocab).map_err(to_py)?;
+        let mut stepping = self
+            .stepping
+            .lock()
+            .map_err(|_| to_py(Error::Poisoned("_ContextLoop")))?;
         if stepping.0.adopt(seq, to_llama_tokens(&tokens)) {
             Ok(())
         } else {
-            Err(Error::value(format!(
+            Err(to_py(Error::value(format!(
                 "sequence {seq} is not a free sequence of this loop's prefix cache"
-            )))
+            ))))
         }
     }
 
@@ -241,8 +246,8 @@ impl PyContextLoop {
     /// What the last held request left in its sequence's KV cache, from position 0: its
     /// prompt (each image's positions as placeholder tokens, negative) and the tokens it
     /// generated (taken: a second call returns none).
-    fn held(&self) -> Result<Vec<i32>> {
-        let mut slot = self.held.lock().map_err(|_| Error::Poisoned("_ContextLoop"))?;
+    fn held(&self) -> PyResult<Vec<i32>> {
+        let mut slot = self.held.lock().map_err(|_| to_py(Error::Poisoned("_ContextLoop")))?;
         Ok(std::mem::take(&mut *slot))
     }
 }

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 
 use crate::engine::draft_model::check_can_cut;
 use crate::engine::{DraftChoice, NgramConfig};
+use crate::errors::python::to_py;
 use crate::errors::{Error, Result};
 use crate::model::python::PyLlamaModel;
 
@@ -51,7 +52,7 @@ impl SpeculativeOptions {
             };
             let p_min: f64 = value.getattr("p_min")?.extract()?;
             if !(0.0..=1.0).contains(&p_min) {
-                return Err(Error::value(format!("p_min must be in 0..=1, got {p_min}")).into());
+                return Err(to_py(Error::value(format!("p_min must be in 0..=1, got {p_min}"))));
             }
             DraftKind::Model {
                 model: model.clone().unbind(),
@@ -96,7 +97,7 @@ fn count(value: &Bound<'_, PyAny>, name: &str, low: u16, high: u16) -> PyResult<
     u16::try_from(given)
         .ok()
         .filter(|count| (low..=high).contains(count))
-        .ok_or_else(|| Error::value(format!("{name} must be in {low}..={high}, got {given}")).into())
+        .ok_or_else(|| to_py(Error::value(format!("{name} must be in {low}..={high}, got {given}"))))
 }
 
 /// Checks `NgramDraft`'s and `DraftModel`'s values when they are made.

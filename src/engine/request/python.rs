@@ -13,6 +13,7 @@ use llamactx_engine::completion_fields;
 
 use super::{Completion, Next, Outcome, Piece, RequestShared, Want};
 use crate::engine::wake_pipe::WakePipe;
+use crate::errors::python::{foreign, to_py};
 use crate::errors::Error;
 
 /// How often a blocked wait looks for Ctrl-C (Python runs signal handlers only between waits).
@@ -66,8 +67,9 @@ impl PyRequestCore {
                     .map(|wait| Instant::now() + wait)
                     .map_err(|_| Error::value(format!("timeout must be a number of seconds >= 0, got {seconds}")))
             })
-            .transpose()?;
-        self.shared.refuse_in_a_forked_child()?;
+            .transpose()
+            .map_err(to_py)?;
+        self.shared.refuse_in_a_forked_child().map_err(to_py)?;
         loop {
             let done = py.detach(|| {
                 let slice = deadline.map_or(SIGNAL_CHECK, |deadline| {
@@ -98,8 +100,8 @@ impl PyRequestCore {
                 Ok(Some(PyCompletion(completion)))
             }
             Some(Outcome::Failed(error)) => {
-                let raised = PyErr::from(error);
-                *outcome = Some(Outcome::Failed(Error::from(raised.clone_ref(py))));
+                let raised = to_py(error);
+                *outcome = Some(Outcome::Failed(foreign(raised.clone_ref(py))));
                 Err(raised)
             }
         })
@@ -133,7 +135,7 @@ impl PyRequestCore {
 
     /// `("piece", (text, logprobs))`, `("end", None)` or `("wait", None)`, without blocking.
     fn poll(&self, py: Python<'_>) -> PyResult<(&'static str, Option<Piece>)> {
-        self.shared.refuse_in_a_forked_child()?;
+        self.shared.refuse_in_a_forked_child().map_err(to_py)?;
         Ok(match self.take(py)? {
             Next::Piece(piece) => ("piece", Some(piece)),
             Next::Ended => ("end", None),
@@ -147,12 +149,12 @@ impl PyRequestCore {
     fn result(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyCompletion> {
         self.wait(py, Want::End, timeout)?;
         self.outcome(py)?
-            .ok_or_else(|| Error::Runtime("the request ended without an outcome".to_owned()).into())
+            .ok_or_else(|| to_py(Error::Runtime("the request ended without an outcome".to_owned())))
     }
 
     /// The `Completion` if the request is over (raising its failure), else None.
     fn result_now(&self, py: Python<'_>) -> PyResult<Option<PyCompletion>> {
-        self.shared.refuse_in_a_forked_child()?;
+        self.shared.refuse_in_a_forked_child().map_err(to_py)?;
         self.outcome(py)
     }
 
@@ -189,7 +191,7 @@ pub struct PyWaker {
 impl PyWaker {
     #[new]
     fn new() -> PyResult<Self> {
-        let pipe = WakePipe::new().map_err(|err| Error::Runtime(format!("could not create a pipe: {err}")))?;
+        let pipe = WakePipe::new().map_err(|err| to_py(Error::Runtime(format!("could not create a pipe: {err}"))))?;
         Ok(Self { pipe: Arc::new(pipe) })
     }
 

@@ -17,6 +17,7 @@ use pyo3::types::PyType;
 use sha2::{Digest, Sha256};
 
 use crate::backend::explained;
+use crate::errors::python::{foreign, to_py};
 use crate::errors::{Error, Result};
 use crate::gil::detached;
 use crate::media::audio_file::{self, MAX_SAMPLES};
@@ -36,7 +37,7 @@ fn contiguous<'a, T: Copy, D: Dimension>(array: &'a ArrayView<'_, T, D>) -> Resu
     }
     let mut elements = Vec::new();
     elements.try_reserve_exact(array.len()).map_err(|_| {
-        Error::from(PyMemoryError::new_err(format!(
+        foreign(PyMemoryError::new_err(format!(
             "no memory for a copy of {} array elements",
             array.len()
         )))
@@ -116,16 +117,16 @@ impl PyMtmdBitmap {
 impl PyMtmdBitmap {
     /// An image from an `(height, width, 3)` uint8 array of RGB pixels (copied).
     #[classmethod]
-    fn from_rgb(_cls: &Bound<'_, PyType>, image: PyReadonlyArrayDyn<'_, u8>) -> Result<Self> {
+    fn from_rgb(_cls: &Bound<'_, PyType>, image: PyReadonlyArrayDyn<'_, u8>) -> PyResult<Self> {
         let shape = image.shape();
         let [height, width, 3] = *shape else {
-            return Err(Error::value(format!(
+            return Err(to_py(Error::value(format!(
                 "an RGB image is an array of shape (height, width, 3), got {shape:?}"
-            )));
+            ))));
         };
         let side = |value: usize| u32::try_from(value).map_err(|_| image_error("TooLarge", "the image is too large"));
-        let (width, height) = (side(width)?, side(height)?);
-        Self::rgb(width, height, &contiguous(&image.as_array())?)
+        let (width, height) = (side(width).map_err(to_py)?, side(height).map_err(to_py)?);
+        Self::rgb(width, height, &contiguous(&image.as_array()).map_err(to_py)?).map_err(to_py)
     }
 
     /// An image decoded from the bytes of a PNG, JPEG, GIF or BMP file, or an audio clip from
@@ -172,8 +173,8 @@ impl PyMtmdBitmap {
     /// An audio clip from mono float32 samples at the projector's `audio_sample_rate()`
     /// (copied); from 0.1 s to ten minutes at 16 kHz, every sample finite.
     #[classmethod]
-    fn from_audio(_cls: &Bound<'_, PyType>, samples: PyReadonlyArray1<'_, f32>) -> Result<Self> {
-        Self::audio(&contiguous(&samples.as_array())?)
+    fn from_audio(_cls: &Bound<'_, PyType>, samples: PyReadonlyArray1<'_, f32>) -> PyResult<Self> {
+        Self::audio(&contiguous(&samples.as_array()).map_err(to_py)?).map_err(to_py)
     }
 
     /// Width in pixels (for audio, the number of samples).
@@ -219,11 +220,11 @@ impl PyMtmdBitmap {
     }
 
     /// Names the bitmap (chunks tokenized from it afterwards carry `id`).
-    fn set_id(&self, id: &str) -> Result<()> {
+    fn set_id(&self, id: &str) -> PyResult<()> {
         let mut bitmap = self.bitmap.write().unwrap_or_else(PoisonError::into_inner);
         bitmap
             .set_id(id)
-            .map_err(|_| Error::value("id must not contain NUL characters"))
+            .map_err(|_| to_py(Error::value("id must not contain NUL characters")))
     }
 
     fn __repr__(&self) -> String {

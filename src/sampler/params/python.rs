@@ -9,6 +9,7 @@ use pyo3::types::{PyDict, PyTuple};
 use llamactx_engine::{sampling_param_list, sampling_params_doc};
 
 use super::{checks, SamplingParams};
+use crate::errors::python::to_py;
 use crate::model::python::PyLlamaModel;
 use crate::sampler::python::PyLlamaSampler;
 
@@ -28,7 +29,7 @@ macro_rules! python_sampling_params {
             #[pyo3(signature = (*, $( $name = $default ),*))]
             #[allow(clippy::too_many_arguments)]
             fn new($( $name: $argument ),*) -> PyResult<Self> {
-                Ok(Self(SamplingParams { $( $name: checks::$check(stringify!($name), $name)?, )* }))
+                Ok(Self(SamplingParams { $( $name: checks::$check(stringify!($name), $name).map_err(to_py)?, )* }))
             }
 
             $(
@@ -92,9 +93,9 @@ impl PySamplingParams {
     /// call builds a fresh chain: samplers keep state). `ValueError` for a logit bias on a token
     /// the model does not have.
     fn sampler(&self, model: &Bound<'_, PyLlamaModel>) -> PyResult<PyLlamaSampler> {
-        let model = model.get().vocabulary()?;
+        let model = model.get().vocabulary().map_err(to_py)?;
         let n_vocab = model.n_vocab();
-        self.0.check_vocabulary(n_vocab)?;
+        self.0.check_vocabulary(n_vocab).map_err(to_py)?;
         Ok(PyLlamaSampler::for_model(self.0.build(n_vocab), model))
     }
 }
