@@ -8,7 +8,6 @@ import pytest
 from support.processes import run_child
 
 
-@pytest.mark.long
 @pytest.mark.timeout(700)
 def test_500_context_cycles_grow_rss_by_less_than_20_mb(model_path: Path) -> None:
     result = run_child(model_path, "context_cycles", "growth_over_500_cycles", timeout=600)

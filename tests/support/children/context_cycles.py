@@ -1,5 +1,6 @@
 """Makes, uses and closes 500 contexts and prints the growth of the resident memory (see
-test_leaks.py)."""
+test_leaks.py). Each decodes one token: a context's KV cache and compute buffers are sized when
+it is made, not by the batch (five tokens took 48 ms a cycle, one 19 ms)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def cycle(model: llamactx.LlamaModel, tokens: list[int]) -> None:
 
 
 def growth_over_500_cycles(model: llamactx.LlamaModel) -> None:
-    tokens = model.str_to_token("The capital of France is", False)
+    tokens = model.str_to_token("Paris", False)
     for _ in range(50):  # allocator pools and caches reach their size first
         cycle(model, tokens)
     before = resident_mb()
