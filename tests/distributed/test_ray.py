@@ -27,8 +27,8 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
     """Each case's failure text (None when it passed), from one run of the cases."""
     report = tmp_path_factory.mktemp("ray") / "report.xml"
     # A case may take the whole suite's time: the Ray Data job ran past pytest's 300 s while a
-    # second process loaded both CPUs (SECONDS bounds the run). The cases compute (157 CPU
-    # seconds alone): run as a background job beside both workers, Serve's proxy missed its
+    # second process loaded both CPUs (SECONDS bounds the run). The cases compute (about two
+    # minutes of a CPU): run as a background job beside both workers, Serve's proxy missed its
     # start-up deadline in a fresh clone's run, so they keep to this worker's CPU.
     pytest_run = [
         "-m",
