@@ -40,9 +40,9 @@ def test_a_model_drafting_for_itself_has_nearly_every_draft_accepted(
     model: llamactx.LlamaModel, plain: llamactx.Engine
 ) -> None:
     with llamactx.Engine(model, speculative=llamactx.DraftModel(model, only_where_faster=False), **OPTIONS) as engine:
-        drafted = engine.submit_chat(GROUNDED, max_tokens=200).result()
+        drafted = engine.submit_chat(GROUNDED, max_tokens=120).result()
         stats = engine.stats()
-    without = plain.submit_chat(GROUNDED, max_tokens=200).result()
+    without = plain.submit_chat(GROUNDED, max_tokens=120).result()
     same_greedy_output(model, plain.chat_tokens(GROUNDED), drafted, without)
     # Its greedy drafts are the target's greedy tokens, but where a different batch shape
     # turns a near-tie.
