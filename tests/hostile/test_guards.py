@@ -1,12 +1,14 @@
 """Inputs that would abort or corrupt llama.cpp if they reached it, each run in a child process
-(``support/children/hostile_inputs.py``) so that a crash fails the test instead of killing pytest."""
+(``support/children/hostile_inputs.py``) so that a crash fails the test instead of killing pytest:
+all in one child, one after another, and a case whose outcome there is not the one expected
+again alone, which decides."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from support.processes import run_child
+from support.processes import raised_alone, raised_one_after_another
 
 RAISES = {
     "token_past_the_vocabulary_in_a_decode": "ValueError",
@@ -42,8 +44,14 @@ RAISES = {
 }
 
 
+@pytest.fixture(scope="module")
+def raised_together(model_path: Path) -> dict[str, str]:
+    return raised_one_after_another(model_path, "hostile_inputs", list(RAISES))
+
+
 @pytest.mark.parametrize(("case", "expected"), RAISES.items(), ids=list(RAISES))
-def test_hostile_input_raises_instead_of_crashing(model_path: Path, case: str, expected: str) -> None:
-    result = run_child(model_path, "hostile_inputs", case)
-    assert result.returncode == 0, f"child died with {result.returncode}: {result.stderr[-2000:]}"
-    assert result.stdout.split("RAISED ", 1)[1].strip() == expected
+def test_hostile_input_raises_instead_of_crashing(
+    model_path: Path, raised_together: dict[str, str], case: str, expected: str
+) -> None:
+    if raised_together.get(case) != expected:
+        assert raised_alone(model_path, "hostile_inputs", case) == expected

@@ -32,6 +32,36 @@ def run_child(
     )
 
 
+def raised_alone(model_path: Path, program: str, case: str, stdin: str | None = None) -> str:
+    """What ``case`` of ``program`` (a child of ``harness.reporting`` cases) raised, alone in a
+    fresh interpreter: the name it printed after ``RAISED`` (``none`` if it returned)."""
+    result = run_child(model_path, program, case, stdin=stdin, timeout=120)
+    assert result.returncode == 0, f"child died with {result.returncode}: {result.stderr[-2000:]}"
+    return result.stdout.split("RAISED ", 1)[1].strip()
+
+
+def raised_one_after_another(model_path: Path, program: str, cases: list[str]) -> dict[str, str]:
+    """What each of ``cases`` raised, from one child that runs them in turn (a child per case
+    spent about 0.3 s starting and loading the model, most of what a case costs): empty unless
+    the child ran them all and exited cleanly. A test takes its case's outcome from here when it
+    is the one expected, and otherwise runs the case alone (``raised_alone``), so that a crash,
+    a hang, or an earlier case's leftovers name nothing but the case that fails alone."""
+    try:
+        result = run_child(model_path, program, ",".join(cases), timeout=300)
+    except subprocess.TimeoutExpired:
+        return {}
+    if result.returncode != 0:
+        return {}
+    outcomes: dict[str, str] = {}
+    case = None
+    for line in result.stdout.splitlines():
+        if line.startswith("CASE "):
+            case = line.removeprefix("CASE ")
+        elif line.startswith("RAISED ") and case is not None:
+            outcomes[case] = line.removeprefix("RAISED ").strip()
+    return outcomes
+
+
 def reported_cases(output: str) -> tuple[dict[str, str], list[str]]:
     """What a child running cases printed: each finished case's outcome (``RESULT NAME => OUTCOME``
     lines) and the cases it started, in order (``CASE NAME``): the last started is the one a crash

@@ -6,6 +6,7 @@ crash, a signal, a fork, the process's own threads, memory and stderr."""
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import signal
 import sys
@@ -39,11 +40,20 @@ def press_ctrl_c_soon(delay: float = 0.5) -> list[float]:
 
 
 def run(*cases: Case) -> None:
-    """Runs the case named on the command line with the model named there."""
+    """Runs the case named on the command line with the model named there. Several names,
+    comma-separated, run one after another, each after a ``CASE name`` line
+    (``support.processes.raised_one_after_another``)."""
     answer_ctrl_c()
-    model_path, name = sys.argv[1:]
-    chosen = {case.__name__: case for case in cases}[name]
-    chosen(llamactx.LlamaModel.load_from_file(model_path))
+    model_path, names = sys.argv[1:]
+    chosen = {case.__name__: case for case in cases}
+    model = llamactx.LlamaModel.load_from_file(model_path)
+    if "," not in names:
+        chosen[names](model)
+        return
+    for name in names.split(","):
+        print("CASE", name, flush=True)
+        chosen[name](model)
+        gc.collect()  # what the case left goes before the next starts, as it would at an exit
 
 
 def reporting(cases: list[Case]) -> Callable[[Case], Case]:
