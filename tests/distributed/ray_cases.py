@@ -60,15 +60,18 @@ def readme_example() -> tuple[dict[str, Any], str]:
     assert isinstance(init, ast.Expr)
     assert isinstance(init.value, ast.Call)
     arguments = {keyword.arg: ast.literal_eval(keyword.value) for keyword in init.value.keywords if keyword.arg}
+    statements = len(module.body)
     module.body = [statement for statement in module.body if not calls(statement, "init", "shutdown")]
-    assert len(module.body) == len(ast.parse(code).body) - 2, "the example starts and stops Ray once"
+    assert len(module.body) == statements - 2, "the example starts and stops Ray once"
     return arguments, ast.unparse(module)
+
+
+README_INIT, README_CODE = readme_example()
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    arguments, _ = readme_example()
-    ray.init(**arguments, object_store_memory=256 * 2**20, log_to_driver=False, configure_logging=False)
+    ray.init(**README_INIT, object_store_memory=256 * 2**20, log_to_driver=False, configure_logging=False)
     try:
         yield
     finally:
@@ -77,10 +80,9 @@ def cluster() -> Iterator[None]:
 
 
 def test_the_readme_example_runs(cluster: None) -> None:
-    _, code = readme_example()
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(code, str(README), "exec"), {})
+        exec(compile(README_CODE, str(README), "exec"), {})
     assert "Paris" in printed.getvalue(), printed.getvalue()
 
 

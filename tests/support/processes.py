@@ -32,10 +32,10 @@ def run_child(
     )
 
 
-def raised_alone(model_path: Path, program: str, case: str, stdin: str | None = None) -> str:
+def raised_alone(model_path: Path, program: str, case: str, stdin: str | None = None, timeout: float = 120) -> str:
     """What ``case`` of ``program`` (a child of ``harness.reporting`` cases) raised, alone in a
     fresh interpreter: the name it printed after ``RAISED`` (``none`` if it returned)."""
-    result = run_child(model_path, program, case, stdin=stdin, timeout=120)
+    result = run_child(model_path, program, case, stdin=stdin, timeout=timeout)
     assert result.returncode == 0, f"child died with {result.returncode}: {result.stderr[-2000:]}"
     return result.stdout.split("RAISED ", 1)[1].strip()
 
