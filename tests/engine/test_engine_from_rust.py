@@ -23,24 +23,23 @@ MAX_TOKENS = 24
 @pytest.mark.timeout(1200)
 def test_the_rust_example_streams_what_the_python_engine_generates(model: llamactx.LlamaModel) -> None:
     # The Makefile's target directory and toolchain (the venv's cmake and libclang first), so
-    # that llama.cpp is not compiled again for the example. The core is the extension's build
-    # (the same features): in a steady checkout cargo only compiles the example and links it; in
-    # a fresh clone it still compiles the core again (docs/testing.md).
+    # that llama.cpp is not compiled again for the example. Selecting the extension's package
+    # too makes cargo resolve the dependencies' features as for `make build` (numpy turns on
+    # num-traits' `i128`, a no-op, which alone would make `image`, and the core above it, a
+    # second build): the core is the extension's, and cargo compiles the example only.
     target = os.environ.get("CARGO_TARGET_DIR", str(Path.home() / ".cache/llamactx/target"))
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {**os.environ, "CARGO_TARGET_DIR": target, "PATH": path}
-    command = [sys.executable, "scripts/llamactx_build.py", "cargo", "run", "--quiet", "--release"]
-    command += ["-p", "llamactx-engine", "--example", "engine_stream", "--"]
-    command += [llamactx.default_model_path(), str(MAX_TOKENS), *PROMPTS]
-    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1100, check=False)
+    build = [sys.executable, "scripts/llamactx_build.py", "cargo", "build", "--quiet", "--release"]
+    build += ["-p", "llamactx", "-p", "llamactx-engine", "--example", "engine_stream"]
+    built = subprocess.run(build, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1100, check=False)
+    assert built.returncode == 0, built.stderr[-4000:]
+    example = Path(target) / "release" / "examples" / "engine_stream"
+    command = [str(example), llamactx.default_model_path(), str(MAX_TOKENS), *PROMPTS]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-4000:]
     # A program of the engine core alone: no libpython linked in.
-    linked = subprocess.run(
-        ["ldd", str(Path(target) / "release" / "examples" / "engine_stream")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    linked = subprocess.run(["ldd", str(example)], capture_output=True, text=True, check=True)
     assert "libpython" not in linked.stdout, linked.stdout
     lines = [json.loads(line) for line in run.stdout.splitlines()]
     pieces = {
