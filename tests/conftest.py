@@ -38,6 +38,17 @@ def pytest_configure(config: pytest.Config) -> None:
         os.sched_setaffinity(0, {cpus[int(WORKER.removeprefix("gw")) % len(cpus)]})
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``make test``'s serial pass (``-m whole_machine`` and nothing else) imports only the test
+    files that name the marker: importing all of them took it seconds (jsonschema's format
+    checkers compile a grammar on import, and every file's assertions are rewritten)."""
+    if config.option.markexpr != "whole_machine" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return "whole_machine" not in collection_path.read_text(encoding="utf-8")
+
+
 @pytest.hookimpl(trylast=True)  # after the deselection by -k and -m
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Starts the background jobs of the selected tests (in a parallel run, the first worker

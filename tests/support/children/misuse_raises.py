@@ -454,11 +454,13 @@ def context_used_after_a_fork_while_another_thread_decodes(model: llamactx.Llama
     tokens = model.str_to_token("the quick brown fox " * 40, False)[:128]
     batch = llamactx.LlamaBatch(len(tokens))
     batch.add_sequence(tokens, 0, False)
-    decoding = threading.Event()
+    decoding, forked = threading.Event(), threading.Event()
 
     def slowly() -> bool:
+        # Slow until the fork is done, so that it happens while the decode runs; then at full speed.
         decoding.set()
-        time.sleep(0.01)
+        if not forked.is_set():
+            time.sleep(0.01)
         return False
 
     ctx.set_abort_callback(slowly)
@@ -473,6 +475,7 @@ def context_used_after_a_fork_while_another_thread_decodes(model: llamactx.Llama
             os._exit(3)
         os._exit(0)
     _, status = os.waitpid(child, 0)
+    forked.set()
     worker.join()
     if os.waitstatus_to_exitcode(status) == 3:
         raise RuntimeError("the child was refused the context")
