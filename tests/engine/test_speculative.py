@@ -34,6 +34,10 @@ from support.speculation import (
 
 import llamactx
 
+# The module takes about 110 s of a parallel worker: started first (with the other long ones),
+# so that it does not run alone at the end of the pass.
+pytestmark = pytest.mark.long
+
 
 @pytest.fixture(scope="module")
 def plain(model: llamactx.LlamaModel) -> Iterator[llamactx.Engine]:

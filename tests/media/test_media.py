@@ -25,6 +25,10 @@ from support.synthetic import PROJECTOR_TOKENS
 import llamactx
 from llamactx import ImageError, MtmdBitmap, MtmdContext, MtmdInputChunkType
 
+# The module takes about 35 s of a parallel worker: started first (with the other long ones),
+# so that it does not run alone at the end of the pass.
+pytestmark = pytest.mark.long
+
 
 @pytest.fixture
 def small_ctx(model: llamactx.LlamaModel) -> Any:

@@ -29,6 +29,10 @@ import llamactx
 from llamactx._embedding import embedding_context
 from llamactx.server import create_app
 
+# The module takes about 50 s of a parallel worker: started first (with the other long ones),
+# so that it does not run alone at the end of the pass.
+pytestmark = pytest.mark.long
+
 QUESTION = [
     {"role": "system", "content": HELPFUL},
     {"role": "user", "content": "What is the capital of France?"},

@@ -23,6 +23,10 @@ from support.tool_examples import ASK_SHIPMENT, SHIP, Shipment
 
 from llamactx.server._serve import CLOSE_SECONDS, GRACEFUL_SECONDS
 
+# The module takes about 35 s of a parallel worker: started first (with the other long ones),
+# so that it does not run alone at the end of the pass.
+pytestmark = pytest.mark.long
+
 
 @pytest.fixture(scope="module")
 def server(model_path: Path) -> Iterator[Server]:
