@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import synthetic
@@ -20,16 +21,29 @@ import llamactx
 SEED = 20261129
 
 
-def mutations(data: bytes, header_size: int, count: int) -> list[tuple[str, bytes]]:
-    """Truncations at fixed fractions, and bit flips in the first ``header_size`` bytes."""
+def truncations(data: bytes) -> list[tuple[str, bytes]]:
+    """``data`` truncated at fixed sizes and fractions."""
+    sizes = sorted({0, 3, 4, 16, 100, 1000, len(data) // 2, len(data) - 1})
+    return [(f"truncated to {n} bytes", data[:n]) for n in sizes]
+
+
+def bit_flips(size: int, header_size: int, count: int) -> list[list[tuple[int, int]]]:
+    """``count`` sets of 1 to 4 bit flips, each an offset in the first ``header_size`` bytes of
+    ``size`` and the mask XORed into the byte there."""
     rng = random.Random(SEED)
-    cases = [
-        (f"truncated to {n} bytes", data[:n]) for n in sorted({0, 3, 4, 16, 100, 1000, len(data) // 2, len(data) - 1})
+    return [
+        [(rng.randrange(min(header_size, size)), 1 << rng.randrange(8)) for _ in range(rng.randint(1, 4))]
+        for _ in range(count)
     ]
-    for k in range(count):
+
+
+def mutations(data: bytes, header_size: int, count: int) -> list[tuple[str, bytes]]:
+    """Truncations, and bit flips in the first ``header_size`` bytes."""
+    cases = truncations(data)
+    for k, flips in enumerate(bit_flips(len(data), header_size, count)):
         flipped = bytearray(data)
-        for _ in range(rng.randint(1, 4)):
-            flipped[rng.randrange(min(header_size, len(data)))] ^= 1 << rng.randrange(8)
+        for offset, mask in flips:
+            flipped[offset] ^= mask
         cases.append((f"bit flips #{k}", bytes(flipped)))
     return cases
 
@@ -65,10 +79,16 @@ def saved(model: llamactx.LlamaModel, tmp_path_factory: pytest.TempPathFactory) 
 def test_corrupted_files_raise_and_the_process_survives(
     model_path: Path, saved: dict[str, bytes], tmp_path: Path
 ) -> None:
-    cases: list[tuple[str, str, str]] = []
+    cases: list[tuple[Any, ...]] = []
     gguf = model_path.read_bytes()
-    for name, path in write_cases(tmp_path, "model", mutations(gguf, 1 << 20, 24)):
+    for name, path in write_cases(tmp_path, "model", truncations(gguf)):
         cases.append((name, "model", str(path)))
+    # The model's bit flips are made by the child in one copy, each undone after its load:
+    # writing 24 copies of the model took about 7 s.
+    copy = tmp_path / "model-copy.gguf"
+    copy.write_bytes(gguf)
+    for k, flips in enumerate(bit_flips(len(gguf), 1 << 20, 24)):
+        cases.append((f"model: bit flips #{k}", "model-flips", str(copy), flips))
     duplicate_vocab = synthetic.write_tiny_bert(tmp_path / "dupe.gguf", duplicate_token=True)
     cases.append(("model: vocabulary with a duplicate token", "model", str(duplicate_vocab)))
     for kind, data in saved.items():

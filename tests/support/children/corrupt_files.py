@@ -1,13 +1,18 @@
 """Loads each damaged file listed on stdin (see test_corrupt.py, test_projector_files.py): a
-JSON list of ``[name, kind, path]``, or ``[name, "projector", path, media]`` for a projector that
-must also read the image or audio file ``media``. Prints ``CASE name`` before each load, so that a
-crash names its case, and ``RESULT name => loaded`` or ``=> raised ExceptionName kind`` (the
-error's ``kind``, where it has one) after it."""
+JSON list of ``[name, kind, path]``, ``[name, "projector", path, media]`` for a projector that
+must also read the image or audio file ``media``, or ``[name, "model-flips", path, flips]`` for
+the model at ``path`` with each ``[offset, mask]`` of ``flips`` XORed into it for the load (and
+undone after). Prints ``CASE name`` before each load, so that a crash names its case, and
+``RESULT name => loaded`` or ``=> raised ExceptionName kind`` (the error's ``kind``, where it has
+one) after it."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import harness
@@ -46,16 +51,43 @@ def load(model: llamactx.LlamaModel, kind: str, path: str, tokens: list[int], me
         raise SystemExit(f"unknown kind {kind!r}")
 
 
+@contextmanager
+def flipped(path: str, flips: list[list[int]]) -> Iterator[None]:
+    """The file at ``path`` with each ``[offset, mask]`` of ``flips`` XORed in, until the block
+    ends (XORing again restores it, once the model loaded from it is freed)."""
+
+    def xor() -> None:
+        with Path(path).open("r+b") as file:
+            for offset, mask in flips:
+                byte = os.pread(file.fileno(), 1, offset)[0]
+                os.pwrite(file.fileno(), bytes([byte ^ mask]), offset)
+
+    xor()
+    try:
+        yield
+    finally:
+        xor()
+
+
+def outcome(model: llamactx.LlamaModel, kind: str, path: str, tokens: list[int], media: list[str]) -> str:
+    """What loading ``path`` as ``kind`` ends in; whatever it loaded is freed by the return."""
+    try:
+        load(model, kind, path, tokens, media)
+    except Exception as error:
+        return " ".join(["raised", type(error).__name__, *filter(None, [getattr(error, "kind", None)])])
+    return "loaded"
+
+
 def load_each(model: llamactx.LlamaModel) -> None:
     tokens = model.str_to_token("The capital of France is", False)
-    for name, kind, path, *media in json.load(sys.stdin):
+    for name, kind, path, *extra in json.load(sys.stdin):
         print("CASE", name, flush=True)
-        try:
-            load(model, kind, path, tokens, media)
-            outcome = "loaded"
-        except Exception as error:
-            outcome = " ".join(["raised", type(error).__name__, *filter(None, [getattr(error, "kind", None)])])
-        print("RESULT", name, "=>", outcome, flush=True)
+        if kind == "model-flips":
+            with flipped(path, extra[0]):
+                result = outcome(model, "model", path, tokens, [])
+        else:
+            result = outcome(model, kind, path, tokens, extra)
+        print("RESULT", name, "=>", result, flush=True)
     print("ALL DONE")
 
 
