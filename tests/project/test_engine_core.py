@@ -27,8 +27,9 @@ def test_nothing_in_the_core_touches_python() -> None:
 
 def test_the_extension_builds_the_core_with_the_examples_features() -> None:
     """The extension's default build turns on the core's default features, which a Rust program
-    of the core gets: one build of the core serves both (in a steady checkout; a second build
-    took a minute of a test worker's CPU)."""
+    of the core gets: one build of the core serves both, as the example's test builds it (with the
+    extension's package selected, so that cargo resolves the dependencies' features alike; a
+    second build took a minute of a test worker's CPU)."""
     manifest = (ROOT / "Cargo.toml").read_text()
     assert re.search(r"^llamactx-engine = \{[^}]*default-features = false \}", manifest, re.MULTILINE)
     assert re.search(r'^native = \[[^]]*"llamactx-engine/default"', manifest, re.MULTILINE)
