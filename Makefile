@@ -43,8 +43,9 @@ test-profile: build model ## the Python tests' seconds per file, slowest first, 
 	$(PY) scripts/test_profile.py $(PYTEST_PARALLEL)
 	$(PY) scripts/test_profile.py $(PYTEST_SERIAL)
 
-fuzz: build model ## the property-based API fuzzer with 20,000 examples (300 run in `make test`)
+fuzz: build model ## the long runs: the API fuzzer with 20,000 examples (300 in `make test`), every JSON Schema of the corpus decoded (a share in `make test`)
 	LLAMACTX_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/hostile/test_fuzz.py --timeout=7200
+	LLAMACTX_SCHEMA_CORPUS=all $(PY) -m pytest tests/generation/test_structured.py -k corpus
 
 bench: build model bench-peers wheel-venv ## llamactx vs llama.cpp's tools (built from the same source), llama-cpp-python and llama.cpp's server, the wheel vs the native build, over RPC and through Ray Data vs local; JSON+PNG in bench-results/
 	$(PY) -m pip install --quiet matplotlib
