@@ -12,6 +12,7 @@ import contextlib
 import io
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,9 +32,11 @@ import llamactx
 from llamactx._embedding import embedding_context
 
 ray = pytest.importorskip("ray", reason="the [ray] extra is not installed (make test installs it)")
-from ray import serve  # noqa: E402
-
 import llamactx.ray  # noqa: E402
+
+#: Whether importing the package imported Ray Serve too (it waits for ``app`` or ``build``).
+SERVE_WITH_THE_PACKAGE = "ray.serve" in sys.modules
+from ray import serve  # noqa: E402
 
 N_SEQ = 4
 N_CTX = 4096
@@ -305,6 +308,14 @@ def lose_at_most_the_started_requests(client: openai.OpenAI) -> None:
         assert time.monotonic() < deadline, f"Serve did not restart the replica: {replicas}"
         time.sleep(1)
     assert ask(99) == "ok"
+
+
+def test_the_package_imports_serve_for_app_and_build_only() -> None:
+    """A Ray Data actor unpickles ``Predictor`` from ``llamactx.ray``, without Serve's import."""
+    assert not SERVE_WITH_THE_PACKAGE
+    assert llamactx.ray.app.__module__ == llamactx.ray.build.__module__ == "llamactx.ray._serve"
+    with pytest.raises(AttributeError, match="no attribute 'apps'"):
+        llamactx.ray.apps  # noqa: B018
 
 
 def test_serve_run_arguments_build_the_app(model_path: Path) -> None:

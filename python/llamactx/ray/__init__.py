@@ -13,7 +13,22 @@ try:
 except ImportError as missing:  # pragma: no cover - the extra is installed wherever tests run
     raise ImportError(f"llamactx.ray needs Ray: pip install 'llamactx[ray]' ({missing})") from missing
 
+from typing import TYPE_CHECKING, Any
+
 from llamactx.ray._data import Predictor, actor_threads
-from llamactx.ray._serve import app, build
+
+if TYPE_CHECKING:
+    from llamactx.ray._serve import app, build
 
 __all__ = ["Predictor", "actor_threads", "app", "build"]
+
+
+def __getattr__(name: str) -> Any:
+    """``app`` and ``build``, imported with Ray Serve when first asked for: a Ray Data actor
+    unpickles ``Predictor`` from this package and would otherwise import Serve too (half a second
+    of CPU an actor)."""
+    if name in ("app", "build"):
+        from llamactx.ray import _serve
+
+        return getattr(_serve, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
