@@ -161,6 +161,7 @@ def test_the_corpus_schemas_decoded_give_valid_json_or_a_schema_error(model: Lla
     """``make test`` decodes ``decoded_in_make_test``'s share of the corpus, ``make fuzz`` all of it
     (``LLAMACTX_SCHEMA_CORPUS=all``)."""
     assert len(CORPUS) >= 150
+    assert DECODED_SHARE in {"share", "all"}, f"LLAMACTX_SCHEMA_CORPUS is 'all' or unset, not {DECODED_SHARE!r}"
     decoded = CORPUS if DECODED_SHARE == "all" else decoded_in_make_test(CORPUS)
     outcomes: Counter[str] = Counter()
     # Greedy, with llama.cpp's repetition penalty: without it, a small model repeats a digit (or
