@@ -1,6 +1,7 @@
 """The Ray tests, run by ``test_ray.py`` in a network namespace whose only interface is
-loopback: the README's Ray example; a Ray Data job over 32 prompts on 2 actors gives
-``generate``'s greedy text row for row (a prompt too long carries an error instead); chat and
+loopback: the README's Ray example; a Ray Data job over 16 prompts on 2 actors gives
+``generate``'s greedy text row for row, each row's own length (a prompt too long carries an
+error instead); chat and
 embedding rows; Ray Serve replicas answer the ``openai`` client through Serve's proxy, and a
 replica killed mid-load loses only the requests it had started and is restarted. One local Ray,
 for the module, started with the README example's own ``ray.init`` arguments."""
@@ -38,11 +39,15 @@ import llamactx.ray  # noqa: E402
 SERVE_WITH_THE_PACKAGE = "ray.serve" in sys.modules
 from ray import serve  # noqa: E402
 
-N_SEQ = 4
-N_CTX = 4096
+N_SEQ = 2
+N_CTX = 2048
 MAX_TOKENS = 12
-PROMPTS = 32
-BATCH = 8  # two batches on each actor, each more requests than an engine's sequences
+#: The Data job's rows (32 until 2026-12-06): two batches on each of two actors.
+PROMPTS = 16
+BATCH = 4  # each batch more requests than an engine's sequences
+#: The lengths the Data job's first rows ask for, where the others ask for ``MAX_TOKENS`` (and
+#: the Predictor's own is 50).
+ROW_LENGTHS = (3, 6)
 TOO_LONG = "word " * 2000  # more tokens than a sequence's N_CTX / N_SEQ cells
 ALIAS = "gpt-4o-mini"
 
@@ -97,19 +102,32 @@ def prompts() -> list[str]:
     return [f"{n}. " + forms[n % 4].format(subjects[n % 10]) for n in range(PROMPTS)]
 
 
-def test_a_ray_data_job_on_two_actors_equals_local_generate(
+def row_length(n: int) -> int:
+    """The ``max_tokens`` the Data job's row ``n`` asks for."""
+    return ROW_LENGTHS[n] if n < len(ROW_LENGTHS) else MAX_TOKENS
+
+
+def test_a_ray_data_job_on_two_actors_equals_local_generate_under_each_rows_settings(
     cluster: None, model: llamactx.LlamaModel, model_path: Path
 ) -> None:
-    rows = [{"prompt": prompt, "n": n} for n, prompt in enumerate(prompts())]
-    rows.insert(PROMPTS // 3, {"prompt": TOO_LONG, "n": -1})
+    """Every row sets its length and its sampling (greedy, over the Predictor's sampling and
+    length); the Predictor's context options reach its engine. (Rows without settings take the
+    Predictor's: ``test_missing_row_settings_take_the_defaults``.)"""
+    rows = [
+        {"prompt": prompt, "n": n, "max_tokens": row_length(n), "temperature": 0.0, "seed": n}
+        for n, prompt in enumerate(prompts())
+    ]
+    rows.insert(PROMPTS // 3, {"prompt": TOO_LONG, "n": -1, "max_tokens": MAX_TOKENS, "temperature": 0.0, "seed": 0})
     job = ray.data.from_items(rows).map_batches(
         llamactx.ray.Predictor,
         fn_constructor_kwargs={
             "model_path": str(model_path),
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": 50,
+            "sampling": llamactx.SamplingParams(),
             "n_seq_max": N_SEQ,
             "n_ctx": N_CTX,
             "prefix_cache": False,
+            "context_options": {"n_batch": 256},
         },
         concurrency=2,
         num_cpus=1,
@@ -121,35 +139,14 @@ def test_a_ray_data_job_on_two_actors_equals_local_generate(
     assert failed["finish_reason"] == "error"
     assert "ValueError" in failed["error"]
     assert failed["generated_text"] == ""
+    assert [results[n]["completion_tokens"] for n in range(len(ROW_LENGTHS))] == list(ROW_LENGTHS)
     with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ) as ctx:
         for n, prompt in enumerate(prompts()):
             row = results[n]
             assert row["error"] is None
-            assert row["generated_text"] == llamactx.generate(ctx, prompt, max_tokens=MAX_TOKENS), prompt
+            assert row["generated_text"] == llamactx.generate(ctx, prompt, max_tokens=row_length(n)), prompt
             assert row["completion_tokens"] > 0
             assert row["prompt_tokens"] == len(model.str_to_token(prompt, model.add_bos_token()))
-
-
-def test_rows_set_their_own_length_and_sampling(cluster: None, model: llamactx.LlamaModel, model_path: Path) -> None:
-    prompt = "The capital of France is"
-    rows = [{"prompt": prompt, "max_tokens": limit, "temperature": 0.0, "seed": limit} for limit in (3, 6)]
-    job = ray.data.from_items(rows).map_batches(
-        llamactx.ray.Predictor,
-        fn_constructor_kwargs={
-            "model_path": str(model_path),
-            "max_tokens": 50,
-            "sampling": llamactx.SamplingParams(),
-            "context_options": {"n_batch": 256},
-        },
-        concurrency=1,
-        num_cpus=1,
-    )
-    done = sorted(job.take_all(), key=lambda row: row["max_tokens"])
-    assert [row["completion_tokens"] for row in done] == [3, 6]
-    with model.new_context(n_ctx=N_CTX, n_seq_max=N_SEQ) as ctx:
-        assert [row["generated_text"] for row in done] == [
-            llamactx.generate(ctx, prompt, max_tokens=limit) for limit in (3, 6)
-        ]
 
 
 def test_missing_row_settings_take_the_defaults(model: llamactx.LlamaModel, model_path: Path) -> None:
