@@ -35,7 +35,7 @@ from support.speculation import (
 
 import llamactx
 
-# The module takes about 110 s of a parallel worker: started first (with the other long ones),
+# The module takes about 80 s of a parallel worker: started first (with the other long ones),
 # so that it does not run alone at the end of the pass.
 pytestmark = pytest.mark.long
 
@@ -119,9 +119,9 @@ def test_greedy_tokens_of_a_mix_of_requests_are_the_models_choices(
     # With a KV stream per sequence, a step drafts as many tokens for each request, or none: the
     # story (no n-gram to draft from) ends first, then the quote and the records draft together.
     requests = [
-        speculative.submit_chat(QUOTE, max_tokens=160),
+        speculative.submit_chat(QUOTE, max_tokens=100),
         speculative.submit_chat(FREE, max_tokens=40),
-        speculative.submit(RECORDS, max_tokens=100),
+        speculative.submit(RECORDS, max_tokens=64),
     ]
     drafted = [request.result() for request in requests]
     prompts = [speculative.chat_tokens(QUOTE), speculative.chat_tokens(FREE), speculative.tokens(RECORDS)]
@@ -234,12 +234,11 @@ def test_a_cancelled_request_leaves_no_drafted_cells_behind(
     request.cancel()
     cancelled = request.result()
     assert cancelled.finish_reason == "cancelled"
-    full = alone(GROUNDED, max_tokens=240)
+    # The same request without drafts, as far as the cancelled one went.
+    full = alone(GROUNDED, max_tokens=len(cancelled.tokens))
     assert first
-    if same_greedy_tokens(
-        model, speculative.chat_tokens(GROUNDED), cancelled.tokens, full.tokens[: len(cancelled.tokens)]
-    ):
-        assert full.text.startswith(cancelled.text)
+    if same_greedy_tokens(model, speculative.chat_tokens(GROUNDED), cancelled.tokens, full.tokens):
+        assert full.text == cancelled.text
     # The next request in the freed sequence decodes as on a clean one.
     agrees(speculative.submit(RECORDS, max_tokens=30).result(), RECORDS, max_tokens=30)
     assert speculative.stats().kv_cells_used == 0
@@ -264,8 +263,8 @@ def test_drafts_never_pass_the_end_of_a_sequence(
 
 def conversation(engine: llamactx.Engine) -> list[llamactx.Completion]:
     """Two turns of a chat: the second reuses the first's cells."""
-    first = engine.submit_chat(GROUNDED, max_tokens=200).result()
-    return [first, engine.submit_chat(second_turn(first), max_tokens=120).result()]
+    first = engine.submit_chat(GROUNDED, max_tokens=100).result()
+    return [first, engine.submit_chat(second_turn(first), max_tokens=60).result()]
 
 
 def second_turn(first: llamactx.Completion) -> list[dict[str, str]]:
