@@ -1,10 +1,10 @@
 """The Ray tests, run by ``test_ray.py`` in a network namespace whose only interface is
 loopback: the README's Ray example; a Ray Data job over 16 prompts on 2 actors gives
-``generate``'s greedy text row for row, each row's own length (a prompt too long carries an
-error instead); chat and
-embedding rows; Ray Serve replicas answer the ``openai`` client through Serve's proxy, and a
-replica killed mid-load loses only the requests it had started and is restarted. One local Ray,
-for the module, started with the README example's own ``ray.init`` arguments."""
+``generate``'s greedy text row for row, at each row's own length (a prompt too long carries an
+error instead); chat and embedding rows; Ray Serve replicas answer the ``openai`` client through
+Serve's proxy, and a replica killed mid-load loses only the requests it had started and is
+restarted. One local Ray, for the module, started with the README example's own ``ray.init``
+arguments."""
 
 from __future__ import annotations
 
