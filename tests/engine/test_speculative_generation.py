@@ -16,7 +16,7 @@ from support.speculation import GROUNDED, RECORDS, same_greedy_text
 
 import llamactx
 
-# The module takes about 35 s of a parallel worker: started first (with the other long ones),
+# The module takes about 30 s of a parallel worker: started first (with the other long ones),
 # so that it does not run alone at the end of the pass.
 pytestmark = pytest.mark.long
 
