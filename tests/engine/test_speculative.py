@@ -116,8 +116,8 @@ def test_greedy_tokens_of_a_mix_of_requests_are_the_models_choices(
     too): each token is checked against the model's choice after the tokens before it, read again
     in one decode, within ``BATCHING_TOLERANCE``. A drafted token kept after its rejection would
     be far from the model's choice (one replaced by the token before it fell 16.9 below)."""
-    # With a KV stream per sequence, a step drafts as many tokens for each request, or none: the
-    # story (no n-gram to draft from) ends first, then the quote and the records draft together.
+    # With a KV stream per sequence, a step drafts as many tokens for each request, or none: all
+    # three draft together until the story ends (40 tokens), then the quote and the records.
     requests = [
         speculative.submit_chat(QUOTE, max_tokens=100),
         speculative.submit_chat(FREE, max_tokens=40),
