@@ -126,16 +126,18 @@ def subject(entry: dict[str, Any]) -> str:
 
 def decoded_in_make_test(corpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The schemas ``make test`` decodes: each that uses a keyword, type or format fewer than
-    five schemas of the corpus use, the first of every three of each subject's others, and the
-    first schema of any keyword, type or format these leave out. About 47 % of the corpus's
-    tokens; every schema is still compiled and judged on its examples by the test above."""
+    three schemas of the corpus use, the first of every four of each subject's others, and the
+    first schema of any keyword, type or format these leave out. 75 of the 223 schemas, about a
+    third of the corpus's tokens (110 schemas and 47 %, a third of each subject and what fewer
+    than five use, until 2026-12-06); every schema is still compiled and judged on its examples
+    by the test above."""
     found = [features(entry["schema"]) for entry in corpus]
     counts = Counter(feature for features_used in found for feature in features_used)
     seen: Counter[str] = Counter()
     chosen = []
     for entry, features_used in zip(corpus, found, strict=True):
         seen[subject(entry)] += 1
-        chosen.append(seen[subject(entry)] % 3 == 1 or any(counts[feature] < 5 for feature in features_used))
+        chosen.append(seen[subject(entry)] % 4 == 1 or any(counts[feature] < 3 for feature in features_used))
     covered = set().union(*(used for used, kept in zip(found, chosen, strict=True) if kept))
     for index, features_used in enumerate(found):
         if features_used - covered:
@@ -144,15 +146,15 @@ def decoded_in_make_test(corpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [entry for entry, kept in zip(corpus, chosen, strict=True) if kept]
 
 
-def test_make_test_decodes_every_rare_keyword_and_a_third_of_each_subject() -> None:
+def test_make_test_decodes_every_rare_keyword_and_a_quarter_of_each_subject() -> None:
     share = decoded_in_make_test(CORPUS)
-    assert 0.4 * len(CORPUS) < len(share) < 0.6 * len(CORPUS)
+    assert 0.3 * len(CORPUS) < len(share) < 0.4 * len(CORPUS)
     everywhere = set().union(*(features(entry["schema"]) for entry in CORPUS))
     assert {"uniqueItems", "dependentSchemas", "not", "format:ipv4", "type:null", "$ref"} <= everywhere
     assert set().union(*(features(entry["schema"]) for entry in share)) == everywhere
     subjects = Counter(subject(entry) for entry in CORPUS)
     kept = Counter(subject(entry) for entry in share)
-    assert all(3 * kept[name] >= count for name, count in subjects.items()), (kept, subjects)
+    assert all(4 * kept[name] >= count for name, count in subjects.items()), (kept, subjects)
 
 
 @pytest.mark.long
@@ -198,10 +200,10 @@ def test_the_corpus_schemas_decoded_give_valid_json_or_a_schema_error(model: Lla
     # ones: bounds that cross); 7 refused after generating, by the check of a keyword llguidance
     # leaves to it (a small model repeats an item under uniqueItems); 5 cut by max_tokens.
     # (Greedy without the penalty: 192 valid, 5 refused after generating, 23 cut.) Over make
-    # test's share: 102 valid of 110, 2 refused before decoding, 3 after, 3 cut. Before the
+    # test's share: 70 valid of 75, 1 refused before decoding, 3 after, 1 cut. Before the
     # check, uniqueItems, contains, not, dependentRequired, oneOf and min/maxProperties over
     # optional keys were refused too.
-    assert outcomes["valid"] >= (200 if decoded is CORPUS else 96), outcomes
+    assert outcomes["valid"] >= (200 if decoded is CORPUS else 66), outcomes
     assert outcomes["schema_error"] <= 3, outcomes
 
 
